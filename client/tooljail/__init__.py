@@ -1,0 +1,72 @@
+"""tooljail: run AI agents' tool calls in sandboxes, through a daemon, over gRPC.
+
+    from tooljail import Client
+
+    with Client() as client:
+        result = client.call("execute_python_code", {"code": "print(1)"})
+        print(result.status, result.data)
+
+A tool that fails is a `ToolResult` with a non-success `status`, never an
+exception; the exceptions below are for requests the daemon refuses and RPCs
+that fail. This package imports neither the daemon (`tooljaild`) nor docker or
+psutil: an agent host needs only grpcio, protobuf and pydantic.
+"""
+
+from tooljail._client import AsyncClient, Client, default_target
+from tooljail._errors import (
+    BadTimeoutError,
+    CallIdConflictError,
+    CallNotFoundError,
+    DaemonUnavailableError,
+    InvalidArgumentsError,
+    InvalidRequestError,
+    OverloadedError,
+    ShuttingDownError,
+    TooljailError,
+    ToolNotFoundError,
+    TransportError,
+)
+from tooljail._tooldef import tool
+from tooljail._types import (
+    CallInfo,
+    CallState,
+    CallStatus,
+    Diagnostic,
+    Effect,
+    Output,
+    StreamKind,
+    ToolError,
+    ToolInfo,
+    ToolResult,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "BadTimeoutError",
+    "CallIdConflictError",
+    "CallInfo",
+    "CallNotFoundError",
+    "CallState",
+    "CallStatus",
+    "Client",
+    "DaemonUnavailableError",
+    "Diagnostic",
+    "Effect",
+    "InvalidArgumentsError",
+    "InvalidRequestError",
+    "Output",
+    "OverloadedError",
+    "ShuttingDownError",
+    "StreamKind",
+    "ToolError",
+    "ToolInfo",
+    "ToolNotFoundError",
+    "ToolResult",
+    "TooljailError",
+    "TransportError",
+    "__version__",
+    "default_target",
+    "tool",
+]

@@ -1,0 +1,191 @@
+"""Result and event types shared by the SDK and the daemon.
+
+These are plain pydantic models with no I/O: the daemon builds them from what a
+sandbox reports, the wire carries them as protobuf, and the SDK hands them to
+agent code.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class CallStatus(str, enum.Enum):
+    """How a call ended, as its caller sees it."""
+
+    SUCCESS = "success"
+    PARTIAL = "partial"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+
+class Effect(str, enum.Enum):
+    """Whether the tool's effects happened."""
+
+    NONE = "none"
+    """The tool did not run (bad input, cancelled while queued)."""
+    APPLIED = "applied"
+    """The tool ran to its end."""
+    UNKNOWN = "unknown"
+    """The tool may or may not have done what it does: check before retrying."""
+
+
+class CallState(str, enum.Enum):
+    """Where a call is in its life."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (CallState.QUEUED, CallState.RUNNING)
+
+
+class StreamKind(str, enum.Enum):
+    """Which stream an output chunk came from."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    YIELD = "yield"
+    """One value yielded by a generator tool, as JSON text."""
+    NOTICE = "notice"
+    """A note from the daemon, e.g. that chunks were dropped for a slow reader."""
+
+
+TIMEOUT_MESSAGE = (
+    "The call timed out after {timeout:g}s. It may still take effect: check whether "
+    "it did before calling it again."
+)
+
+
+class ToolError(BaseModel):
+    """What went wrong inside a tool: an exception or a termination reason."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    """The exception's class name, or a reason such as "ExitCode", "Signal", "Timeout"."""
+    message: str = ""
+    traceback: str = ""
+
+
+class Output(BaseModel):
+    """One chunk of a call's output, in order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    seq: int
+    """Increases by one per chunk of a call, from 1."""
+    stream: StreamKind
+    data: str
+    """The chunk as text (UTF-8, undecodable bytes replaced)."""
+
+    def value(self) -> Any:
+        """The yielded value of a `yield` chunk, decoded from JSON.
+
+        Raises:
+            ValueError: When this chunk is not a yielded value.
+        """
+        if self.stream is not StreamKind.YIELD:
+            raise ValueError(f"a {self.stream.value} chunk carries text, not a value")
+        return json.loads(self.data)
+
+
+class ToolResult(BaseModel):
+    """The one final outcome of a call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    status: CallStatus
+    data: Any = None
+    """The tool's data: for the Python tools {"stdout", "stderr", "exit_code"}."""
+    message: str = ""
+    """A sentence a model can act on."""
+    error: ToolError | None = None
+    effect: Effect = Effect.UNKNOWN
+    still_running: bool = False
+    """True when the call timed out for its caller but keeps running detached."""
+    truncated: bool = False
+    """True when output past the per-call cap was dropped from `data`."""
+    duration_s: float = 0.0
+    tool: str = ""
+    output_bytes: int = 0
+    """Bytes the tool wrote to stdout and stderr, kept or not."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is CallStatus.SUCCESS
+
+    def to_model_text(self) -> str:
+        """The result as one text for a model's tool message."""
+        parts: list[str] = []
+        if self.message:
+            parts.append(self.message)
+        if self.data is not None:
+            parts.append(self.data if isinstance(self.data, str) else json.dumps(self.data))
+        if self.error is not None:
+            parts.append(f"{self.error.type}: {self.error.message}".rstrip(": "))
+        return "\n".join(parts) if parts else self.status.value
+
+
+class ToolInfo(BaseModel):
+    """A tool as the daemon serves it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = 180.0
+    max_timeout_s: float = 1000.0
+    kill_after_s: float = 0.0
+    idempotent: bool = False
+    streaming: bool = False
+    source: str = "builtin"
+
+    def openai_schema(self) -> dict[str, Any]:
+        """This tool as an OpenAI function-calling tool definition."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.input_schema or {"type": "object", "properties": {}},
+            },
+        }
+
+
+class Diagnostic(BaseModel):
+    """A problem found while loading user tools."""
+
+    model_config = ConfigDict(frozen=True)
+
+    severity: str
+    """"error" (the tool is not served) or "warning"."""
+    code: str
+    message: str
+    file: str = ""
+    tool: str = ""
+
+
+class CallInfo(BaseModel):
+    """What the daemon knows of a call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    call_id: str
+    tool: str
+    state: CallState
+    result: ToolResult | None = None

@@ -1,0 +1,446 @@
+"""Conversions between the SDK's types and the `tooljail.v1` protobuf messages.
+
+Pure functions with no channel I/O: the SDK uses them to read what the daemon
+sends, and the daemon's servicer uses them to write it, so both sides of the wire
+agree by construction.
+
+Enum values the other side does not know (`*_UNSPECIFIED`, or a value added by a
+newer peer) raise `ValueError` instead of being guessed, except `Effect`, whose
+unset value reads as `Effect.UNKNOWN`: "we cannot tell whether it took effect" is
+the one safe reading of a missing effect.
+
+Errors travel as a gRPC status code plus a serialized `ErrorDetail` in the
+trailing metadata key `ERROR_DETAIL_KEY`. `error_detail_for` writes that detail
+from one of our exceptions, and `error_from_rpc` rebuilds the exception from the
+detail's `code` through the fixed table `ERRORS_BY_CODE`: a class name sent over
+the wire is never imported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+from tooljail._errors import (
+    ERRORS_BY_CODE,
+    DaemonUnavailableError,
+    InvalidArgumentsError,
+    OverloadedError,
+    TooljailError,
+    TransportError,
+)
+from tooljail._types import (
+    CallInfo,
+    CallState,
+    CallStatus,
+    Diagnostic,
+    Effect,
+    Output,
+    StreamKind,
+    ToolError,
+    ToolInfo,
+    ToolResult,
+)
+from tooljail.v1 import tooljail_pb2 as pb
+
+__all__ = [
+    "ERROR_DETAIL_KEY",
+    "call_info_from_proto",
+    "call_info_to_proto",
+    "call_state_from_proto",
+    "call_state_to_proto",
+    "diagnostic_from_proto",
+    "diagnostic_to_proto",
+    "effect_from_proto",
+    "effect_to_proto",
+    "error_detail_for",
+    "error_from_rpc",
+    "output_from_proto",
+    "output_to_proto",
+    "result_from_proto",
+    "result_to_proto",
+    "status_from_proto",
+    "status_to_proto",
+    "stream_kind_from_proto",
+    "stream_kind_to_proto",
+    "tool_info_from_proto",
+    "tool_info_to_proto",
+]
+
+ERROR_DETAIL_KEY = "tooljail-error-bin"
+"""Trailing metadata key of a failed RPC that holds a serialized `pb.ErrorDetail`.
+
+The `-bin` suffix makes gRPC carry the value as raw bytes.
+"""
+
+# --- enums -----------------------------------------------------------------
+
+_STATUS_TO_PB: dict[CallStatus, pb.Status] = {
+    CallStatus.SUCCESS: pb.STATUS_SUCCESS,
+    CallStatus.PARTIAL: pb.STATUS_PARTIAL,
+    CallStatus.ERROR: pb.STATUS_ERROR,
+    CallStatus.TIMEOUT: pb.STATUS_TIMEOUT,
+    CallStatus.CANCELLED: pb.STATUS_CANCELLED,
+    CallStatus.LOST: pb.STATUS_LOST,
+}
+_EFFECT_TO_PB: dict[Effect, pb.Effect] = {
+    Effect.NONE: pb.EFFECT_NONE,
+    Effect.APPLIED: pb.EFFECT_APPLIED,
+    Effect.UNKNOWN: pb.EFFECT_UNKNOWN,
+}
+_CALL_STATE_TO_PB: dict[CallState, pb.CallState] = {
+    CallState.QUEUED: pb.CALL_STATE_QUEUED,
+    CallState.RUNNING: pb.CALL_STATE_RUNNING,
+    CallState.SUCCEEDED: pb.CALL_STATE_SUCCEEDED,
+    CallState.FAILED: pb.CALL_STATE_FAILED,
+    CallState.TIMED_OUT: pb.CALL_STATE_TIMED_OUT,
+    CallState.CANCELLED: pb.CALL_STATE_CANCELLED,
+    CallState.LOST: pb.CALL_STATE_LOST,
+}
+_STREAM_KIND_TO_PB: dict[StreamKind, pb.StreamKind] = {
+    StreamKind.STDOUT: pb.STREAM_KIND_STDOUT,
+    StreamKind.STDERR: pb.STREAM_KIND_STDERR,
+    StreamKind.YIELD: pb.STREAM_KIND_YIELD,
+    StreamKind.NOTICE: pb.STREAM_KIND_NOTICE,
+}
+
+_K = TypeVar("_K")
+
+
+def _invert(table: Mapping[_K, int]) -> dict[int, _K]:
+    # Keyed by plain int: a message field reads back as an int, possibly one this
+    # SDK has no name for.
+    inverted = {int(v): k for k, v in table.items()}
+    if len(inverted) != len(table):
+        # A duplicate wire value would silently make one direction lossy.
+        raise RuntimeError("enum table is not one-to-one")
+    return inverted
+
+
+_STATUS_FROM_PB = _invert(_STATUS_TO_PB)
+_EFFECT_FROM_PB = _invert(_EFFECT_TO_PB)
+_CALL_STATE_FROM_PB = _invert(_CALL_STATE_TO_PB)
+_STREAM_KIND_FROM_PB = _invert(_STREAM_KIND_TO_PB)
+
+
+def _from_pb(table: Mapping[int, _K], value: int, enum_name: str) -> _K:
+    try:
+        return table[value]
+    except KeyError:
+        raise ValueError(f"unknown or unset tooljail.v1.{enum_name} value {value}") from None
+
+
+def status_to_proto(status: CallStatus) -> pb.Status:
+    """The wire value of a call status."""
+    return _STATUS_TO_PB[status]
+
+
+def status_from_proto(value: int) -> CallStatus:
+    """The call status of a wire value.
+
+    Raises:
+        ValueError: When the value is unset or unknown to this SDK.
+    """
+    return _from_pb(_STATUS_FROM_PB, value, "Status")
+
+
+def effect_to_proto(effect: Effect) -> pb.Effect:
+    """The wire value of an effect."""
+    return _EFFECT_TO_PB[effect]
+
+
+def effect_from_proto(value: int) -> Effect:
+    """The effect of a wire value; unset or unknown values read as `Effect.UNKNOWN`."""
+    # Not knowing the effect is exactly what UNKNOWN means, so this never raises.
+    return _EFFECT_FROM_PB.get(value, Effect.UNKNOWN)
+
+
+def call_state_to_proto(state: CallState) -> pb.CallState:
+    """The wire value of a call state."""
+    return _CALL_STATE_TO_PB[state]
+
+
+def call_state_from_proto(value: int) -> CallState:
+    """The call state of a wire value.
+
+    Raises:
+        ValueError: When the value is unset or unknown to this SDK.
+    """
+    return _from_pb(_CALL_STATE_FROM_PB, value, "CallState")
+
+
+def stream_kind_to_proto(kind: StreamKind) -> pb.StreamKind:
+    """The wire value of a stream kind."""
+    return _STREAM_KIND_TO_PB[kind]
+
+
+def stream_kind_from_proto(value: int) -> StreamKind:
+    """The stream kind of a wire value.
+
+    Raises:
+        ValueError: When the value is unset or unknown to this SDK.
+    """
+    return _from_pb(_STREAM_KIND_FROM_PB, value, "StreamKind")
+
+
+# --- messages --------------------------------------------------------------
+
+
+def result_to_proto(r: ToolResult) -> pb.Result:
+    """A call's result as its wire message.
+
+    Args:
+        r: The result. `data` must be JSON-serialisable; `None` travels as "null".
+
+    Returns:
+        The `pb.Result`; its `error` field is set only when `r.error` is.
+
+    Raises:
+        TypeError: When `r.data` is not JSON-serialisable.
+        ValueError: When `r.data` holds NaN or infinity (not valid JSON).
+    """
+    m = pb.Result(
+        call_id=r.call_id,
+        status=status_to_proto(r.status),
+        data_json=json.dumps(r.data, allow_nan=False),
+        message=r.message,
+        effect=effect_to_proto(r.effect),
+        still_running=r.still_running,
+        truncated=r.truncated,
+        duration_s=r.duration_s,
+        tool=r.tool,
+        output_bytes=r.output_bytes,
+    )
+    if r.error is not None:
+        m.error.CopyFrom(
+            pb.ToolError(type=r.error.type, message=r.error.message, traceback=r.error.traceback)
+        )
+    return m
+
+
+def result_from_proto(m: pb.Result) -> ToolResult:
+    """A call's result from its wire message.
+
+    Args:
+        m: The message. `data_json` "null" or "" reads as `data=None`.
+
+    Returns:
+        The `ToolResult`; `error` is `None` unless the message sets it.
+
+    Raises:
+        ValueError: When `data_json` is not JSON or the status is unset/unknown.
+    """
+    data: Any = None if m.data_json in ("", "null") else json.loads(m.data_json)
+    error = (
+        ToolError(type=m.error.type, message=m.error.message, traceback=m.error.traceback)
+        if m.HasField("error")
+        else None
+    )
+    return ToolResult(
+        call_id=m.call_id,
+        status=status_from_proto(m.status),
+        data=data,
+        message=m.message,
+        error=error,
+        effect=effect_from_proto(m.effect),
+        still_running=m.still_running,
+        truncated=m.truncated,
+        duration_s=m.duration_s,
+        tool=m.tool,
+        output_bytes=m.output_bytes,
+    )
+
+
+def output_to_proto(o: Output) -> pb.Output:
+    """An output chunk as its wire message (text encoded as UTF-8)."""
+    return pb.Output(seq=o.seq, stream=stream_kind_to_proto(o.stream), data=o.data.encode())
+
+
+def output_from_proto(m: pb.Output) -> Output:
+    """An output chunk from its wire message.
+
+    The bytes are decoded as UTF-8 with undecodable bytes replaced (U+FFFD): a
+    tool may write any bytes, and a chunk boundary may split a character.
+
+    Raises:
+        ValueError: When the stream kind is unset or unknown.
+    """
+    return Output(
+        seq=m.seq,
+        stream=stream_kind_from_proto(m.stream),
+        data=m.data.decode("utf-8", errors="replace"),
+    )
+
+
+def tool_info_to_proto(t: ToolInfo) -> pb.ToolSpec:
+    """A tool's description as its wire message (schema as JSON text)."""
+    return pb.ToolSpec(
+        name=t.name,
+        description=t.description,
+        input_schema_json=json.dumps(t.input_schema),
+        timeout_s=t.timeout_s,
+        max_timeout_s=t.max_timeout_s,
+        kill_after_s=t.kill_after_s,
+        idempotent=t.idempotent,
+        streaming=t.streaming,
+        source=t.source,
+    )
+
+
+def tool_info_from_proto(m: pb.ToolSpec) -> ToolInfo:
+    """A tool's description from its wire message; an empty schema reads as {}.
+
+    Raises:
+        ValueError: When `input_schema_json` is not a JSON object.
+    """
+    schema: Any = json.loads(m.input_schema_json) if m.input_schema_json else {}
+    if not isinstance(schema, dict):
+        raise ValueError(f"tool {m.name!r}: input_schema_json is not a JSON object")
+    return ToolInfo(
+        name=m.name,
+        description=m.description,
+        input_schema=schema,
+        timeout_s=m.timeout_s,
+        max_timeout_s=m.max_timeout_s,
+        kill_after_s=m.kill_after_s,
+        idempotent=m.idempotent,
+        streaming=m.streaming,
+        source=m.source,
+    )
+
+
+def diagnostic_to_proto(d: Diagnostic) -> pb.Diagnostic:
+    """A tool-loading problem as its wire message."""
+    return pb.Diagnostic(
+        severity=d.severity, code=d.code, message=d.message, file=d.file, tool=d.tool
+    )
+
+
+def diagnostic_from_proto(m: pb.Diagnostic) -> Diagnostic:
+    """A tool-loading problem from its wire message."""
+    return Diagnostic(severity=m.severity, code=m.code, message=m.message, file=m.file, tool=m.tool)
+
+
+def call_info_to_proto(c: CallInfo) -> pb.CallInfo:
+    """What the daemon knows of a call, as its wire message.
+
+    Raises:
+        TypeError: When the result's data is not JSON-serialisable.
+    """
+    m = pb.CallInfo(
+        call_id=c.call_id,
+        tool=c.tool,
+        state=call_state_to_proto(c.state),
+        has_result=c.result is not None,
+    )
+    if c.result is not None:
+        m.result.CopyFrom(result_to_proto(c.result))
+    return m
+
+
+def call_info_from_proto(m: pb.CallInfo) -> CallInfo:
+    """What the daemon knows of a call, from its wire message.
+
+    `has_result` decides whether `result` is read: an unset message field would
+    otherwise decode as an all-default result.
+
+    Raises:
+        ValueError: When the state or the result's status is unset/unknown.
+    """
+    return CallInfo(
+        call_id=m.call_id,
+        tool=m.tool,
+        state=call_state_from_proto(m.state),
+        result=result_from_proto(m.result) if m.has_result else None,
+    )
+
+
+# --- errors ----------------------------------------------------------------
+
+
+def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:
+    """The `ErrorDetail` the daemon sends for one of our exceptions.
+
+    Args:
+        exc: The exception; its class's `code` becomes the detail's `code`.
+
+    Returns:
+        The detail, with `parameter`/`expected`/`actual` filled for
+        `InvalidArgumentsError` and `retry_after_s` for `OverloadedError`.
+    """
+    detail = pb.ErrorDetail(code=exc.code, message=exc.message)
+    if isinstance(exc, InvalidArgumentsError):
+        detail.parameter = exc.parameter
+        detail.expected = exc.expected
+        detail.actual = exc.actual
+    elif isinstance(exc, OverloadedError):
+        detail.retry_after_s = exc.retry_after_s
+    return detail
+
+
+def _find_detail(trailing: Iterable[tuple[str, str | bytes]] | None) -> pb.ErrorDetail | None:
+    for key, value in trailing or ():
+        if key != ERROR_DETAIL_KEY:
+            continue
+        raw = value.encode() if isinstance(value, str) else value
+        try:
+            detail: pb.ErrorDetail = pb.ErrorDetail.FromString(raw)
+        except DecodeError:
+            # A garbled detail is no detail: fall back to the status code alone.
+            return None
+        return detail
+    return None
+
+
+def error_from_rpc(
+    code_name: str,
+    details: str | None,
+    trailing: Iterable[tuple[str, str | bytes]] | None,
+    *,
+    target: str | None = None,
+) -> TooljailError:
+    """The exception for a failed RPC.
+
+    Args:
+        code_name: The gRPC status code's name, e.g. "NOT_FOUND".
+        details: The status's details text (may be empty or None).
+        trailing: The trailing metadata as (key, value) pairs; the value of
+            `ERROR_DETAIL_KEY` is a serialized `pb.ErrorDetail`.
+        target: The address the client dialled, named in the message of
+            `DaemonUnavailableError`.
+
+    Returns:
+        The class `ERRORS_BY_CODE` names for the detail's code, with its
+        attributes; without a usable detail, `DaemonUnavailableError` for
+        UNAVAILABLE and `TransportError(status=code_name)` for anything else
+        (including a code this SDK does not know).
+    """
+    detail = _find_detail(trailing)
+    if detail is not None:
+        message = detail.message or details or code_name
+        cls = ERRORS_BY_CODE.get(detail.code)
+        if cls is InvalidArgumentsError:
+            return InvalidArgumentsError(
+                message, parameter=detail.parameter, expected=detail.expected, actual=detail.actual
+            )
+        if cls is OverloadedError:
+            # 0 means the daemon gave no hint; keep the class's default then.
+            if detail.retry_after_s > 0:
+                return OverloadedError(message, retry_after_s=detail.retry_after_s)
+            return OverloadedError(message)
+        if cls is not None:
+            return cls(message)
+        return TransportError(f"{code_name}: {message}", status=code_name)
+    if code_name == "UNAVAILABLE":
+        where = target or "the target"
+        message = (
+            f"no tooljail daemon answers at {where}: start one with `tooljail serve`, "
+            "or point TOOLJAIL_TARGET (or Client(target=...)) at a running daemon"
+        )
+        if details:
+            message += f" ({details})"
+        return DaemonUnavailableError(message, status=code_name)
+    return TransportError(f"{code_name}: {details}" if details else code_name, status=code_name)

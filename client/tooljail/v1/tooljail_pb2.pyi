@@ -1,0 +1,242 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StreamKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STREAM_KIND_UNSPECIFIED: _ClassVar[StreamKind]
+    STREAM_KIND_STDOUT: _ClassVar[StreamKind]
+    STREAM_KIND_STDERR: _ClassVar[StreamKind]
+    STREAM_KIND_YIELD: _ClassVar[StreamKind]
+    STREAM_KIND_NOTICE: _ClassVar[StreamKind]
+
+class Status(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STATUS_UNSPECIFIED: _ClassVar[Status]
+    STATUS_SUCCESS: _ClassVar[Status]
+    STATUS_PARTIAL: _ClassVar[Status]
+    STATUS_ERROR: _ClassVar[Status]
+    STATUS_TIMEOUT: _ClassVar[Status]
+    STATUS_CANCELLED: _ClassVar[Status]
+    STATUS_LOST: _ClassVar[Status]
+
+class Effect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EFFECT_UNSPECIFIED: _ClassVar[Effect]
+    EFFECT_NONE: _ClassVar[Effect]
+    EFFECT_APPLIED: _ClassVar[Effect]
+    EFFECT_UNKNOWN: _ClassVar[Effect]
+
+class CallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CALL_STATE_UNSPECIFIED: _ClassVar[CallState]
+    CALL_STATE_QUEUED: _ClassVar[CallState]
+    CALL_STATE_RUNNING: _ClassVar[CallState]
+    CALL_STATE_SUCCEEDED: _ClassVar[CallState]
+    CALL_STATE_FAILED: _ClassVar[CallState]
+    CALL_STATE_TIMED_OUT: _ClassVar[CallState]
+    CALL_STATE_CANCELLED: _ClassVar[CallState]
+    CALL_STATE_LOST: _ClassVar[CallState]
+STREAM_KIND_UNSPECIFIED: StreamKind
+STREAM_KIND_STDOUT: StreamKind
+STREAM_KIND_STDERR: StreamKind
+STREAM_KIND_YIELD: StreamKind
+STREAM_KIND_NOTICE: StreamKind
+STATUS_UNSPECIFIED: Status
+STATUS_SUCCESS: Status
+STATUS_PARTIAL: Status
+STATUS_ERROR: Status
+STATUS_TIMEOUT: Status
+STATUS_CANCELLED: Status
+STATUS_LOST: Status
+EFFECT_UNSPECIFIED: Effect
+EFFECT_NONE: Effect
+EFFECT_APPLIED: Effect
+EFFECT_UNKNOWN: Effect
+CALL_STATE_UNSPECIFIED: CallState
+CALL_STATE_QUEUED: CallState
+CALL_STATE_RUNNING: CallState
+CALL_STATE_SUCCEEDED: CallState
+CALL_STATE_FAILED: CallState
+CALL_STATE_TIMED_OUT: CallState
+CALL_STATE_CANCELLED: CallState
+CALL_STATE_LOST: CallState
+
+class ListToolsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ToolSpec(_message.Message):
+    __slots__ = ("name", "description", "input_schema_json", "timeout_s", "max_timeout_s", "kill_after_s", "idempotent", "streaming", "source")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    KILL_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
+    STREAMING_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    input_schema_json: str
+    timeout_s: float
+    max_timeout_s: float
+    kill_after_s: float
+    idempotent: bool
+    streaming: bool
+    source: str
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., kill_after_s: _Optional[float] = ..., idempotent: _Optional[bool] = ..., streaming: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+
+class Diagnostic(_message.Message):
+    __slots__ = ("severity", "code", "message", "file", "tool")
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    severity: str
+    code: str
+    message: str
+    file: str
+    tool: str
+    def __init__(self, severity: _Optional[str] = ..., code: _Optional[str] = ..., message: _Optional[str] = ..., file: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
+
+class ListToolsResponse(_message.Message):
+    __slots__ = ("tools", "diagnostics")
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSTICS_FIELD_NUMBER: _ClassVar[int]
+    tools: _containers.RepeatedCompositeFieldContainer[ToolSpec]
+    diagnostics: _containers.RepeatedCompositeFieldContainer[Diagnostic]
+    def __init__(self, tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ...) -> None: ...
+
+class CallRequest(_message.Message):
+    __slots__ = ("tool", "arguments_json", "call_id", "timeout_s")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    arguments_json: str
+    call_id: str
+    timeout_s: float
+    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CallEvent(_message.Message):
+    __slots__ = ("started", "output", "result")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    started: Started
+    output: Output
+    result: Result
+    def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
+
+class Started(_message.Message):
+    __slots__ = ("call_id", "sandbox_id", "tool")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    sandbox_id: str
+    tool: str
+    def __init__(self, call_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
+
+class Output(_message.Message):
+    __slots__ = ("seq", "stream", "data")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    stream: StreamKind
+    data: bytes
+    def __init__(self, seq: _Optional[int] = ..., stream: _Optional[_Union[StreamKind, str]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ToolError(_message.Message):
+    __slots__ = ("type", "message", "traceback")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    message: str
+    traceback: str
+    def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
+
+class Result(_message.Message):
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DATA_JSON_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EFFECT_FIELD_NUMBER: _ClassVar[int]
+    STILL_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    status: Status
+    data_json: str
+    message: str
+    error: ToolError
+    effect: Effect
+    still_running: bool
+    truncated: bool
+    duration_s: float
+    tool: str
+    output_bytes: int
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+
+class GetCallRequest(_message.Message):
+    __slots__ = ("call_id",)
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    def __init__(self, call_id: _Optional[str] = ...) -> None: ...
+
+class CallInfo(_message.Message):
+    __slots__ = ("call_id", "tool", "state", "result", "has_result")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    HAS_RESULT_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    tool: str
+    state: CallState
+    result: Result
+    has_result: bool
+    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ...) -> None: ...
+
+class CancelRequest(_message.Message):
+    __slots__ = ("call_id",)
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    def __init__(self, call_id: _Optional[str] = ...) -> None: ...
+
+class CancelResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: CallState
+    def __init__(self, state: _Optional[_Union[CallState, str]] = ...) -> None: ...
+
+class ErrorDetail(_message.Message):
+    __slots__ = ("code", "message", "parameter", "expected", "actual", "retry_after_s")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    parameter: str
+    expected: str
+    actual: str
+    retry_after_s: float
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., parameter: _Optional[str] = ..., expected: _Optional[str] = ..., actual: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""tooljaild: the daemon that runs AI agents' tool calls in sandboxes."""

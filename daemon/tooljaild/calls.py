@@ -1,0 +1,569 @@
+"""The call manager: admission, states, timeouts, cancellation and results.
+
+It knows nothing of gRPC. A call goes QUEUED -> RUNNING -> one final state; its
+output goes to an `EventLog` that any number of readers follow; its caller gets
+exactly one result. See DESIGN.md "Result semantics" for what each result says.
+
+Effects: a tool that ended by itself (returned, raised, exited, crashed) has
+`effect=applied`: whatever it did is done and nothing more will happen. A tool
+stopped from outside (timeout, cancel, shutdown) has `effect=unknown`. A call
+that never reached a sandbox has `effect=none`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from tooljail._errors import (
+    BadTimeoutError,
+    CallIdConflictError,
+    CallNotFoundError,
+    InvalidArgumentsError,
+    InvalidRequestError,
+    OverloadedError,
+    ShuttingDownError,
+)
+from tooljail._types import (
+    TIMEOUT_MESSAGE,
+    CallInfo,
+    CallState,
+    CallStatus,
+    Effect,
+    StreamKind,
+    ToolError,
+    ToolResult,
+)
+from tooljaild.config import Settings
+from tooljaild.output import Event, EventLog, HeadTail
+from tooljaild.registry import Registry, Tool, validate_arguments
+from tooljaild.sandbox.base import Limits, RunOutcome, RunRequest, SandboxError, Termination
+from tooljaild.sandbox.pool import SandboxPool
+
+log = logging.getLogger(__name__)
+
+CALL_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
+CANCELLED_MESSAGE = (
+    "The call was cancelled while it ran. It may have taken effect in part: check "
+    "before calling it again."
+)
+SHUTDOWN_MESSAGE = (
+    "The daemon shut down while the call ran. It may have taken effect in part: check "
+    "before calling it again."
+)
+PYTHON_BUILTINS = {"execute_python_code", "execute_python_code_stream", "execute_python_file"}
+KEPT_EVENT_LOGS = 64
+"""Finished calls whose output chunks stay readable; older ones keep only their result."""
+ENVELOPE_KEYS = {"status", "data", "message", "error"}
+
+
+class Call:
+    """One execution of a tool, from admission to its final result."""
+
+    def __init__(
+        self, call_id: str, tool: Tool, arguments: dict[str, Any], fingerprint: str,
+        timeout_s: float, settings: Settings,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.call_id = call_id
+        self.tool = tool
+        self.arguments = arguments
+        self.fingerprint = fingerprint
+        self.timeout_s = timeout_s
+        self.state = CallState.QUEUED
+        self.sandbox_id = ""
+        self.created = time.monotonic()
+        self.started_at: float | None = None
+        self.events = EventLog(settings.event_buffer_bytes)
+        limit = max(1024, settings.limits.output_bytes // 2)
+        self.stdout = HeadTail(limit)
+        self.stderr = HeadTail(limit)
+        self.started: asyncio.Future[str] = loop.create_future()
+        """Resolves with the sandbox id when the call starts running."""
+        self.caller_result: asyncio.Future[ToolResult] = loop.create_future()
+        """The one result the caller's stream ends with."""
+        self.final: ToolResult | None = None
+        self.done = asyncio.Event()
+        self.stop_reason: str | None = None
+        self._stop = asyncio.Event()
+
+    def sink(self, stream: StreamKind, data: bytes) -> None:
+        if stream is StreamKind.STDOUT:
+            self.stdout.add(data)
+        elif stream is StreamKind.STDERR:
+            self.stderr.add(data)
+        self.events.append(stream, data)
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self._stop.set()
+
+    def info(self) -> CallInfo:
+        result = self.final
+        if result is None and self.caller_result.done():
+            result = self.caller_result.result()
+        return CallInfo(call_id=self.call_id, tool=self.tool.name, state=self.state, result=result)
+
+    async def stream(self, from_seq: int = 1) -> AsyncIterator[Event]:
+        """The call's output chunks, live, ending where the caller's result stands."""
+        async for event in self.events.follow(from_seq, until=self.caller_result):  # type: ignore[arg-type]
+            yield event
+
+
+class CallManager:
+    """Admits, runs, times out, cancels and remembers calls."""
+
+    def __init__(self, settings: Settings, registry: Registry, pool: SandboxPool) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._pool = pool
+        self._calls: OrderedDict[str, Call] = OrderedDict()
+        self._with_events: OrderedDict[str, Call] = OrderedDict()
+        self._slots = asyncio.Semaphore(settings.max_concurrent)
+        self._active = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.draining = False
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    @property
+    def active(self) -> int:
+        """Calls queued or running."""
+        return self._active
+
+    # ------------------------------------------------------------------ admission
+
+    def submit(
+        self, tool_name: str, arguments_json: str, call_id: str = "", timeout_s: float = 0.0
+    ) -> Call:
+        """Admit a call, or return the call already admitted under the same id.
+
+        Raises:
+            ShuttingDownError: The daemon is draining.
+            ToolNotFoundError: No such tool.
+            InvalidRequestError: The arguments are not JSON, or the call id is malformed.
+            InvalidArgumentsError: The arguments do not fit the tool's schema.
+            BadTimeoutError: The timeout is outside the tool's bounds.
+            CallIdConflictError: The id belongs to a call with other arguments.
+            OverloadedError: The queue is full.
+        """
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        tool = self._registry.get(tool_name)
+        arguments = self._parse_arguments(tool, arguments_json)
+        timeout = self._timeout_for(tool, timeout_s)
+        fingerprint = _fingerprint(tool.name, arguments)
+        if call_id:
+            if not CALL_ID.match(call_id):
+                raise InvalidRequestError(
+                    "call_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+                )
+            existing = self._calls.get(call_id)
+            if existing is not None:
+                if existing.fingerprint != fingerprint:
+                    raise CallIdConflictError(
+                        f"call id {call_id!r} is already used by a call of "
+                        f"{existing.tool.name!r} with other arguments; use a new id"
+                    )
+                return existing
+        else:
+            call_id = uuid.uuid4().hex
+        limit = self._settings.max_concurrent + self._settings.max_queue
+        if self._active >= limit:
+            raise OverloadedError(
+                f"the daemon is at its bound of {limit} running and queued calls; "
+                "try again shortly",
+                retry_after_s=1.0,
+            )
+        call = Call(call_id, tool, arguments, fingerprint, timeout, self._settings)
+        self._calls[call_id] = call
+        self._active += 1
+        task = asyncio.create_task(self._run(call), name=f"call-{call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return call
+
+    def _parse_arguments(self, tool: Tool, arguments_json: str) -> dict[str, Any]:
+        try:
+            arguments = json.loads(arguments_json) if arguments_json.strip() else {}
+        except ValueError as exc:
+            raise InvalidRequestError(f"arguments are not valid JSON: {exc}") from exc
+        validated = validate_arguments(tool, arguments)
+        if tool.builtin == "execute_python_file":
+            validated = {**validated, "path": self._resolve_file(str(validated["path"]))}
+        return dict(validated)
+
+    def _resolve_file(self, path: str) -> str:
+        dirs = [d.resolve() for d in self._settings.files_dirs]
+        if not dirs:
+            raise InvalidArgumentsError(
+                "execute_python_file is not enabled: no files directory is configured "
+                "(start the daemon with --files-dir DIR)",
+                parameter="path",
+                expected="a file inside a configured files directory",
+                actual=path,
+            )
+        candidates = [Path(path)] if Path(path).is_absolute() else [d / path for d in dirs]
+        for candidate in candidates:
+            real = candidate.resolve()
+            if any(real.is_relative_to(d) for d in dirs) and real.is_file():
+                return str(real)
+        raise InvalidArgumentsError(
+            f"no file {path!r} inside the files directories "
+            f"({', '.join(str(d) for d in dirs)}); paths may not leave them",
+            parameter="path",
+            expected="a file inside " + ", ".join(str(d) for d in dirs),
+            actual=path,
+        )
+
+    def _timeout_for(self, tool: Tool, requested: float) -> float:
+        s = self._settings
+        upper = min(tool.options.max_timeout_s, s.max_timeout_s)
+        if not requested:
+            default = tool.options.timeout_s if tool.source == "user" else s.default_timeout_s
+            return min(default, upper)
+        if not s.min_timeout_s <= requested <= upper:
+            raise BadTimeoutError(
+                f"timeout {requested:g}s is outside the bounds of {tool.name!r}: "
+                f"{s.min_timeout_s:g} to {upper:g} seconds"
+            )
+        return requested
+
+    # ------------------------------------------------------------------ lookups
+
+    def get(self, call_id: str) -> Call:
+        """The call with that id.
+
+        Raises:
+            CallNotFoundError: The daemon does not know or no longer remembers it.
+        """
+        call = self._calls.get(call_id)
+        if call is None:
+            raise CallNotFoundError(
+                f"no call {call_id!r} is known to this daemon (it may have been "
+                f"forgotten: the daemon remembers the last {self._settings.remembered_calls})"
+            )
+        return call
+
+    async def cancel(self, call_id: str) -> CallState:
+        """Stop a call. Returns its state afterwards.
+
+        Raises:
+            CallNotFoundError: Unknown id.
+        """
+        call = self.get(call_id)
+        if not call.state.finished:
+            call.request_stop("cancelled")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(call.done.wait(), 10.0)
+        return call.state
+
+    # ------------------------------------------------------------------ running
+
+    async def _run(self, call: Call) -> None:
+        try:
+            await self._run_admitted(call)
+        except Exception as exc:  # a bug of ours must still answer the caller
+            log.exception("call %s failed inside the daemon", call.call_id)
+            self._finish(call, self._internal_error(call, exc))
+        finally:
+            self._active -= 1
+            call.events.close()
+            self._forget_old()
+
+    async def _run_admitted(self, call: Call) -> None:
+        stop_wait = asyncio.create_task(call._stop.wait())
+        try:
+            slot = asyncio.create_task(self._slots.acquire())
+            await asyncio.wait({slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not slot.done():
+                slot.cancel()
+                self._finish(call, self._not_run(call, "the call was cancelled before it started"))
+                return
+            try:
+                await self._execute(call, stop_wait)
+            finally:
+                self._slots.release()
+        finally:
+            stop_wait.cancel()
+
+    async def _execute(self, call: Call, stop_wait: asyncio.Task[Any]) -> None:
+        if call.stop_reason is not None:
+            self._finish(call, self._not_run(call, "the call was cancelled before it started"))
+            return
+        try:
+            sandbox = await self._pool.acquire()
+        except SandboxError as exc:
+            self._finish(call, self._sandbox_failed(call, str(exc)))
+            return
+        try:
+            call.state = CallState.RUNNING
+            call.started_at = time.monotonic()
+            call.sandbox_id = sandbox.id
+            call.started.set_result(sandbox.id)
+            run = asyncio.create_task(sandbox.run(self._request(call), call.sink))
+            await asyncio.wait({run, stop_wait}, timeout=call.timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+            reason: str | None = None
+            if not run.done():
+                reason = call.stop_reason or "timeout"
+                kill_after = call.tool.options.kill_after_s
+                if reason == "timeout" and kill_after > call.timeout_s:
+                    # The caller hears "timeout, still running" now; the call runs on
+                    # detached until kill_after_s, and GetCall tells its real end.
+                    call.caller_result.set_result(self._timeout_result(call, still_running=True))
+                    await asyncio.wait({run, stop_wait}, timeout=kill_after - call.timeout_s,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    reason = None if run.done() else (call.stop_reason or "hard_timeout")
+                if reason is not None:
+                    await sandbox.kill()
+            outcome = await run
+            self._finish(call, self._result(call, outcome, reason))
+        finally:
+            self._pool.release(sandbox)
+
+    def _request(self, call: Call) -> RunRequest:
+        tool, args = call.tool, call.arguments
+        limits = self._settings.limits
+        if tool.options.limits:
+            limits = Limits.model_validate({**limits.model_dump(), **tool.options.limits})
+        if tool.builtin in ("execute_python_code", "execute_python_code_stream"):
+            return RunRequest("code", {"code": args["code"]}, limits)
+        if tool.builtin == "execute_python_file":
+            return RunRequest(
+                "file", {"path": args["path"], "args": list(args.get("args") or [])}, limits
+            )
+        return RunRequest(
+            "user",
+            {"module_path": tool.module_path, "function": tool.function, "args": args},
+            limits,
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def _finish(self, call: Call, result: ToolResult) -> None:
+        call.final = result
+        call.state = _state_of(result)
+        if not call.caller_result.done():
+            call.caller_result.set_result(result)
+        if not call.started.done():
+            call.started.cancel()
+        call.done.set()
+        log.info(
+            "call finished",
+            extra={
+                "call_id": call.call_id, "tool": call.tool.name, "status": result.status.value,
+                "duration_s": round(result.duration_s, 4), "sandbox": call.sandbox_id,
+            },
+        )
+
+    def _duration(self, call: Call) -> float:
+        return time.monotonic() - (call.started_at or call.created)
+
+    def _base(self, call: Call, **fields: Any) -> ToolResult:
+        output = call.stdout.total + call.stderr.total
+        truncated = call.stdout.truncated or call.stderr.truncated
+        return ToolResult(
+            call_id=call.call_id, tool=call.tool.name, duration_s=self._duration(call),
+            output_bytes=output, truncated=truncated, **fields,
+        )
+
+    def _python_data(self, call: Call, exit_code: int | None) -> dict[str, Any]:
+        return {"stdout": call.stdout.text(), "stderr": call.stderr.text(), "exit_code": exit_code}
+
+    def _timeout_result(self, call: Call, *, still_running: bool) -> ToolResult:
+        message = TIMEOUT_MESSAGE.format(timeout=call.timeout_s)
+        if still_running:
+            message += (
+                f" It keeps running detached for up to {call.tool.options.kill_after_s:g}s "
+                f"from its start; ask for call {call.call_id!r} later to learn how it ended."
+            )
+        data = self._python_data(call, None) if call.tool.builtin in PYTHON_BUILTINS else None
+        return self._base(
+            call, status=CallStatus.TIMEOUT, effect=Effect.UNKNOWN, message=message,
+            still_running=still_running, data=data,
+            error=ToolError(type="Timeout", message=f"no result within {call.timeout_s:g}s"),
+        )
+
+    def _result(self, call: Call, outcome: RunOutcome, reason: str | None) -> ToolResult:
+        python = call.tool.builtin in PYTHON_BUILTINS
+        if reason in ("timeout", "hard_timeout"):
+            if reason == "hard_timeout":
+                result = self._timeout_result(call, still_running=False)
+                return result.model_copy(update={
+                    "message": f"The call was killed at its kill_after_s limit of "
+                    f"{call.tool.options.kill_after_s:g}s; it may have taken effect in part.",
+                })
+            return self._timeout_result(call, still_running=False)
+        if reason in ("cancelled", "shutdown"):
+            return self._base(
+                call, status=CallStatus.CANCELLED, effect=Effect.UNKNOWN,
+                message=CANCELLED_MESSAGE if reason == "cancelled" else SHUTDOWN_MESSAGE,
+                data=self._python_data(call, None) if python else None,
+                error=ToolError(type="Cancelled", message=f"stopped: {reason}"),
+            )
+        exit_code = outcome.exit_code
+        if outcome.signal:
+            exit_code = -outcome.signal
+        if outcome.termination is Termination.RETURNED or (
+            outcome.termination is Termination.EXITED and outcome.exit_code == 0
+        ):
+            if python:
+                return self._base(
+                    call, status=CallStatus.SUCCESS, effect=Effect.APPLIED,
+                    data=self._python_data(call, 0),
+                )
+            return self._user_value(call, outcome)
+        error = outcome.error or ToolError(type="Error", message="the tool failed")
+        message = _failure_message(outcome, error)
+        effect = Effect.UNKNOWN if outcome.termination is Termination.RUNNER_LOST else Effect.APPLIED
+        return self._base(
+            call, status=CallStatus.ERROR, effect=effect, message=message, error=error,
+            data=self._python_data(call, exit_code) if python else None,
+        )
+
+    def _user_value(self, call: Call, outcome: RunOutcome) -> ToolResult:
+        value, kind = outcome.value, outcome.value_kind
+        if kind == "none":
+            message = (
+                f"Tool streamed {outcome.yields} values" if outcome.yields else NO_OUTPUT_MESSAGE
+            )
+            return self._base(call, status=CallStatus.SUCCESS, effect=Effect.APPLIED,
+                              message=message)
+        envelope = _envelope(value) if kind == "json" else None
+        if envelope is not None:
+            return self._base(call, effect=Effect.APPLIED, **envelope)
+        return self._base(call, status=CallStatus.SUCCESS, effect=Effect.APPLIED, data=value)
+
+    def _not_run(self, call: Call, why: str) -> ToolResult:
+        return self._base(
+            call, status=CallStatus.CANCELLED, effect=Effect.NONE,
+            message=f"The tool did not run: {why}.",
+            error=ToolError(type="Cancelled", message=why),
+        )
+
+    def _sandbox_failed(self, call: Call, why: str) -> ToolResult:
+        return self._base(
+            call, status=CallStatus.ERROR, effect=Effect.NONE,
+            message="The tool did not run: no sandbox could be started. Try again later.",
+            error=ToolError(type="SandboxUnavailable", message=why),
+        )
+
+    def _internal_error(self, call: Call, exc: Exception) -> ToolResult:
+        return self._base(
+            call, status=CallStatus.ERROR, effect=Effect.UNKNOWN,
+            message="The daemon failed while running the call; it may have taken effect.",
+            error=ToolError(type="InternalError", message=f"{type(exc).__name__}: {exc}"),
+        )
+
+    def _forget_old(self) -> None:
+        """Bound memory: drop the oldest finished calls and old output logs."""
+        limit = self._settings.remembered_calls
+        while len(self._calls) > limit:
+            oldest_id, oldest = next(iter(self._calls.items()))
+            if not oldest.state.finished:
+                break
+            del self._calls[oldest_id]
+        for call in list(self._calls.values())[-1:]:
+            if call.state.finished:
+                self._with_events[call.call_id] = call
+        while len(self._with_events) > KEPT_EVENT_LOGS:
+            _, old = self._with_events.popitem(last=False)
+            old.events.release()
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking calls, let running ones finish for `grace_s`, then stop them.
+
+        Every stopped call gets its result (cancelled, effect unknown) before
+        this returns.
+        """
+        self.draining = True
+        running = [c for c in self._calls.values() if not c.state.finished]
+        if running:
+            log.info("draining %d calls for up to %.1fs", len(running), grace_s)
+            await asyncio.wait([asyncio.create_task(c.done.wait()) for c in running],
+                               timeout=grace_s)
+        for call in self._calls.values():
+            if not call.state.finished:
+                call.request_stop("shutdown")
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=15.0)
+
+
+def _fingerprint(tool: str, arguments: dict[str, Any]) -> str:
+    canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _state_of(result: ToolResult) -> CallState:
+    if result.still_running:
+        return CallState.RUNNING
+    return {
+        CallStatus.SUCCESS: CallState.SUCCEEDED,
+        CallStatus.PARTIAL: CallState.SUCCEEDED,
+        CallStatus.ERROR: CallState.FAILED,
+        CallStatus.TIMEOUT: CallState.TIMED_OUT,
+        CallStatus.CANCELLED: CallState.CANCELLED,
+        CallStatus.LOST: CallState.LOST,
+    }[result.status]
+
+
+def _failure_message(outcome: RunOutcome, error: ToolError) -> str:
+    t = outcome.termination
+    if t is Termination.RAISED:
+        return f"The tool raised {error.type}: {error.message}"
+    if t is Termination.EXITED:
+        return f"The program exited with code {outcome.exit_code}."
+    if t in (Termination.SIGNALED, Termination.CPU_LIMIT, Termination.FILE_SIZE_LIMIT):
+        return f"The program was terminated: {error.message}."
+    return f"The tool failed: {error.message}"
+
+
+def _envelope(value: Any) -> dict[str, Any] | None:
+    """Read a returned dict of exactly the envelope shape as the result itself."""
+    if not isinstance(value, dict) or not value or not set(value) <= ENVELOPE_KEYS:
+        return None
+    if "status" not in value:
+        if set(value) != {"error"}:
+            return None
+        value = {"status": "error", **value}
+    try:
+        status = CallStatus(value["status"])
+    except ValueError:
+        return None
+    if status in (CallStatus.TIMEOUT, CallStatus.CANCELLED, CallStatus.LOST):
+        return None  # only the daemon says these
+    raw_error = value.get("error")
+    error = None
+    if raw_error is not None:
+        if isinstance(raw_error, dict):
+            error = ToolError(
+                type=str(raw_error.get("type", "Error")),
+                message=str(raw_error.get("message", "")),
+                traceback=str(raw_error.get("traceback", "")),
+            )
+        else:
+            error = ToolError(type="Error", message=str(raw_error))
+    message = value.get("message")
+    return {
+        "status": status,
+        "data": value.get("data"),
+        "message": "" if message is None else str(message),
+        "error": error,
+    }

@@ -1,0 +1,337 @@
+"""The `tooljail` command: serve, tools, call, get, cancel, doctor, demo.
+
+Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost);
+2 bad usage or a request the daemon refused; 3 no daemon answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_TOOL_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tooljail",
+        description="Run AI agents' tool calls in sandboxes, served over gRPC.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the daemon")
+    serve.add_argument("--config", type=Path, help="TOML config file (also $TOOLJAIL_CONFIG)")
+    serve.add_argument("--listen", help="unix:///path/to.sock (default) or HOST:PORT")
+    serve.add_argument("--tools-dir", type=Path, action="append", dest="tools_dirs",
+                       help="directory of user tool files (repeatable)")
+    serve.add_argument("--files-dir", type=Path, action="append", dest="files_dirs",
+                       help="directory execute_python_file may run files from (repeatable)")
+    serve.add_argument("--state-dir", type=Path, help="where state and workspaces live")
+    serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
+    serve.add_argument("--max-concurrent", type=int, help="calls running at once")
+    serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+
+    def target(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--target", help="daemon address (default: $TOOLJAIL_TARGET or the "
+                        "default Unix socket)")
+
+    tools = sub.add_parser("tools", help="list the daemon's tools, or check tool files")
+    target(tools)
+    tools.add_argument("--check", action="store_true",
+                       help="load tool files here (in a sandbox) and report problems")
+    tools.add_argument("--tools-dir", type=Path, action="append", dest="tools_dirs",
+                       help="with --check: directory to check (repeatable; default: config)")
+    tools.add_argument("--config", type=Path, help="with --check: config file with tools_dirs")
+    tools.add_argument("--json", action="store_true", help="print JSON")
+
+    call = sub.add_parser("call", help="call a tool and stream its output")
+    target(call)
+    call.add_argument("tool")
+    call.add_argument("arguments", nargs="?", default="{}",
+                      help="the arguments as a JSON object, or - to read them from stdin")
+    call.add_argument("--timeout", type=float, help="seconds before the call times out")
+    call.add_argument("--call-id", help="idempotency key for this call")
+    call.add_argument("--json", action="store_true", help="print the final result as JSON")
+
+    get = sub.add_parser("get", help="show a call's state and result")
+    target(get)
+    get.add_argument("call_id")
+
+    cancel = sub.add_parser("cancel", help="cancel a call")
+    target(cancel)
+    cancel.add_argument("call_id")
+
+    doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+
+    demo = sub.add_parser("demo", help="start a daemon, make one real tool call, stop it")
+    demo.add_argument("--code", default="import sys, platform\n"
+                      "print(f'6 x 7 = {6 * 7}, from Python {platform.python_version()} "
+                      "in a tooljail sandbox')")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {
+        "serve": _serve, "tools": _tools, "call": _call, "get": _get,
+        "cancel": _cancel, "doctor": _doctor, "demo": _demo,
+    }[args.command]
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---------------------------------------------------------------------- serve
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tooljaild.config import ConfigError, load_settings
+    from tooljaild.daemon import Daemon, DaemonError
+    from tooljaild.logs import setup_logging
+
+    try:
+        settings = load_settings(
+            args.config, listen=args.listen, tools_dirs=args.tools_dirs,
+            files_dirs=args.files_dirs, state_dir=args.state_dir, pool_size=args.pool_size,
+            max_concurrent=args.max_concurrent, log_level=args.log_level,
+        )
+    except ConfigError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    setup_logging(settings.log_level)
+    try:
+        asyncio.run(Daemon(settings).serve_until_signalled())
+    except DaemonError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- client commands
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from tooljail import Client
+
+    return Client(args.target)
+
+
+def _refused(exc: Exception) -> int:
+    from tooljail import DaemonUnavailableError, TransportError
+
+    print(f"tooljail: {exc}", file=sys.stderr)
+    if isinstance(exc, DaemonUnavailableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, TransportError):
+        return EXIT_UNAVAILABLE
+    return EXIT_USAGE
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from tooljail import TooljailError
+
+    if args.check:
+        return _check_tools(args)
+    try:
+        with _client(args) as client:
+            tools = client.list_tools()
+            diagnostics = client.diagnostics()
+    except TooljailError as exc:
+        return _refused(exc)
+    if args.json:
+        print(json.dumps({"tools": [t.model_dump() for t in tools],
+                          "diagnostics": [d.model_dump() for d in diagnostics]}, indent=2))
+        return EXIT_OK
+    for t in tools:
+        first = t.description.strip().splitlines()[0] if t.description.strip() else ""
+        print(f"{t.name:32} {t.source:8} timeout {t.timeout_s:g}s  {first}")
+    for d in diagnostics:
+        print(f"{d.severity}: {d.file}{':' + d.tool if d.tool else ''}: [{d.code}] {d.message}",
+              file=sys.stderr)
+    return EXIT_OK
+
+
+def _check_tools(args: argparse.Namespace) -> int:
+    from tooljaild.config import ConfigError, load_settings
+    from tooljaild.loader import load_registry
+
+    try:
+        settings = load_settings(args.config, tools_dirs=args.tools_dirs)
+    except ConfigError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not settings.tools_dirs:
+        print("tooljail: no tools directory: pass --tools-dir DIR", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def load() -> Any:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
+            sandbox = settings.sandbox.build(Path(tmp), None)
+            try:
+                await sandbox.start()
+                return await load_registry(settings.tools_dirs, sandbox)
+            finally:
+                await sandbox.close()
+
+    registry = asyncio.run(load())
+    users = [t for t in registry.tools() if t.source == "user"]
+    errors = [d for d in registry.diagnostics if d.severity == "error"]
+    if args.json:
+        print(json.dumps({"tools": [t.info().model_dump() for t in users],
+                          "diagnostics": [d.model_dump() for d in registry.diagnostics]},
+                         indent=2))
+    else:
+        for t in users:
+            print(f"ok      {t.name}  ({t.file})")
+        for d in registry.diagnostics:
+            where = d.file + (f" [{d.tool}]" if d.tool else "")
+            print(f"{d.severity:7} {where}: {d.code}: {d.message}")
+        print(f"{len(users)} tools ok, {len(errors)} errors")
+    return EXIT_TOOL_FAILED if errors else EXIT_OK
+
+
+def _call(args: argparse.Namespace) -> int:
+    from tooljail import Output, StreamKind, TooljailError, ToolResult
+
+    raw = sys.stdin.read() if args.arguments == "-" else args.arguments
+    try:
+        arguments = json.loads(raw)
+    except ValueError as exc:
+        print(f"tooljail: the arguments are not valid JSON ({exc}); pass a JSON object "
+              """such as '{"code": "print(1)"}'""", file=sys.stderr)
+        return EXIT_USAGE
+    if not isinstance(arguments, dict):
+        print("tooljail: the arguments must be a JSON object, e.g. "
+              """'{"code": "print(1)"}'""", file=sys.stderr)
+        return EXIT_USAGE
+    result: ToolResult | None = None
+    try:
+        with _client(args) as client:
+            for item in client.stream(args.tool, arguments, timeout=args.timeout,
+                                      call_id=args.call_id):
+                if isinstance(item, Output):
+                    out = sys.stderr if item.stream in (StreamKind.STDERR,
+                                                        StreamKind.NOTICE) else sys.stdout
+                    text = item.data if item.stream is not StreamKind.YIELD else item.data + "\n"
+                    out.write(text)
+                    out.flush()
+                else:
+                    result = item
+    except TooljailError as exc:
+        return _refused(exc)
+    assert result is not None
+    _print_result(result, as_json=args.json)
+    return EXIT_OK if result.ok else EXIT_TOOL_FAILED
+
+
+def _print_result(result: Any, *, as_json: bool) -> None:
+    if as_json:
+        print(result.model_dump_json(indent=2))
+        return
+    data = result.data
+    python_data = isinstance(data, dict) and {"stdout", "stderr", "exit_code"} <= set(data)
+    if data is not None and not python_data:
+        print(data if isinstance(data, str) else json.dumps(data, indent=2))
+    summary = f"[{result.status.value}] call {result.call_id} in {result.duration_s:.3f}s"
+    if result.truncated:
+        summary += f", output truncated ({result.output_bytes} bytes written)"
+    if result.still_running:
+        summary += ", still running"
+    print(summary, file=sys.stderr)
+    if result.message:
+        print(result.message, file=sys.stderr)
+    if result.error is not None and result.status.value != "timeout":
+        print(f"{result.error.type}: {result.error.message}", file=sys.stderr)
+
+
+def _get(args: argparse.Namespace) -> int:
+    from tooljail import TooljailError
+
+    try:
+        with _client(args) as client:
+            info = client.get_call(args.call_id)
+    except TooljailError as exc:
+        return _refused(exc)
+    print(info.model_dump_json(indent=2))
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    from tooljail import TooljailError
+
+    try:
+        with _client(args) as client:
+            state = client.cancel(args.call_id)
+    except TooljailError as exc:
+        return _refused(exc)
+    print(state.value)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------- doctor, demo
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from tooljaild.doctor import check_host, render
+
+    report = check_host()
+    if args.json:
+        print(json.dumps([r.__dict__ for r in report], indent=2))
+    else:
+        print(render(report))
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    """Start a daemon on a private socket, make one real call through it, stop it."""
+    import subprocess
+    import tempfile
+    import time
+
+    from tooljail import Client, DaemonUnavailableError
+
+    with tempfile.TemporaryDirectory(prefix="tooljail-demo-") as tmp:
+        sock = f"unix://{tmp}/tooljail.sock"
+        print(f"$ tooljail serve --listen {sock} --pool-size 1", flush=True)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "tooljaild", "serve", "--listen", sock,
+             "--state-dir", f"{tmp}/state", "--pool-size", "1", "--log-level", "WARNING"],
+        )
+        try:
+            with Client(sock) as client:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        client.list_tools()
+                        break
+                    except DaemonUnavailableError:
+                        if daemon.poll() is not None or time.monotonic() > deadline:
+                            print("tooljail: the daemon did not start", file=sys.stderr)
+                            return EXIT_UNAVAILABLE
+                        time.sleep(0.1)
+                call = {"code": args.code}
+                print(f"$ tooljail call execute_python_code '{json.dumps(call)}'", flush=True)
+                result = client.call("execute_python_code", call)
+            sys.stdout.write(result.data["stdout"] if isinstance(result.data, dict) else "")
+            print(f"[{result.status.value}] effect={result.effect.value} "
+                  f"in {result.duration_s * 1000:.1f} ms (call {result.call_id})")
+            return EXIT_OK if result.ok else EXIT_TOOL_FAILED
+        finally:
+            daemon.terminate()
+            try:
+                daemon.wait(30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The daemon's settings: defaults, a TOML file, environment, then flags.
+
+Precedence, highest first: command-line flags, `TOOLJAIL_*` environment
+variables (nested with `__`, e.g. `TOOLJAIL_LIMITS__CPU_S=30`), the TOML file
+given by `--config` (or `TOOLJAIL_CONFIG`), the defaults below.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from tooljail._client import default_socket_path
+from tooljaild.sandbox.base import Limits
+from tooljaild.sandbox.process import ProcessSandboxConfig
+
+
+def default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/tooljail")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tooljail"
+
+
+class Settings(BaseSettings):
+    """Everything an operator can set."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TOOLJAIL_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    listen: str = Field(default_factory=lambda: f"unix://{default_socket_path()}")
+    """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
+    tools_dirs: list[Path] = Field(default_factory=list)
+    """Directories whose *.py files define user tools."""
+    files_dirs: list[Path] = Field(default_factory=list)
+    """Directories execute_python_file may run files from (read in place)."""
+    state_dir: Path = Field(default_factory=default_state_dir)
+    """Where the daemon keeps its state; call workspaces live below it."""
+    default_timeout_s: float = Field(default=180.0, ge=1)
+    """Timeout of a call when neither the tool nor the caller sets one."""
+    max_timeout_s: float = Field(default=1000.0, ge=1)
+    """The largest timeout any call may have."""
+    min_timeout_s: float = Field(default=1.0, gt=0)
+    """The smallest timeout a caller may ask for."""
+    limits: Limits = Field(default_factory=Limits)
+    """Per-sandbox resource limits (tools may lower them)."""
+    sandbox: ProcessSandboxConfig = Field(default_factory=ProcessSandboxConfig)
+    """The sandbox backend and its settings."""
+    pool_size: int = Field(default=4, ge=0, le=256)
+    """Started sandboxes kept ready; 0 starts one per call."""
+    pool_idle_ttl_s: float = Field(default=300.0, gt=0)
+    """A ready sandbox unused this long may be let go (down to one)."""
+    max_concurrent: int = Field(default=32, ge=1)
+    """Calls running at once; more wait in the queue."""
+    max_queue: int = Field(default=256, ge=0)
+    """Calls waiting for a slot; past it new calls get RESOURCE_EXHAUSTED."""
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """The largest request message accepted (code, arguments)."""
+    event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
+    """Output kept per call for slow readers and re-attach; older chunks are dropped."""
+    remembered_calls: int = Field(default=10_000, ge=1)
+    """Finished calls kept in memory for GetCall."""
+    shutdown_grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM: how long running calls may take to finish before they are stopped."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.upper()
+        if v not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("log_level must be DEBUG, INFO, WARNING or ERROR")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Settings:
+        if not self.min_timeout_s <= self.default_timeout_s <= self.max_timeout_s:
+            raise ValueError("need min_timeout_s <= default_timeout_s <= max_timeout_s")
+        return self
+
+    @property
+    def workspace_root(self) -> Path:
+        return self.state_dir / "workspaces"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The TOML source reads model_config["toml_file"]: None (no file) here,
+        # set on the subclass load_settings() makes for a given file.
+        return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says what to fix."""
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Build the settings from a TOML file, the environment and explicit overrides.
+
+    Args:
+        config_file: A TOML file; None means $TOOLJAIL_CONFIG, or no file.
+        overrides: Values from command-line flags (None values are ignored).
+
+    Raises:
+        ConfigError: When the file is missing or unreadable, or a value is invalid.
+    """
+    import tomllib
+
+    from pydantic import ValidationError
+
+    path = config_file or (
+        Path(os.environ["TOOLJAIL_CONFIG"]) if os.environ.get("TOOLJAIL_CONFIG") else None
+    )
+    if path is not None:
+        try:
+            tomllib.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    clean = {k: v for k, v in overrides.items() if v is not None}
+
+    class FileSettings(Settings):
+        model_config = SettingsConfigDict(toml_file=path)
+
+    try:
+        return FileSettings(**clean)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        )
+        where = f" (file {path})" if path else ""
+        raise ConfigError(f"invalid configuration{where}: {problems}") from exc

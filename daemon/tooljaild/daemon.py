@@ -1,0 +1,171 @@
+"""Assembling the daemon: settings -> sandboxes, tools, calls, server; and its life.
+
+`Daemon.start` makes everything ready (the pool warm before the socket says
+SERVING); `Daemon.stop` drains: it refuses new calls, lets running calls finish
+within the grace period, stops the rest and answers their callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from tooljaild.calls import CallManager
+from tooljaild.config import Settings
+from tooljaild.loader import load_registry
+from tooljaild.registry import Registry
+from tooljaild.sandbox.base import Sandbox
+from tooljaild.sandbox.cgroups import CgroupTracker
+from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.server import SERVICE_NAME, create_server
+
+log = logging.getLogger(__name__)
+
+
+class DaemonError(Exception):
+    """The daemon cannot start; the message says why and what to do."""
+
+
+class Daemon:
+    """One tooljail daemon: its pool, registry, call manager and gRPC server."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.port = 0
+        self.tracker: CgroupTracker | None = None
+        self.pool: SandboxPool | None = None
+        self.manager: CallManager | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health: object | None = None
+        self._socket_path: Path | None = None
+
+    def _new_sandbox(self) -> Sandbox:
+        return self.settings.sandbox.build(self.settings.workspace_root, self.tracker)
+
+    async def start(self) -> None:
+        """Start serving.
+
+        Raises:
+            DaemonError: When the address or state directory cannot be used.
+        """
+        s = self.settings
+        try:
+            s.workspace_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
+        if s.listen.startswith("unix:"):
+            self._socket_path = _prepare_socket(s.listen)
+        if s.sandbox.use_cgroups:
+            self.tracker = await asyncio.to_thread(CgroupTracker.detect)
+        log.info(
+            "sandbox tracking",
+            extra={"cgroups": str(self.tracker.base) if self.tracker else None,
+                   "python": s.sandbox.python},
+        )
+        registry = await self._load_tools()
+        for d in registry.diagnostics:
+            log.warning("tool problem: %s", d.message,
+                        extra={"code": d.code, "file": d.file, "tool": d.tool})
+        self.pool = SandboxPool(self._new_sandbox, s.pool_size, idle_ttl_s=s.pool_idle_ttl_s)
+        self.pool.start()
+        self.manager = CallManager(s, registry, self.pool)
+        try:
+            server, self.port, health = create_server(
+                self.manager, s.listen, max_request_bytes=s.max_request_bytes
+            )
+        except RuntimeError as exc:
+            await self.pool.close()
+            raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
+        self._server, self._health = server, health
+        await server.start()
+        if self._socket_path is not None:
+            os.chmod(self._socket_path, 0o660)
+        if not await self.pool.wait_ready(timeout_s=30.0):
+            log.warning("the sandbox pool is not full after 30s; serving anyway")
+        for name in ("", SERVICE_NAME):
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)  # type: ignore[attr-defined]
+        log.info(
+            "serving",
+            extra={"listen": s.listen, "port": self.port, "tools": len(registry.tools()),
+                   "pool_size": s.pool_size},
+        )
+        _sd_notify("READY=1")
+
+    async def _load_tools(self) -> Registry:
+        if not self.settings.tools_dirs:
+            return Registry()
+        sandbox = self._new_sandbox()
+        try:
+            await sandbox.start()
+            return await load_registry(self.settings.tools_dirs, sandbox)
+        finally:
+            await sandbox.close()
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Drain and stop. Every call in flight gets its result before this returns."""
+        _sd_notify("STOPPING=1")
+        grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
+        if self.manager is not None:
+            await self.manager.drain(grace)
+        if self._server is not None:
+            # Calls are answered; give the streams a moment to deliver their results.
+            await self._server.stop(2.0)
+        if self.pool is not None:
+            await self.pool.close()
+        if self._socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._socket_path.unlink()
+        log.info("stopped")
+
+    async def serve_until_signalled(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then drain and stop."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        await stop.wait()
+        log.info("signal received: draining")
+        await self.stop()
+
+
+def _prepare_socket(listen: str) -> Path:
+    path = Path(listen.removeprefix("unix://").removeprefix("unix:"))
+    if not path.is_absolute():
+        raise DaemonError(f"the Unix socket path must be absolute: {listen}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    except OSError as exc:
+        raise DaemonError(f"cannot create {path.parent}: {exc}") from exc
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # left by a daemon that died: nobody listens on it
+        else:
+            raise DaemonError(f"another process is already listening on {path}")
+        finally:
+            probe.close()
+    return path
+
+
+def _sd_notify(state: str) -> None:
+    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(state.encode(), address)

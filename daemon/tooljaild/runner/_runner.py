@@ -1,0 +1,473 @@
+"""The runner: the stdlib-only program that waits inside every sandbox.
+
+It is started ahead of demand by the daemon's pool, as
+``python -I -B _runner.py [--cgroup DIR]`` with these file descriptors:
+
+    0  request pipe   the daemon writes one JSON line: what to run, and how
+    1  stdout pipe    the tool's stdout, raw bytes
+    2  stderr pipe    the tool's stderr, raw bytes
+    3  frame pipe     JSON lines from the runner to the daemon (see below)
+
+Two processes make one sandbox. The *keeper* (the process the daemon started)
+marks itself a child subreaper, forks the *worker* and then only waits: every
+process the tool leaves behind — daemonized, double-forked, setsid'd — is
+re-parented to the keeper, which kills the whole tree once the worker is gone
+or when the daemon sends it SIGTERM. The worker reads the request, applies the
+limits and runs the tool in-process, so the call path starts no interpreter.
+
+Frames (one JSON object per line, key "t"):
+
+    {"t": "ready", "worker": pid, "keeper": pid, "cgroup": bool}
+    {"t": "yield", "v": <json>}                 one value from a generator tool
+    {"t": "result", "ok": true, "kind": "none"|"json"|"text", "value": ...,
+     "exit_code": int}
+    {"t": "result", "ok": false, "error": {"type", "message", "traceback"},
+     "exit_code": int}
+    {"t": "exit", "code": int|null, "signal": int|null}   from the keeper, last
+
+This file must stay importable and runnable with nothing but the standard
+library of Python 3.11+: it runs in whatever interpreter the sandbox has.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import traceback
+import types
+from typing import Any
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
+
+_frame_fd = -1
+
+
+def _write_frame(frame: dict[str, Any]) -> None:
+    data = (json.dumps(frame, default=str, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+    if len(data) > MAX_FRAME_BYTES:
+        data = (
+            json.dumps(
+                {
+                    "t": "result",
+                    "ok": False,
+                    "exit_code": 1,
+                    "error": {
+                        "type": "ResultTooLarge",
+                        "message": f"the tool's value is {len(data)} bytes of JSON; "
+                        f"at most {MAX_FRAME_BYTES} are accepted",
+                        "traceback": "",
+                    },
+                }
+            )
+            + "\n"
+        ).encode()
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(_frame_fd, view)
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # the daemon is gone or the tool closed the pipe: nobody to tell
+        view = view[n:]
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+# --------------------------------------------------------------------------- keeper
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below `root`, found by walking /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    stack = [root]
+    while stack:
+        for pid in children.get(stack.pop(), []):
+            found.append(pid)
+            stack.append(pid)
+    return found
+
+
+def _kill_tree(me: int) -> None:
+    """SIGKILL everything below the keeper until nothing is left.
+
+    Stopping first keeps a fork loop from outrunning the sweep; because the
+    keeper is a subreaper, whatever a killed process leaves re-parents here and
+    is found by the next pass.
+    """
+    for _ in range(1000):
+        pids = _descendants(me)
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        _reap_all()
+    _reap_all()
+
+
+def _reap_all() -> list[tuple[int, int]]:
+    reaped = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        reaped.append((pid, status))
+    return reaped
+
+
+def _keeper(worker: int) -> None:
+    me = os.getpid()
+    # The keeper holds no pipe the tool writes through, so EOF on stdout and
+    # stderr means the whole tree is gone.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+    stopping = False
+
+    def on_term(signum: int, frame: types.FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        try:
+            os.kill(worker, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    status: int | None = None
+    while status is None:
+        try:
+            pid, st = os.waitpid(-1, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+        if pid == worker:
+            status = st
+    _kill_tree(me)
+    if status is None:
+        _write_frame({"t": "exit", "code": None, "signal": int(signal.SIGKILL)})
+    elif os.WIFSIGNALED(status):
+        _write_frame({"t": "exit", "code": None, "signal": os.WTERMSIG(status)})
+    else:
+        _write_frame({"t": "exit", "code": os.WEXITSTATUS(status), "signal": None})
+    os._exit(0)
+
+
+# --------------------------------------------------------------------------- worker
+
+_LIMITS = {
+    "cpu_s": resource.RLIMIT_CPU,
+    "memory_bytes": resource.RLIMIT_AS,
+    "nproc": resource.RLIMIT_NPROC,
+    "fsize_bytes": resource.RLIMIT_FSIZE,
+    "nofile": resource.RLIMIT_NOFILE,
+}
+
+
+def _apply_limits(limits: dict[str, int]) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for key, which in _LIMITS.items():
+        value = limits.get(key)
+        if not value:
+            continue
+        soft, hard = int(value), int(value)
+        if which == resource.RLIMIT_CPU:
+            hard = soft + 1  # SIGXCPU at the soft limit, SIGKILL one second later
+        _, cur_hard = resource.getrlimit(which)
+        if cur_hard != resource.RLIM_INFINITY:
+            soft, hard = min(soft, cur_hard), min(hard, cur_hard)
+        resource.setrlimit(which, (soft, hard))
+
+
+def _read_request() -> dict[str, Any]:
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    if not chunks:
+        # The daemon closed the pipe without a request: the sandbox is discarded.
+        os._exit(0)
+    request: dict[str, Any] = json.loads(b"".join(chunks))
+    return request
+
+
+def _error(exc: BaseException, skip_frames: int = 0) -> dict[str, Any]:
+    tb = exc.__traceback__
+    for _ in range(skip_frames):
+        if tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+
+
+def _install_tooljail_shim(tooldef_path: str) -> None:
+    """Let user tool modules `from tooljail import tool` without the real SDK.
+
+    The SDK needs grpc and pydantic, which the sandbox interpreter may not
+    have; the decorator itself is stdlib-only and is loaded from its file.
+    """
+    spec = importlib.util.spec_from_file_location("tooljail._tooldef", tooldef_path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {tooldef_path}")
+    tooldef = importlib.util.module_from_spec(spec)
+    sys.modules["tooljail._tooldef"] = tooldef
+    spec.loader.exec_module(tooldef)
+    shim = types.ModuleType("tooljail", "tooljail's tool decorator, as seen inside a sandbox")
+    shim.tool = tooldef.tool  # type: ignore[attr-defined]
+    shim._tooldef = tooldef  # type: ignore[attr-defined]
+    shim.__path__ = []  # a package, so that `tooljail._tooldef` resolves
+    sys.modules["tooljail"] = shim
+
+
+def _load_module(path: str, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    # Tool files may import helper modules that sit beside them.
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _exit_code_of(exc: SystemExit) -> int:
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run_script(request: dict[str, Any]) -> dict[str, Any]:
+    """Run code or a file as __main__, like `python -c` / `python FILE` would."""
+    kind = request["kind"]
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        if kind == "code":
+            sys.argv = ["-c"]
+            code = compile(request["code"], "<code>", "exec")
+            exec(code, main.__dict__)
+        else:
+            path = request["path"]
+            sys.argv = [path, *request.get("args", [])]
+            sys.path.insert(0, os.path.dirname(path))
+            main.__dict__["__file__"] = path
+            with open(path, "rb") as f:
+                source = f.read()
+            exec(compile(source, path, "exec"), main.__dict__)
+    except SystemExit as exc:
+        exit_code = _exit_code_of(exc)
+        if exit_code == 0:
+            return {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+        return {
+            "t": "result",
+            "ok": False,
+            "exit_code": exit_code,
+            "error": {
+                "type": "ExitCode",
+                "message": f"the program exited with code {exit_code}",
+                "traceback": "",
+            },
+        }
+    except BaseException as exc:
+        # Print the traceback as `python` would, so stderr reads the same.
+        err = _error(exc, skip_frames=1)
+        sys.stderr.write(err["traceback"])
+        return {"t": "result", "ok": False, "exit_code": 1, "error": err}
+    return {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+
+
+def _encode_value(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {"kind": "none", "value": None}
+    if isinstance(value, (dict, list, tuple)):
+        return {"kind": "json", "value": json.loads(json.dumps(value, default=str))}
+    return {"kind": "text", "value": str(value)}
+
+
+def _run_user_tool(request: dict[str, Any]) -> dict[str, Any]:
+    import inspect
+
+    _install_tooljail_shim(request["tooldef"])
+    module = _load_module(request["module_path"], "tooljail_user_tool")
+    func = getattr(module, request["function"])
+    args = request.get("args", {})
+    sys.argv = [request["module_path"]]
+    if inspect.isasyncgenfunction(func):
+        import asyncio
+
+        async def drain() -> None:
+            async for item in func(**args):
+                _write_frame({"t": "yield", "v": item})
+
+        asyncio.run(drain())
+        value = None
+    elif inspect.isgeneratorfunction(func):
+        for item in func(**args):
+            _write_frame({"t": "yield", "v": item})
+        value = None
+    elif inspect.iscoroutinefunction(func):
+        import asyncio
+
+        value = asyncio.run(func(**args))
+    else:
+        value = func(**args)
+    return {"t": "result", "ok": True, "exit_code": 0, **_encode_value(value)}
+
+
+def _describe(request: dict[str, Any]) -> dict[str, Any]:
+    _install_tooljail_shim(request["tooldef"])
+    tooldef = sys.modules["tooljail._tooldef"]
+    described = []
+    for i, path in enumerate(request["files"]):
+        entry: dict[str, Any] = {"file": path, "specs": [], "problems": [], "error": None}
+        try:
+            module = _load_module(path, f"tooljail_user_{i}")
+            specs, problems = tooldef.collect_tools(module)
+            entry["specs"], entry["problems"] = specs, problems
+        except BaseException as exc:
+            entry["error"] = _error(exc)
+        described.append(entry)
+    return {"t": "result", "ok": True, "exit_code": 0, "kind": "json", "value": described}
+
+
+def _worker() -> None:
+    os.setsid()
+    global _frame_fd
+    # Keep the frame pipe away from the low descriptors tool code is likely to
+    # reuse, and out of programs it execs.
+    inherited = _frame_fd
+    _frame_fd = _fcntl_dup_high(inherited)
+    os.close(inherited)
+    _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    _write_frame({"t": "ready", "worker": os.getpid(), "keeper": os.getppid()})
+
+    request = _read_request()
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _apply_limits(request.get("limits", {}))
+    workdir = request.get("cwd")
+    if workdir:
+        os.chdir(workdir)
+    os.environ.clear()
+    os.environ.update(request.get("env", {}))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    kind = request.get("kind")
+    try:
+        if kind in ("code", "file"):
+            frame = _run_script(request)
+        elif kind == "user":
+            frame = _run_user_tool(request)
+        elif kind == "describe":
+            frame = _describe(request)
+        else:
+            raise ValueError(f"unknown request kind {kind!r}")
+    except SystemExit as exc:
+        frame = {
+            "t": "result",
+            "ok": False,
+            "exit_code": _exit_code_of(exc),
+            "error": {
+                "type": "SystemExit",
+                "message": f"the tool called sys.exit({exc.code!r})",
+                "traceback": "",
+            },
+        }
+    except BaseException as exc:
+        frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc, skip_frames=1)}
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    _write_frame(frame)
+    os._exit(int(frame.get("exit_code", 0)) & 0xFF)
+
+
+def _fcntl_dup_high(fd: int) -> int:
+    import fcntl
+
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
+
+
+def main() -> None:
+    global _frame_fd
+    argv = sys.argv[1:]
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    _frame_fd = int(options["--frames-fd"])
+    cgroup = options.get("--cgroup")
+    if cgroup:
+        # Join before forking, so the worker and all it starts are counted.
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    # Text streams that flush at each newline, so streamed lines arrive as printed.
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        _worker()
+    else:
+        os.close(0)
+        _keeper(pid)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The sandbox interface every backend implements, and what flows through it.
+
+A sandbox is started ahead of demand (`start`), runs exactly one request
+(`run`), and is then destroyed (`close`). `kill` may be called at any time from
+another task; `run` then returns promptly with `killed=True`.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from tooljail._types import StreamKind, ToolError
+
+OutputSink = Callable[[StreamKind, bytes], None]
+"""Receives each chunk of output as it is read. Must not block."""
+
+
+class Limits(BaseModel):
+    """Resource limits of one sandbox. Zero means "no limit of this kind"."""
+
+    cpu_s: int = Field(default=600, ge=0)
+    """CPU seconds (RLIMIT_CPU): past it the tool is killed with a CpuLimit error."""
+    memory_bytes: int = Field(default=4 * 1024**3, ge=0)
+    """Address space per process (RLIMIT_AS): allocations past it fail with MemoryError."""
+    nproc: int = Field(default=256, ge=0)
+    """Processes of the sandbox's user (RLIMIT_NPROC; not enforced for root)."""
+    fsize_bytes: int = Field(default=1024**3, ge=0)
+    """Largest file the tool may write (RLIMIT_FSIZE)."""
+    nofile: int = Field(default=256, ge=0)
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    output_bytes: int = Field(default=1024**2, ge=1024)
+    """Output kept per call for the result (head and tail); the rest is counted only."""
+
+    def rlimits(self) -> dict[str, int]:
+        return {
+            "cpu_s": self.cpu_s,
+            "memory_bytes": self.memory_bytes,
+            "nproc": self.nproc,
+            "fsize_bytes": self.fsize_bytes,
+            "nofile": self.nofile,
+        }
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One thing to run inside a sandbox."""
+
+    kind: Literal["code", "file", "user", "describe"]
+    payload: dict[str, Any]
+    """Kind-specific fields: code | path, args | module_path, function, args | files."""
+    limits: Limits = field(default_factory=Limits)
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables on top of the sandbox's scrubbed environment."""
+
+
+class Termination(str, enum.Enum):
+    """How the tool's process ended."""
+
+    RETURNED = "returned"
+    RAISED = "raised"
+    EXITED = "exited"
+    SIGNALED = "signaled"
+    KILLED = "killed"
+    """Killed by the daemon: timeout, cancel or shutdown."""
+    CPU_LIMIT = "cpu_limit"
+    FILE_SIZE_LIMIT = "file_size_limit"
+    RUNNER_LOST = "runner_lost"
+    """The sandbox's runner vanished without saying how the tool ended."""
+
+
+@dataclass
+class RunOutcome:
+    """What a sandbox reports at the end of a run."""
+
+    termination: Termination
+    value_kind: Literal["none", "json", "text"] = "none"
+    value: Any = None
+    error: ToolError | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    yields: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.termination is Termination.RETURNED
+
+
+class SandboxError(Exception):
+    """The sandbox could not be started or broke down (not the tool's fault)."""
+
+
+class Sandbox(abc.ABC):
+    """One isolated place to run one request."""
+
+    id: str
+    workspace: Path
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Make the sandbox ready to take a request.
+
+        Raises:
+            SandboxError: When it cannot be started.
+        """
+
+    @abc.abstractmethod
+    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
+        """Run the request, feeding output to `sink` as it arrives.
+
+        Returns when the tool's whole process tree is gone. Never raises for
+        what the tool does; a tool that crashes is an outcome.
+
+        Raises:
+            SandboxError: When the sandbox itself fails (not started, used twice).
+        """
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Stop everything running in the sandbox. Idempotent; safe before `run`."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Kill what is left and release every resource. Idempotent."""
+
+    @property
+    @abc.abstractmethod
+    def alive(self) -> bool:
+        """True while a started sandbox can still take its request."""

@@ -1,0 +1,138 @@
+"""The gRPC edge: each RPC turns proto into a call on the manager and back.
+
+Nothing here decides anything about calls; errors are mapped once, in
+`tooljaild.errors`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from tooljail._errors import TooljailError
+from tooljail._wire import (
+    call_info_to_proto,
+    call_state_to_proto,
+    diagnostic_to_proto,
+    result_to_proto,
+    stream_kind_to_proto,
+    tool_info_to_proto,
+)
+from tooljail.v1 import tooljail_pb2 as pb
+from tooljail.v1 import tooljail_pb2_grpc
+from tooljaild.calls import CallManager
+from tooljaild.errors import abort_with
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolRunner"].full_name
+
+
+class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
+    """tooljail.v1.ToolRunner over a CallManager."""
+
+    def __init__(self, manager: CallManager) -> None:
+        self._manager = manager
+
+    async def ListTools(
+        self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListToolsResponse:
+        registry = self._manager.registry
+        return pb.ListToolsResponse(
+            tools=[tool_info_to_proto(t.info()) for t in registry.tools()],
+            diagnostics=[diagnostic_to_proto(d) for d in registry.diagnostics],
+        )
+
+    async def Call(
+        self, request: pb.CallRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CallEvent]:
+        try:
+            call = self._manager.submit(
+                request.tool, request.arguments_json, request.call_id, request.timeout_s
+            )
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        # Leaving this generator (client gone) does not stop the call: it runs
+        # on, and GetCall answers for it.
+        await _first_of(call.started, call.caller_result)
+        if call.started.done() and not call.started.cancelled():
+            yield pb.CallEvent(
+                started=pb.Started(call_id=call.call_id, sandbox_id=call.sandbox_id,
+                                   tool=call.tool.name)
+            )
+        async for event in call.stream():
+            yield pb.CallEvent(
+                output=pb.Output(seq=event.seq, stream=stream_kind_to_proto(event.stream),
+                                 data=event.data)
+            )
+        result = await call.caller_result
+        yield pb.CallEvent(result=result_to_proto(result))
+
+    async def GetCall(
+        self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CallInfo:
+        try:
+            return call_info_to_proto(self._manager.get(request.call_id).info())
+        except TooljailError as exc:
+            await abort_with(context, exc)
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        try:
+            state = await self._manager.cancel(request.call_id)
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        return pb.CancelResponse(state=call_state_to_proto(state))
+
+
+async def _first_of(*futures: object) -> None:
+    import asyncio
+
+    await asyncio.wait(
+        [asyncio.ensure_future(f) for f in futures],  # type: ignore[call-overload]
+        return_when=asyncio.FIRST_COMPLETED,
+    )
+
+
+def create_server(
+    manager: CallManager, address: str, *, max_request_bytes: int
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Build the server with ToolRunner, health checking and reflection.
+
+    Args:
+        manager: Runs the calls.
+        address: "unix:///path" or "host:port" (port 0 picks a free one).
+        max_request_bytes: Larger requests fail with RESOURCE_EXHAUSTED.
+
+    Returns:
+        The server (not started), the bound port (0 for Unix sockets) and the
+        health servicer, whose status the daemon sets as it starts and drains.
+
+    Raises:
+        RuntimeError: When the address cannot be bound.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", max_request_bytes),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),
+        ]
+    )
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+         reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(address)
+    if port == 0 and not address.startswith("unix"):
+        raise RuntimeError(f"cannot listen on {address}")
+    return server, port, health_servicer
