@@ -58,8 +58,14 @@ def main() -> int:
             if ns.check:
                 stale.append(str(rel))
                 sys.stdout.writelines(
-                    list(difflib.unified_diff(old_text.splitlines(True), new_text.splitlines(True),
-                                              f"committed/{rel}", f"fresh/{rel}"))[:40]
+                    list(
+                        difflib.unified_diff(
+                            old_text.splitlines(True),
+                            new_text.splitlines(True),
+                            f"committed/{rel}",
+                            f"fresh/{rel}",
+                        )
+                    )[:40]
                 )
             else:
                 committed.parent.mkdir(parents=True, exist_ok=True)

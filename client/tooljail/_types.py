@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class CallStatus(str, enum.Enum):
+class CallStatus(enum.StrEnum):
     """How a call ended, as its caller sees it."""
 
     SUCCESS = "success"
@@ -25,7 +25,7 @@ class CallStatus(str, enum.Enum):
     LOST = "lost"
 
 
-class Effect(str, enum.Enum):
+class Effect(enum.StrEnum):
     """Whether the tool's effects happened."""
 
     NONE = "none"
@@ -36,7 +36,7 @@ class Effect(str, enum.Enum):
     """The tool may or may not have done what it does: check before retrying."""
 
 
-class CallState(str, enum.Enum):
+class CallState(enum.StrEnum):
     """Where a call is in its life."""
 
     QUEUED = "queued"
@@ -52,7 +52,7 @@ class CallState(str, enum.Enum):
         return self not in (CallState.QUEUED, CallState.RUNNING)
 
 
-class StreamKind(str, enum.Enum):
+class StreamKind(enum.StrEnum):
     """Which stream an output chunk came from."""
 
     STDOUT = "stdout"

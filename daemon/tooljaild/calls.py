@@ -72,8 +72,13 @@ class Call:
     """One execution of a tool, from admission to its final result."""
 
     def __init__(
-        self, call_id: str, tool: Tool, arguments: dict[str, Any], fingerprint: str,
-        timeout_s: float, settings: Settings,
+        self,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout_s: float,
+        settings: Settings,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.call_id = call_id
@@ -316,8 +321,9 @@ class CallManager:
             call.sandbox_id = sandbox.id
             call.started.set_result(sandbox.id)
             run = asyncio.create_task(sandbox.run(self._request(call), call.sink))
-            await asyncio.wait({run, stop_wait}, timeout=call.timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {run, stop_wait}, timeout=call.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
             reason: str | None = None
             if not run.done():
                 reason = call.stop_reason or "timeout"
@@ -326,8 +332,11 @@ class CallManager:
                     # The caller hears "timeout, still running" now; the call runs on
                     # detached until kill_after_s, and GetCall tells its real end.
                     call.caller_result.set_result(self._timeout_result(call, still_running=True))
-                    await asyncio.wait({run, stop_wait}, timeout=kill_after - call.timeout_s,
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(
+                        {run, stop_wait},
+                        timeout=kill_after - call.timeout_s,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
                     reason = None if run.done() else (call.stop_reason or "hard_timeout")
                 if reason is not None:
                     await sandbox.kill()
@@ -366,8 +375,11 @@ class CallManager:
         log.info(
             "call finished",
             extra={
-                "call_id": call.call_id, "tool": call.tool.name, "status": result.status.value,
-                "duration_s": round(result.duration_s, 4), "sandbox": call.sandbox_id,
+                "call_id": call.call_id,
+                "tool": call.tool.name,
+                "status": result.status.value,
+                "duration_s": round(result.duration_s, 4),
+                "sandbox": call.sandbox_id,
             },
         )
 
@@ -378,8 +390,12 @@ class CallManager:
         output = call.stdout.total + call.stderr.total
         truncated = call.stdout.truncated or call.stderr.truncated
         return ToolResult(
-            call_id=call.call_id, tool=call.tool.name, duration_s=self._duration(call),
-            output_bytes=output, truncated=truncated, **fields,
+            call_id=call.call_id,
+            tool=call.tool.name,
+            duration_s=self._duration(call),
+            output_bytes=output,
+            truncated=truncated,
+            **fields,
         )
 
     def _python_data(self, call: Call, exit_code: int | None) -> dict[str, Any]:
@@ -394,8 +410,12 @@ class CallManager:
             )
         data = self._python_data(call, None) if call.tool.builtin in PYTHON_BUILTINS else None
         return self._base(
-            call, status=CallStatus.TIMEOUT, effect=Effect.UNKNOWN, message=message,
-            still_running=still_running, data=data,
+            call,
+            status=CallStatus.TIMEOUT,
+            effect=Effect.UNKNOWN,
+            message=message,
+            still_running=still_running,
+            data=data,
             error=ToolError(type="Timeout", message=f"no result within {call.timeout_s:g}s"),
         )
 
@@ -404,14 +424,18 @@ class CallManager:
         if reason in ("timeout", "hard_timeout"):
             if reason == "hard_timeout":
                 result = self._timeout_result(call, still_running=False)
-                return result.model_copy(update={
-                    "message": f"The call was killed at its kill_after_s limit of "
-                    f"{call.tool.options.kill_after_s:g}s; it may have taken effect in part.",
-                })
+                return result.model_copy(
+                    update={
+                        "message": f"The call was killed at its kill_after_s limit of "
+                        f"{call.tool.options.kill_after_s:g}s; it may have taken effect in part.",
+                    }
+                )
             return self._timeout_result(call, still_running=False)
         if reason in ("cancelled", "shutdown"):
             return self._base(
-                call, status=CallStatus.CANCELLED, effect=Effect.UNKNOWN,
+                call,
+                status=CallStatus.CANCELLED,
+                effect=Effect.UNKNOWN,
                 message=CANCELLED_MESSAGE if reason == "cancelled" else SHUTDOWN_MESSAGE,
                 data=self._python_data(call, None) if python else None,
                 error=ToolError(type="Cancelled", message=f"stopped: {reason}"),
@@ -424,15 +448,23 @@ class CallManager:
         ):
             if python:
                 return self._base(
-                    call, status=CallStatus.SUCCESS, effect=Effect.APPLIED,
+                    call,
+                    status=CallStatus.SUCCESS,
+                    effect=Effect.APPLIED,
                     data=self._python_data(call, 0),
                 )
             return self._user_value(call, outcome)
         error = outcome.error or ToolError(type="Error", message="the tool failed")
         message = _failure_message(outcome, error)
-        effect = Effect.UNKNOWN if outcome.termination is Termination.RUNNER_LOST else Effect.APPLIED
+        effect = (
+            Effect.UNKNOWN if outcome.termination is Termination.RUNNER_LOST else Effect.APPLIED
+        )
         return self._base(
-            call, status=CallStatus.ERROR, effect=effect, message=message, error=error,
+            call,
+            status=CallStatus.ERROR,
+            effect=effect,
+            message=message,
+            error=error,
             data=self._python_data(call, exit_code) if python else None,
         )
 
@@ -442,8 +474,9 @@ class CallManager:
             message = (
                 f"Tool streamed {outcome.yields} values" if outcome.yields else NO_OUTPUT_MESSAGE
             )
-            return self._base(call, status=CallStatus.SUCCESS, effect=Effect.APPLIED,
-                              message=message)
+            return self._base(
+                call, status=CallStatus.SUCCESS, effect=Effect.APPLIED, message=message
+            )
         envelope = _envelope(value) if kind == "json" else None
         if envelope is not None:
             return self._base(call, effect=Effect.APPLIED, **envelope)
@@ -451,21 +484,27 @@ class CallManager:
 
     def _not_run(self, call: Call, why: str) -> ToolResult:
         return self._base(
-            call, status=CallStatus.CANCELLED, effect=Effect.NONE,
+            call,
+            status=CallStatus.CANCELLED,
+            effect=Effect.NONE,
             message=f"The tool did not run: {why}.",
             error=ToolError(type="Cancelled", message=why),
         )
 
     def _sandbox_failed(self, call: Call, why: str) -> ToolResult:
         return self._base(
-            call, status=CallStatus.ERROR, effect=Effect.NONE,
+            call,
+            status=CallStatus.ERROR,
+            effect=Effect.NONE,
             message="The tool did not run: no sandbox could be started. Try again later.",
             error=ToolError(type="SandboxUnavailable", message=why),
         )
 
     def _internal_error(self, call: Call, exc: Exception) -> ToolResult:
         return self._base(
-            call, status=CallStatus.ERROR, effect=Effect.UNKNOWN,
+            call,
+            status=CallStatus.ERROR,
+            effect=Effect.UNKNOWN,
             message="The daemon failed while running the call; it may have taken effect.",
             error=ToolError(type="InternalError", message=f"{type(exc).__name__}: {exc}"),
         )
@@ -497,8 +536,9 @@ class CallManager:
         running = [c for c in self._calls.values() if not c.state.finished]
         if running:
             log.info("draining %d calls for up to %.1fs", len(running), grace_s)
-            await asyncio.wait([asyncio.create_task(c.done.wait()) for c in running],
-                               timeout=grace_s)
+            await asyncio.wait(
+                [asyncio.create_task(c.done.wait()) for c in running], timeout=grace_s
+            )
         for call in self._calls.values():
             if not call.state.finished:
                 call.request_stop("shutdown")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,33 +26,56 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the daemon")
     serve.add_argument("--config", type=Path, help="TOML config file (also $TOOLJAIL_CONFIG)")
     serve.add_argument("--listen", help="unix:///path/to.sock (default) or HOST:PORT")
-    serve.add_argument("--tools-dir", type=Path, action="append", dest="tools_dirs",
-                       help="directory of user tool files (repeatable)")
-    serve.add_argument("--files-dir", type=Path, action="append", dest="files_dirs",
-                       help="directory execute_python_file may run files from (repeatable)")
+    serve.add_argument(
+        "--tools-dir",
+        type=Path,
+        action="append",
+        dest="tools_dirs",
+        help="directory of user tool files (repeatable)",
+    )
+    serve.add_argument(
+        "--files-dir",
+        type=Path,
+        action="append",
+        dest="files_dirs",
+        help="directory execute_python_file may run files from (repeatable)",
+    )
     serve.add_argument("--state-dir", type=Path, help="where state and workspaces live")
     serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
     serve.add_argument("--max-concurrent", type=int, help="calls running at once")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
 
     def target(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--target", help="daemon address (default: $TOOLJAIL_TARGET or the "
-                        "default Unix socket)")
+        sp.add_argument(
+            "--target", help="daemon address (default: $TOOLJAIL_TARGET or the default Unix socket)"
+        )
 
     tools = sub.add_parser("tools", help="list the daemon's tools, or check tool files")
     target(tools)
-    tools.add_argument("--check", action="store_true",
-                       help="load tool files here (in a sandbox) and report problems")
-    tools.add_argument("--tools-dir", type=Path, action="append", dest="tools_dirs",
-                       help="with --check: directory to check (repeatable; default: config)")
+    tools.add_argument(
+        "--check",
+        action="store_true",
+        help="load tool files here (in a sandbox) and report problems",
+    )
+    tools.add_argument(
+        "--tools-dir",
+        type=Path,
+        action="append",
+        dest="tools_dirs",
+        help="with --check: directory to check (repeatable; default: config)",
+    )
     tools.add_argument("--config", type=Path, help="with --check: config file with tools_dirs")
     tools.add_argument("--json", action="store_true", help="print JSON")
 
     call = sub.add_parser("call", help="call a tool and stream its output")
     target(call)
     call.add_argument("tool")
-    call.add_argument("arguments", nargs="?", default="{}",
-                      help="the arguments as a JSON object, or - to read them from stdin")
+    call.add_argument(
+        "arguments",
+        nargs="?",
+        default="{}",
+        help="the arguments as a JSON object, or - to read them from stdin",
+    )
     call.add_argument("--timeout", type=float, help="seconds before the call times out")
     call.add_argument("--call-id", help="idempotency key for this call")
     call.add_argument("--json", action="store_true", help="print the final result as JSON")
@@ -70,17 +92,25 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON")
 
     demo = sub.add_parser("demo", help="start a daemon, make one real tool call, stop it")
-    demo.add_argument("--code", default="import sys, platform\n"
-                      "print(f'6 x 7 = {6 * 7}, from Python {platform.python_version()} "
-                      "in a tooljail sandbox')")
+    demo.add_argument(
+        "--code",
+        default="import sys, platform\n"
+        "print(f'6 x 7 = {6 * 7}, from Python {platform.python_version()} "
+        "in a tooljail sandbox')",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {
-        "serve": _serve, "tools": _tools, "call": _call, "get": _get,
-        "cancel": _cancel, "doctor": _doctor, "demo": _demo,
+        "serve": _serve,
+        "tools": _tools,
+        "call": _call,
+        "get": _get,
+        "cancel": _cancel,
+        "doctor": _doctor,
+        "demo": _demo,
     }[args.command]
     try:
         return handler(args)
@@ -98,9 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         settings = load_settings(
-            args.config, listen=args.listen, tools_dirs=args.tools_dirs,
-            files_dirs=args.files_dirs, state_dir=args.state_dir, pool_size=args.pool_size,
-            max_concurrent=args.max_concurrent, log_level=args.log_level,
+            args.config,
+            listen=args.listen,
+            tools_dirs=args.tools_dirs,
+            files_dirs=args.files_dirs,
+            state_dir=args.state_dir,
+            pool_size=args.pool_size,
+            max_concurrent=args.max_concurrent,
+            log_level=args.log_level,
         )
     except ConfigError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
@@ -146,15 +181,24 @@ def _tools(args: argparse.Namespace) -> int:
     except TooljailError as exc:
         return _refused(exc)
     if args.json:
-        print(json.dumps({"tools": [t.model_dump() for t in tools],
-                          "diagnostics": [d.model_dump() for d in diagnostics]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "tools": [t.model_dump() for t in tools],
+                    "diagnostics": [d.model_dump() for d in diagnostics],
+                },
+                indent=2,
+            )
+        )
         return EXIT_OK
     for t in tools:
         first = t.description.strip().splitlines()[0] if t.description.strip() else ""
         print(f"{t.name:32} {t.source:8} timeout {t.timeout_s:g}s  {first}")
     for d in diagnostics:
-        print(f"{d.severity}: {d.file}{':' + d.tool if d.tool else ''}: [{d.code}] {d.message}",
-              file=sys.stderr)
+        print(
+            f"{d.severity}: {d.file}{':' + d.tool if d.tool else ''}: [{d.code}] {d.message}",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -186,9 +230,15 @@ def _check_tools(args: argparse.Namespace) -> int:
     users = [t for t in registry.tools() if t.source == "user"]
     errors = [d for d in registry.diagnostics if d.severity == "error"]
     if args.json:
-        print(json.dumps({"tools": [t.info().model_dump() for t in users],
-                          "diagnostics": [d.model_dump() for d in registry.diagnostics]},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "tools": [t.info().model_dump() for t in users],
+                    "diagnostics": [d.model_dump() for d in registry.diagnostics],
+                },
+                indent=2,
+            )
+        )
     else:
         for t in users:
             print(f"ok      {t.name}  ({t.file})")
@@ -206,21 +256,31 @@ def _call(args: argparse.Namespace) -> int:
     try:
         arguments = json.loads(raw)
     except ValueError as exc:
-        print(f"tooljail: the arguments are not valid JSON ({exc}); pass a JSON object "
-              """such as '{"code": "print(1)"}'""", file=sys.stderr)
+        print(
+            f"tooljail: the arguments are not valid JSON ({exc}); pass a JSON object "
+            """such as '{"code": "print(1)"}'""",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     if not isinstance(arguments, dict):
-        print("tooljail: the arguments must be a JSON object, e.g. "
-              """'{"code": "print(1)"}'""", file=sys.stderr)
+        print(
+            "tooljail: the arguments must be a JSON object, e.g. "
+            """'{"code": "print(1)"}'""",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     result: ToolResult | None = None
     try:
         with _client(args) as client:
-            for item in client.stream(args.tool, arguments, timeout=args.timeout,
-                                      call_id=args.call_id):
+            for item in client.stream(
+                args.tool, arguments, timeout=args.timeout, call_id=args.call_id
+            ):
                 if isinstance(item, Output):
-                    out = sys.stderr if item.stream in (StreamKind.STDERR,
-                                                        StreamKind.NOTICE) else sys.stdout
+                    out = (
+                        sys.stderr
+                        if item.stream in (StreamKind.STDERR, StreamKind.NOTICE)
+                        else sys.stdout
+                    )
                     text = item.data if item.stream is not StreamKind.YIELD else item.data + "\n"
                     out.write(text)
                     out.flush()
@@ -303,8 +363,20 @@ def _demo(args: argparse.Namespace) -> int:
         sock = f"unix://{tmp}/tooljail.sock"
         print(f"$ tooljail serve --listen {sock} --pool-size 1", flush=True)
         daemon = subprocess.Popen(
-            [sys.executable, "-m", "tooljaild", "serve", "--listen", sock,
-             "--state-dir", f"{tmp}/state", "--pool-size", "1", "--log-level", "WARNING"],
+            [
+                sys.executable,
+                "-m",
+                "tooljaild",
+                "serve",
+                "--listen",
+                sock,
+                "--state-dir",
+                f"{tmp}/state",
+                "--pool-size",
+                "1",
+                "--log-level",
+                "WARNING",
+            ],
         )
         try:
             with Client(sock) as client:
@@ -322,8 +394,10 @@ def _demo(args: argparse.Namespace) -> int:
                 print(f"$ tooljail call execute_python_code '{json.dumps(call)}'", flush=True)
                 result = client.call("execute_python_code", call)
             sys.stdout.write(result.data["stdout"] if isinstance(result.data, dict) else "")
-            print(f"[{result.status.value}] effect={result.effect.value} "
-                  f"in {result.duration_s * 1000:.1f} ms (call {result.call_id})")
+            print(
+                f"[{result.status.value}] effect={result.effect.value} "
+                f"in {result.duration_s * 1000:.1f} ms (call {result.call_id})"
+            )
             return EXIT_OK if result.ok else EXIT_TOOL_FAILED
         finally:
             daemon.terminate()

@@ -67,13 +67,18 @@ class Daemon:
             self.tracker = await asyncio.to_thread(CgroupTracker.detect)
         log.info(
             "sandbox tracking",
-            extra={"cgroups": str(self.tracker.base) if self.tracker else None,
-                   "python": s.sandbox.python},
+            extra={
+                "cgroups": str(self.tracker.base) if self.tracker else None,
+                "python": s.sandbox.python,
+            },
         )
         registry = await self._load_tools()
         for d in registry.diagnostics:
-            log.warning("tool problem: %s", d.message,
-                        extra={"code": d.code, "file": d.file, "tool": d.tool})
+            log.warning(
+                "tool problem: %s",
+                d.message,
+                extra={"code": d.code, "file": d.file, "tool": d.tool},
+            )
         self.pool = SandboxPool(self._new_sandbox, s.pool_size, idle_ttl_s=s.pool_idle_ttl_s)
         self.pool.start()
         self.manager = CallManager(s, registry, self.pool)
@@ -94,8 +99,12 @@ class Daemon:
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)  # type: ignore[attr-defined]
         log.info(
             "serving",
-            extra={"listen": s.listen, "port": self.port, "tools": len(registry.tools()),
-                   "pool_size": s.pool_size},
+            extra={
+                "listen": s.listen,
+                "port": self.port,
+                "tools": len(registry.tools()),
+                "pool_size": s.pool_size,
+            },
         )
         _sd_notify("READY=1")
 

@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._types import Diagnostic, ToolInfo
 

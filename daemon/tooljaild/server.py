@@ -62,13 +62,15 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         await _first_of(call.started, call.caller_result)
         if call.started.done() and not call.started.cancelled():
             yield pb.CallEvent(
-                started=pb.Started(call_id=call.call_id, sandbox_id=call.sandbox_id,
-                                   tool=call.tool.name)
+                started=pb.Started(
+                    call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name
+                )
             )
         async for event in call.stream():
             yield pb.CallEvent(
-                output=pb.Output(seq=event.seq, stream=stream_kind_to_proto(event.stream),
-                                 data=event.data)
+                output=pb.Output(
+                    seq=event.seq, stream=stream_kind_to_proto(event.stream), data=event.data
+                )
             )
         result = await call.caller_result
         yield pb.CallEvent(result=result_to_proto(result))
@@ -128,8 +130,11 @@ def create_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-         reflection.SERVICE_NAME),
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
         server,
     )
     port = server.add_insecure_port(address)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
+
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import collect_tools, tool
 from tooljaild.registry import (

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
 import pytest
+
 from tooljail._tooldef import collect_tools, tool
 
 

@@ -31,6 +31,7 @@ library of Python 3.11+: it runs in whatever interpreter the sandbox has.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import io
@@ -127,10 +128,8 @@ def _kill_tree(me: int) -> None:
             break
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for pid in pids:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
         _reap_all()
     _reap_all()
 
@@ -162,10 +161,8 @@ def _keeper(worker: int) -> None:
     def on_term(signum: int, frame: types.FrameType | None) -> None:
         nonlocal stopping
         stopping = True
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -426,10 +423,8 @@ def _worker() -> None:
     except BaseException as exc:
         frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc, skip_frames=1)}
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     _write_frame(frame)
     os._exit(int(frame.get("exit_code", 0)) & 0xFF)
 
@@ -453,11 +448,15 @@ def main() -> None:
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     # Text streams that flush at each newline, so streamed lines arrive as printed.
     sys.stdout = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        io.FileIO(1, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
         line_buffering=True,
     )
     sys.stderr = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        io.FileIO(2, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
         line_buffering=True,
     )
     sys.stdout.flush()

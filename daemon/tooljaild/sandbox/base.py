@@ -60,7 +60,7 @@ class RunRequest:
     """Extra environment variables on top of the sandbox's scrubbed environment."""
 
 
-class Termination(str, enum.Enum):
+class Termination(enum.StrEnum):
     """How the tool's process ended."""
 
     RETURNED = "returned"

@@ -1,0 +1,113 @@
+"""Shared fixtures: a real daemon, started as `tooljail serve` in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@dataclass
+class RunningDaemon:
+    """A `tooljail serve` process and how to reach it."""
+
+    process: subprocess.Popen[bytes]
+    target: str
+    state_dir: Path
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"daemon did not stop within {timeout}s:\n{self.log()}")
+
+    def assert_serving(self) -> None:
+        """The daemon still answers a real call."""
+        from tooljail import Client
+
+        with Client(self.target) as client:
+            result = client.call("execute_python_code", {"code": "print('alive')"})
+        assert result.ok, result
+        assert result.data["stdout"] == "alive\n"
+
+
+def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path,
+                 timeout: float = 60.0) -> None:
+    """Wait until the daemon's health service says SERVING."""
+    address = target
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(
+                f"daemon exited with {process.returncode}:\n{log_path.read_text(errors='replace')}"
+            )
+        with grpc.insecure_channel(address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"daemon not serving after {timeout}s:\n{log_path.read_text()}")
+
+
+@pytest.fixture
+def start_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RunningDaemon]]:
+    """Start `tooljail serve` with extra flags; every daemon is stopped at teardown.
+
+    Usage: `daemon = start_daemon("--tools-dir", str(d), env={"TOOLJAIL_X": "1"})`.
+    By default it listens on a Unix socket in a temp dir with a pool of 2.
+    """
+    started: list[RunningDaemon] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, listen: str | None = None,
+              pool_size: int = 2) -> RunningDaemon:
+        base = tmp_path_factory.mktemp("daemon")
+        target = listen or f"unix://{base}/tooljail.sock"
+        log_path = base / "daemon.log"
+        argv = [sys.executable, "-m", "tooljaild", "serve", "--listen", target,
+                "--state-dir", str(base / "state"), "--pool-size", str(pool_size), *args]
+        full_env = {**os.environ, **(env or {})}
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        daemon = RunningDaemon(process, target, base / "state", log_path, list(args))
+        started.append(daemon)
+        wait_serving(target, process, log_path)
+        return daemon
+
+    yield start
+    for daemon in started:
+        if daemon.process.poll() is None:
+            daemon.stop(signal.SIGTERM, timeout=60)
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """A daemon with the default settings."""
+    return start_daemon()
