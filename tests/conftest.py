@@ -43,7 +43,7 @@ class RunningDaemon:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(10)
-            raise AssertionError(f"daemon did not stop within {timeout}s:\n{self.log()}")
+            raise AssertionError(f"daemon did not stop within {timeout}s:\n{self.log()}") from None
 
     def assert_serving(self) -> None:
         """The daemon still answers a real call."""
@@ -55,8 +55,9 @@ class RunningDaemon:
         assert result.data["stdout"] == "alive\n"
 
 
-def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path,
-                 timeout: float = 60.0) -> None:
+def wait_serving(
+    target: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0
+) -> None:
     """Wait until the daemon's health service says SERVING."""
     address = target
     deadline = time.monotonic() + timeout
@@ -78,7 +79,9 @@ def wait_serving(target: str, process: subprocess.Popen[bytes], log_path: Path,
 
 
 @pytest.fixture
-def start_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., RunningDaemon]]:
+def start_daemon(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[..., RunningDaemon]]:
     """Start `tooljail serve` with extra flags; every daemon is stopped at teardown.
 
     Usage: `daemon = start_daemon("--tools-dir", str(d), env={"TOOLJAIL_X": "1"})`.
@@ -86,13 +89,25 @@ def start_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     """
     started: list[RunningDaemon] = []
 
-    def start(*args: str, env: dict[str, str] | None = None, listen: str | None = None,
-              pool_size: int = 2) -> RunningDaemon:
+    def start(
+        *args: str, env: dict[str, str] | None = None, listen: str | None = None, pool_size: int = 2
+    ) -> RunningDaemon:
         base = tmp_path_factory.mktemp("daemon")
         target = listen or f"unix://{base}/tooljail.sock"
         log_path = base / "daemon.log"
-        argv = [sys.executable, "-m", "tooljaild", "serve", "--listen", target,
-                "--state-dir", str(base / "state"), "--pool-size", str(pool_size), *args]
+        argv = [
+            sys.executable,
+            "-m",
+            "tooljaild",
+            "serve",
+            "--listen",
+            target,
+            "--state-dir",
+            str(base / "state"),
+            "--pool-size",
+            str(pool_size),
+            *args,
+        ]
         full_env = {**os.environ, **(env or {})}
         with open(log_path, "wb") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)

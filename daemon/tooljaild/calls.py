@@ -123,7 +123,7 @@ class Call:
 
     async def stream(self, from_seq: int = 1) -> AsyncIterator[Event]:
         """The call's output chunks, live, ending where the caller's result stands."""
-        async for event in self.events.follow(from_seq, until=self.caller_result):  # type: ignore[arg-type]
+        async for event in self.events.follow(from_seq, until=self.caller_result):
             yield event
 
 

@@ -96,7 +96,7 @@ class Daemon:
         if not await self.pool.wait_ready(timeout_s=30.0):
             log.warning("the sandbox pool is not full after 30s; serving anyway")
         for name in ("", SERVICE_NAME):
-            await health.set(name, health_pb2.HealthCheckResponse.SERVING)  # type: ignore[attr-defined]
+            await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "serving",
             extra={

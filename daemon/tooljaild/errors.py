@@ -34,13 +34,13 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
 
 def status_for(exc: TooljailError) -> grpc.StatusCode:
     for cls in type(exc).__mro__:
-        code = STATUS_BY_ERROR.get(cls)  # type: ignore[call-overload]
+        code = STATUS_BY_ERROR.get(cls)
         if code is not None:
             return code
     return grpc.StatusCode.INTERNAL
 
 
-async def abort_with(context: grpc.aio.ServicerContext, exc: TooljailError) -> NoReturn:  # type: ignore[type-arg]
+async def abort_with(context: grpc.aio.ServicerContext, exc: TooljailError) -> NoReturn:
     """End the RPC with the status for `exc` and its machine-readable detail."""
     detail = error_detail_for(exc)
     context.set_trailing_metadata(((ERROR_DETAIL_KEY, detail.SerializeToString()),))

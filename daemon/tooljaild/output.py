@@ -7,6 +7,7 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from tooljail._types import StreamKind
 
@@ -106,7 +107,7 @@ class EventLog:
         self._waiter = asyncio.get_running_loop().create_future()
 
     async def follow(
-        self, from_seq: int = 1, until: asyncio.Future[object] | None = None
+        self, from_seq: int = 1, until: asyncio.Future[Any] | None = None
     ) -> AsyncIterator[Event]:
         """Yield chunks from `from_seq` on, live, until the log closes or `until` is done.
 

@@ -126,7 +126,7 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ]
     )
-    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager), server)
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

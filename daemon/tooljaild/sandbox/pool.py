@@ -12,7 +12,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from tooljaild.sandbox.base import Sandbox, SandboxError
 
@@ -142,8 +143,8 @@ class SandboxPool:
         self._ready.append((time.monotonic(), sandbox))
         self._changed.set()
 
-    def _spawn(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -363,9 +363,13 @@ async def _pump(stream: asyncio.StreamReader, kind: StreamKind, sink: OutputSink
         sink(kind, data)
 
 
-_SIGNAL_REASONS = {
-    signal.SIGXCPU: (Termination.CPU_LIMIT, "CpuLimit", "the tool used up its CPU time limit"),
-    signal.SIGXFSZ: (
+_SIGNAL_REASONS: dict[int, tuple[Termination, str, str]] = {
+    signal.SIGXCPU.value: (
+        Termination.CPU_LIMIT,
+        "CpuLimit",
+        "the tool used up its CPU time limit",
+    ),
+    signal.SIGXFSZ.value: (
         Termination.FILE_SIZE_LIMIT,
         "FileSizeLimit",
         "the tool wrote a file past its size limit",
@@ -379,7 +383,8 @@ def _signal_outcome(sig: int, yields: int) -> RunOutcome:
     except ValueError:
         name = f"signal {sig}"
     termination, type_, message = _SIGNAL_REASONS.get(
-        sig, (Termination.SIGNALED, "Signal", f"the tool's process was killed by {name} ({sig})")
+        sig,
+        (Termination.SIGNALED, "Signal", f"the tool's process was killed by {name} ({sig})"),
     )
     return RunOutcome(
         termination,
