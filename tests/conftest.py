@@ -126,3 +126,18 @@ def start_daemon(
 def daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
     """A daemon with the default settings."""
     return start_daemon()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """In CI a skipped Docker or isolation test is a failure: CI must provide them."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if (
+        IN_CI
+        and report.skipped
+        and any(item.get_closest_marker(name) for name in ("docker", "isolation"))
+    ):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.longrepr = f"skipped in CI, which must provide what this test needs: {reason}"

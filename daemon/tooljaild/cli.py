@@ -352,35 +352,29 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Start a daemon on a private socket, make one real call through it, stop it."""
+    """Start the daemon on its defaults, make one real call through it, stop it.
+
+    When a daemon already answers at the default target, the call goes to it
+    and it is left running.
+    """
     import subprocess
-    import tempfile
     import time
 
-    from tooljail import Client, DaemonUnavailableError
+    from tooljail import Client, DaemonUnavailableError, default_target
 
-    with tempfile.TemporaryDirectory(prefix="tooljail-demo-") as tmp:
-        sock = f"unix://{tmp}/tooljail.sock"
-        print(f"$ tooljail serve --listen {sock} --pool-size 1", flush=True)
-        daemon = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tooljaild",
-                "serve",
-                "--listen",
-                sock,
-                "--state-dir",
-                f"{tmp}/state",
-                "--pool-size",
-                "1",
-                "--log-level",
-                "WARNING",
-            ],
-        )
-        try:
-            with Client(sock) as client:
-                deadline = time.monotonic() + 30
+    target = default_target()
+    daemon: subprocess.Popen[bytes] | None = None
+    try:
+        with Client(target, timeout=5) as client:
+            try:
+                client.list_tools()
+                print(f"using the daemon already serving at {target}", flush=True)
+            except DaemonUnavailableError:
+                print(f"$ tooljail serve    # listens on {target}", flush=True)
+                daemon = subprocess.Popen(
+                    [sys.executable, "-m", "tooljaild", "serve", "--log-level", "WARNING"]
+                )
+                deadline = time.monotonic() + 60
                 while True:
                     try:
                         client.list_tools()
@@ -390,16 +384,17 @@ def _demo(args: argparse.Namespace) -> int:
                             print("tooljail: the daemon did not start", file=sys.stderr)
                             return EXIT_UNAVAILABLE
                         time.sleep(0.1)
-                call = {"code": args.code}
-                print(f"$ tooljail call execute_python_code '{json.dumps(call)}'", flush=True)
-                result = client.call("execute_python_code", call)
-            sys.stdout.write(result.data["stdout"] if isinstance(result.data, dict) else "")
-            print(
-                f"[{result.status.value}] effect={result.effect.value} "
-                f"in {result.duration_s * 1000:.1f} ms (call {result.call_id})"
-            )
-            return EXIT_OK if result.ok else EXIT_TOOL_FAILED
-        finally:
+            call = {"code": args.code}
+            print(f"$ tooljail call execute_python_code '{json.dumps(call)}'", flush=True)
+            result = client.call("execute_python_code", call)
+        sys.stdout.write(result.data["stdout"] if isinstance(result.data, dict) else "")
+        print(
+            f"[{result.status.value}] effect={result.effect.value} "
+            f"in {result.duration_s * 1000:.1f} ms (call {result.call_id})"
+        )
+        return EXIT_OK if result.ok else EXIT_TOOL_FAILED
+    finally:
+        if daemon is not None:
             daemon.terminate()
             try:
                 daemon.wait(30)

@@ -52,7 +52,10 @@ _frame_fd = -1
 
 
 def _write_frame(frame: dict[str, Any]) -> None:
-    data = (json.dumps(frame, default=str, ensure_ascii=False) + "\n").encode("utf-8", "replace")
+    # The leading newline ends any partial line that tool code wrote into the pipe.
+    data = ("\n" + json.dumps(frame, default=str, ensure_ascii=False) + "\n").encode(
+        "utf-8", "replace"
+    )
     if len(data) > MAX_FRAME_BYTES:
         data = (
             json.dumps(

@@ -1,0 +1,72 @@
+"""What a call keeps of its output, and how readers follow it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tooljail import StreamKind
+from tooljaild.output import EventLog, HeadTail
+
+
+def test_head_tail_keeps_everything_under_the_limit() -> None:
+    kept = HeadTail(100)
+    kept.add(b"hello ")
+    kept.add(b"world")
+    assert kept.text() == "hello world"
+    assert not kept.truncated
+    assert kept.total == 11
+
+
+def test_head_tail_keeps_both_ends_and_marks_the_gap() -> None:
+    kept = HeadTail(20)
+    kept.add(b"HEAD------")
+    for _ in range(1000):
+        kept.add(b"x" * 100)
+    kept.add(b"------TAIL")
+    text = kept.text()
+    assert text.startswith("HEAD------\n[... ")
+    assert text.endswith("\n------TAIL")
+    assert kept.truncated
+    assert kept.total == 100_020
+    assert "100000 bytes truncated" in text
+
+
+async def test_event_log_replays_then_follows_live() -> None:
+    log = EventLog(1024)
+    log.append(StreamKind.STDOUT, b"a")
+
+    async def read() -> list[tuple[int, bytes]]:
+        return [(e.seq, e.data) async for e in log.follow()]
+
+    reader = asyncio.create_task(read())
+    await asyncio.sleep(0.01)
+    log.append(StreamKind.STDERR, b"b")
+    log.close()
+    assert await reader == [(1, b"a"), (2, b"b")]
+
+
+async def test_slow_reader_is_told_what_it_missed() -> None:
+    log = EventLog(10)
+    for i in range(10):
+        log.append(StreamKind.STDOUT, f"{i:04d}".encode())
+    log.close()
+    events = [e async for e in log.follow(1)]
+    assert events[0].stream is StreamKind.NOTICE
+    assert b"8 output chunks dropped" in events[0].data
+    assert [e.seq for e in events[1:]] == [9, 10]
+
+
+async def test_reader_stops_where_the_callers_result_stands() -> None:
+    log = EventLog(1024)
+    until: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+    async def read() -> list[bytes]:
+        return [e.data async for e in log.follow(1, until=until)]
+
+    reader = asyncio.create_task(read())
+    log.append(StreamKind.STDOUT, b"before")
+    await asyncio.sleep(0.01)
+    until.set_result(None)  # the caller got its (timeout) result
+    await asyncio.sleep(0.01)
+    log.append(StreamKind.STDOUT, b"after")  # printed by the call running on detached
+    assert await asyncio.wait_for(reader, 1) == [b"before"]

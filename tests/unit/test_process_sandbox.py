@@ -1,0 +1,180 @@
+"""The process backend with real runner processes (no daemon, no network).
+
+Each test runs twice: with a per-sandbox cgroup where this host allows one, and
+with the runner's subreaper sweep alone, since both are supported hosts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tooljail import StreamKind
+from tooljaild.sandbox.base import RunOutcome, RunRequest, Termination
+from tooljaild.sandbox.cgroups import CgroupTracker
+from tooljaild.sandbox.process import ProcessSandbox, ProcessSandboxConfig
+
+TRACKER = CgroupTracker.detect()
+
+
+@pytest.fixture(params=["cgroup", "subreaper"])
+async def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessSandbox]:
+    if request.param == "cgroup" and TRACKER is None:
+        pytest.skip("this host gives no writable cgroup tree")
+    tracker = TRACKER if request.param == "cgroup" else None
+    box = ProcessSandboxConfig().build(tmp_path / "ws", tracker)
+    await box.start()
+    yield box
+    await box.close()
+
+
+async def run(
+    box: ProcessSandbox, code: str, kill_after: float | None = None
+) -> tuple[RunOutcome, dict[StreamKind, bytes]]:
+    out: dict[StreamKind, bytes] = {}
+
+    def sink(kind: StreamKind, data: bytes) -> None:
+        out[kind] = out.get(kind, b"") + data
+
+    task = asyncio.create_task(box.run(RunRequest("code", {"code": code}), sink))
+    if kill_after is not None:
+        done, _ = await asyncio.wait({task}, timeout=kill_after)
+        if not done:
+            await box.kill()
+    return await asyncio.wait_for(task, 30), out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+LEAVE_DAEMON = """
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        time.sleep(3)
+        open({marker!r}, "w").write("escaped")
+        os._exit(0)
+    os._exit(0)
+print(os.read(r, 32).decode(), flush=True)
+"""
+
+
+async def test_output_and_result(sandbox: ProcessSandbox) -> None:
+    outcome, out = await run(sandbox, "import sys\nprint('out')\nprint('err', file=sys.stderr)")
+    assert outcome.termination is Termination.RETURNED
+    assert out == {StreamKind.STDOUT: b"out\n", StreamKind.STDERR: b"err\n"}
+
+
+async def test_a_finished_call_leaves_no_daemonized_grandchild(
+    sandbox: ProcessSandbox, tmp_path: Path
+) -> None:
+    marker = tmp_path / "marker"
+    outcome, out = await run(sandbox, LEAVE_DAEMON.format(marker=str(marker)))
+    assert outcome.termination is Termination.RETURNED
+    grandchild = int(out[StreamKind.STDOUT])
+    deadline = time.monotonic() + 5
+    while alive(grandchild) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert not alive(grandchild)
+    await asyncio.sleep(3.5)
+    assert not marker.exists()
+
+
+async def test_kill_takes_the_whole_tree(sandbox: ProcessSandbox, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    code = LEAVE_DAEMON.format(marker=str(marker)) + "\nwhile True: pass\n"
+    outcome, out = await run(sandbox, code, kill_after=1.0)
+    assert outcome.termination is Termination.KILLED
+    grandchild = int(out[StreamKind.STDOUT])
+    keeper, worker = sandbox.pids
+    assert keeper is not None and worker is not None
+    await asyncio.sleep(0.2)
+    assert not any(alive(p) for p in (grandchild, worker))
+    await asyncio.sleep(3.5)
+    assert not marker.exists()
+
+
+async def test_a_tool_that_kills_its_keeper_is_reported_and_cleaned_up(
+    sandbox: ProcessSandbox,
+) -> None:
+    code = "import os, signal, time\nos.kill(os.getppid(), signal.SIGKILL)\ntime.sleep(60)"
+    started = time.monotonic()
+    outcome, _ = await run(sandbox, code)
+    assert time.monotonic() - started < 10
+    assert outcome.termination is Termination.RUNNER_LOST
+    assert outcome.error is not None and "runner" in outcome.error.message
+    _, worker = sandbox.pids
+    assert worker is not None
+    deadline = time.monotonic() + 3
+    while alive(worker) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)  # a killed process takes a moment to finish exiting
+    assert not alive(worker)
+
+
+async def test_junk_on_the_frame_pipe_does_not_confuse_the_result(sandbox: ProcessSandbox) -> None:
+    code = (
+        "import os\n"
+        "for fd in range(64, 80):\n"
+        '    try: os.write(fd, b\'not json\\n{"t": "exit"\')\n'
+        "    except OSError: pass\n"
+        "print('ok')"
+    )
+    outcome, out = await run(sandbox, code)
+    assert outcome.termination is Termination.RETURNED
+    assert out[StreamKind.STDOUT] == b"ok\n"
+
+
+async def test_sandbox_serves_one_request_only(sandbox: ProcessSandbox) -> None:
+    await run(sandbox, "pass")
+    with pytest.raises(Exception, match="not ready"):
+        await run(sandbox, "pass")
+
+
+async def test_environment_is_scrubbed(
+    sandbox: ProcessSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    outcome, out = await run(sandbox, "import os; print(sorted(os.environ))")
+    assert outcome.ok
+    names = eval(out[StreamKind.STDOUT])
+    assert set(names) <= {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "LANG",
+        "LC_ALL",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "LC_CTYPE",
+    }
+    assert os.environ.get("PATH") is not None
+
+
+async def test_workspace_is_removed_on_close(tmp_path: Path) -> None:
+    box = ProcessSandboxConfig().build(tmp_path / "ws", None)
+    await box.start()
+    await run(box, "open('f.txt', 'w').write('x')")
+    assert (box.workspace / "f.txt").exists()
+    await box.close()
+    assert not box.workspace.exists()
+
+
+async def test_a_broken_interpreter_is_a_clear_start_error(tmp_path: Path) -> None:
+    from tooljaild.sandbox.base import SandboxError
+
+    box = ProcessSandboxConfig(python="/nonexistent/python3").build(tmp_path / "ws", None)
+    with pytest.raises(SandboxError, match="/nonexistent/python3"):
+        await box.start()
+    await box.close()
