@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._types import Diagnostic, ToolInfo
+from tooljaild.sandbox.base import Limits
 
 __all__ = [
     "BUILTIN_TOOLS",
@@ -66,6 +67,15 @@ class ToolOptions(BaseModel):
 
     @model_validator(mode="after")
     def _check_bounds(self) -> ToolOptions:
+        unknown = sorted(set(self.limits) - set(Limits.model_fields))
+        if unknown:
+            raise ValueError(
+                f"unknown limit {', '.join(unknown)}; limits are "
+                + ", ".join(Limits.model_fields)
+            )
+        for key, value in self.limits.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"limit {key} must be a whole number >= 0, got {value!r}")
         if not 1.0 <= self.timeout_s <= self.max_timeout_s:
             raise ValueError(
                 f"timeout_s must be between 1 and {self.max_timeout_s:g} seconds, "

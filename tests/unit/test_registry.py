@@ -363,3 +363,15 @@ def test_unknown_tool_suggests_a_close_name() -> None:
     assert "Did you mean" in message
     assert "execute_python_code" in message
     assert isinstance(info.value, LookupError)
+
+
+def test_tool_limits_are_checked_when_the_tool_loads() -> None:
+    from pydantic import ValidationError
+
+    from tooljaild.registry import ToolOptions
+
+    assert ToolOptions(limits={"cpu_s": 5}).limits == {"cpu_s": 5}
+    with pytest.raises(ValidationError, match="unknown limit cpu_seconds"):
+        ToolOptions(limits={"cpu_seconds": 5})
+    with pytest.raises(ValidationError, match="whole number"):
+        ToolOptions(limits={"cpu_s": -1})
