@@ -86,7 +86,7 @@ class Output(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     seq: int
-    """Increases by one per chunk of a call, from 1."""
+    """Increases by one per chunk of a call, from 1; 0 on `notice` chunks (the daemon's)."""
     stream: StreamKind
     data: str
     """The chunk as text (UTF-8, undecodable bytes replaced)."""

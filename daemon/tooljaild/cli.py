@@ -159,12 +159,13 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _refused(exc: Exception) -> int:
+    """Exit 3 when no daemon could be reached; 2 when it refused the request."""
     from tooljail import DaemonUnavailableError, TransportError
 
     print(f"tooljail: {exc}", file=sys.stderr)
-    if isinstance(exc, DaemonUnavailableError):
-        return EXIT_UNAVAILABLE
-    if isinstance(exc, TransportError):
+    if isinstance(exc, DaemonUnavailableError) or (
+        isinstance(exc, TransportError) and exc.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    ):
         return EXIT_UNAVAILABLE
     return EXIT_USAGE
 

@@ -90,12 +90,14 @@ class Daemon:
             await self.pool.close()
             raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
         self._server, self._health = server, health
+        # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
+        await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         if self._socket_path is not None:
             os.chmod(self._socket_path, 0o660)
         if not await self.pool.wait_ready(timeout_s=30.0):
             log.warning("the sandbox pool is not full after 30s; serving anyway")
-        for name in ("", SERVICE_NAME):
+        for name in (SERVICE_NAME, ""):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "serving",

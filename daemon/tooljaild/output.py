@@ -4,7 +4,6 @@ bounded, ordered event log that streams it to any number of readers."""
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,12 +43,11 @@ class HeadTail:
 
     def text(self) -> str:
         """The kept bytes as text, with a marker where bytes were dropped."""
-        head = self._head.decode("utf-8", "replace")
-        if not self._tail:
-            return head
-        tail = self._tail.decode("utf-8", "replace")
         if not self.truncated:
-            return head + tail
+            # Decode as one: a character may straddle the head/tail split.
+            return (self._head + self._tail).decode("utf-8", "replace")
+        head = self._head.decode("utf-8", "replace")
+        tail = self._tail.decode("utf-8", "replace")
         dropped = self.total - len(self._head) - len(self._tail)
         return f"{head}\n[... {dropped} bytes truncated ...]\n{tail}"
 
@@ -65,13 +63,16 @@ class EventLog:
     """The ordered output chunks of one call, bounded in bytes.
 
     Appends never wait for readers: a reader that falls behind by more than
-    `max_bytes` gets a NOTICE chunk saying how many chunks it missed, and goes
-    on from the oldest chunk still kept.
+    `max_bytes` gets a NOTICE chunk (seq 0: not part of the sequence) saying how
+    many chunks it missed, and goes on from the oldest chunk still kept.
     """
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        self._events: deque[Event] = deque()
+        # A list with a moving start: O(1) lookup by sequence number and O(1)
+        # amortised dropping from the front (a deque indexes in O(n)).
+        self._events: list[Event] = []
+        self._start = 0
         self._bytes = 0
         self._next_seq = 1
         self._closed = False
@@ -81,14 +82,25 @@ class EventLog:
     def last_seq(self) -> int:
         return self._next_seq - 1
 
+    @property
+    def first_seq(self) -> int:
+        """The oldest sequence number still kept (last_seq + 1 when none is)."""
+        if self._start < len(self._events):
+            return self._events[self._start].seq
+        return self._next_seq
+
     def append(self, stream: StreamKind, data: bytes) -> None:
         if self._closed or not data:
             return
         self._events.append(Event(self._next_seq, stream, data))
         self._next_seq += 1
         self._bytes += len(data)
-        while self._bytes > self._max_bytes and len(self._events) > 1:
-            self._bytes -= len(self._events.popleft().data)
+        while self._bytes > self._max_bytes and len(self._events) - self._start > 1:
+            self._bytes -= len(self._events[self._start].data)
+            self._start += 1
+        if self._start > 1024 and self._start * 2 > len(self._events):
+            del self._events[: self._start]
+            self._start = 0
         self._wake()
 
     def close(self) -> None:
@@ -99,6 +111,7 @@ class EventLog:
     def release(self) -> None:
         """Forget the kept chunks (the call is long over)."""
         self._events.clear()
+        self._start = 0
         self._bytes = 0
 
     def _wake(self) -> None:
@@ -119,23 +132,22 @@ class EventLog:
         seq = from_seq
         stop_at: int | None = None
         while True:
+            # Every yield suspends this reader while appends go on: recompute
+            # where the log stands after each one.
             if stop_at is None and until is not None and until.done():
                 # Chunks printed after the caller's result belong to no reader.
                 stop_at = self.last_seq
-            end = self.last_seq if stop_at is None else min(stop_at, self.last_seq)
-            if self._events and seq < self._events[0].seq:
-                first = self._events[0].seq
+            first = self.first_seq
+            if seq < first:
                 note = f"[{first - seq} output chunks dropped: the reader fell behind]\n"
-                yield Event(0, StreamKind.NOTICE, note.encode())
                 seq = first
-            if self._events and seq <= end:
-                start = seq - self._events[0].seq
-                # Copy the slice: appends may happen while the reader is suspended.
-                batch = [self._events[i] for i in range(start, end - self._events[0].seq + 1)]
-                for event in batch:
-                    if event.seq >= seq:
-                        yield event
-                        seq = event.seq + 1
+                yield Event(0, StreamKind.NOTICE, note.encode())
+                continue
+            end = self.last_seq if stop_at is None else min(stop_at, self.last_seq)
+            if seq <= end:
+                event = self._events[self._start + (seq - first)]
+                seq += 1
+                yield event
                 continue
             if self._closed or stop_at is not None:
                 return

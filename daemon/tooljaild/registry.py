@@ -70,8 +70,7 @@ class ToolOptions(BaseModel):
         unknown = sorted(set(self.limits) - set(Limits.model_fields))
         if unknown:
             raise ValueError(
-                f"unknown limit {', '.join(unknown)}; limits are "
-                + ", ".join(Limits.model_fields)
+                f"unknown limit {', '.join(unknown)}; limits are " + ", ".join(Limits.model_fields)
             )
         for key, value in self.limits.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

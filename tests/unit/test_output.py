@@ -70,3 +70,29 @@ async def test_reader_stops_where_the_callers_result_stands() -> None:
     await asyncio.sleep(0.01)
     log.append(StreamKind.STDOUT, b"after")  # printed by the call running on detached
     assert await asyncio.wait_for(reader, 1) == [b"before"]
+
+
+def test_a_character_across_the_head_tail_split_survives() -> None:
+    kept = HeadTail(10)
+    kept.add(b"abcd" + "é".encode() + b"xyz")  # é straddles byte 5
+    assert kept.text() == "abcdéxyz"
+
+
+async def test_a_reader_behind_keeps_its_place_while_chunks_arrive() -> None:
+    """Chunks appended while a reader handles its notice are neither lost nor misplaced."""
+    log = EventLog(max_bytes=4096)
+    for _ in range(10):
+        log.append(StreamKind.STDOUT, b"x" * 1024)
+    reader = log.follow(1)
+    notice = await reader.__anext__()
+    assert notice.stream is StreamKind.NOTICE and b"6 output chunks dropped" in notice.data
+    for _ in range(10):
+        log.append(StreamKind.STDOUT, b"y" * 1024)
+    log.close()
+    rest = [e async for e in reader]
+    notices = [e for e in rest if e.stream is StreamKind.NOTICE]
+    seqs = [e.seq for e in rest if e.stream is not StreamKind.NOTICE]
+    assert seqs == list(range(17, 21))
+    assert b"10 output chunks dropped" in notices[0].data
+    # Every chunk is either read or counted in a notice: nothing vanishes.
+    assert 6 + 10 + len(seqs) == 20

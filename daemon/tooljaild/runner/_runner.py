@@ -231,11 +231,11 @@ def _read_request() -> dict[str, Any]:
     return request
 
 
-def _error(exc: BaseException, skip_frames: int = 0) -> dict[str, Any]:
+def _error(exc: BaseException) -> dict[str, Any]:
+    """The exception as the tool's author should see it: without the runner's frames."""
     tb = exc.__traceback__
-    for _ in range(skip_frames):
-        if tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
 
@@ -318,17 +318,41 @@ def _run_script(request: dict[str, Any]) -> dict[str, Any]:
         }
     except BaseException as exc:
         # Print the traceback as `python` would, so stderr reads the same.
-        err = _error(exc, skip_frames=1)
+        err = _error(exc)
         sys.stderr.write(err["traceback"])
         return {"t": "result", "ok": False, "exit_code": 1, "error": err}
     return {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+
+
+def _jsonable(value: Any, depth: int = 0) -> Any:
+    """The value as strict JSON data: what JSON cannot carry becomes text.
+
+    NaN and the infinities become "NaN", "Infinity", "-Infinity" (strict JSON,
+    which the wire uses, has no such numbers); tuples and sets become lists;
+    other objects their str().
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        if value != value:
+            return "NaN"
+        if value in (float("inf"), float("-inf")):
+            return "Infinity" if value > 0 else "-Infinity"
+        return value
+    if depth > 100:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v, depth + 1) for v in value]
+    return str(value)
 
 
 def _encode_value(value: Any) -> dict[str, Any]:
     if value is None:
         return {"kind": "none", "value": None}
     if isinstance(value, (dict, list, tuple)):
-        return {"kind": "json", "value": json.loads(json.dumps(value, default=str))}
+        return {"kind": "json", "value": _jsonable(value)}
     return {"kind": "text", "value": str(value)}
 
 
@@ -345,13 +369,13 @@ def _run_user_tool(request: dict[str, Any]) -> dict[str, Any]:
 
         async def drain() -> None:
             async for item in func(**args):
-                _write_frame({"t": "yield", "v": item})
+                _write_frame({"t": "yield", "v": _jsonable(item)})
 
         asyncio.run(drain())
         value = None
     elif inspect.isgeneratorfunction(func):
         for item in func(**args):
-            _write_frame({"t": "yield", "v": item})
+            _write_frame({"t": "yield", "v": _jsonable(item)})
         value = None
     elif inspect.iscoroutinefunction(func):
         import asyncio
@@ -424,7 +448,7 @@ def _worker() -> None:
             },
         }
     except BaseException as exc:
-        frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc, skip_frames=1)}
+        frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc)}
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
