@@ -40,6 +40,8 @@ class Settings(BaseSettings):
 
     listen: str = Field(default_factory=lambda: f"unix://{default_socket_path()}")
     """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
+    allow_insecure_tcp: bool = False
+    """Serve plaintext TCP on a non-loopback address (TLS is not served yet)."""
     tools_dirs: list[Path] = Field(default_factory=list)
     """Directories whose *.py files define user tools."""
     files_dirs: list[Path] = Field(default_factory=list)

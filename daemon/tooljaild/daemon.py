@@ -63,6 +63,13 @@ class Daemon:
             raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
         if s.listen.startswith("unix:"):
             self._socket_path = _prepare_socket(s.listen)
+        elif not s.allow_insecure_tcp and not _is_loopback(s.listen):
+            raise DaemonError(
+                f"refusing to serve plaintext TCP on {s.listen}: anyone who reaches it could "
+                "run code here. Listen on a Unix socket or a loopback address "
+                "(127.0.0.1:PORT, [::1]:PORT, localhost:PORT), or set allow_insecure_tcp = "
+                "true (TOOLJAIL_ALLOW_INSECURE_TCP=true) on a network you trust"
+            )
         if s.sandbox.use_cgroups:
             self.tracker = await asyncio.to_thread(CgroupTracker.detect)
         log.info(
@@ -148,6 +155,18 @@ class Daemon:
         await stop.wait()
         log.info("signal received: draining")
         await self.stop()
+
+
+def _is_loopback(listen: str) -> bool:
+    import ipaddress
+
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _prepare_socket(listen: str) -> Path:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from tests.conftest import RunningDaemon
 from tooljail import CallState, CallStatus, Client, Effect, ToolResult
@@ -209,3 +210,10 @@ def test_no_command_is_a_usage_error() -> None:
     proc = _cli()
     assert proc.returncode == 2
     assert "usage" in proc.stderr.lower()
+
+
+def test_serve_refuses_plaintext_tcp_beyond_loopback(tmp_path: Path) -> None:
+    proc = _cli("serve", "--listen", "0.0.0.0:0", "--state-dir", str(tmp_path), timeout=30)
+    assert proc.returncode == 2
+    assert "refusing to serve plaintext TCP on 0.0.0.0:0" in proc.stderr
+    assert "allow_insecure_tcp" in proc.stderr
