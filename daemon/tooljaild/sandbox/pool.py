@@ -1,8 +1,9 @@
 """A warm pool of started sandboxes, so that a call never waits for a start.
 
 Each sandbox serves one call and is then destroyed; the pool starts a new one
-in the background. When idle sandboxes sit unused longer than `idle_ttl_s`,
-the pool lets them go down to `min_idle`.
+in the background. When its ready sandboxes sit unused longer than
+`idle_ttl_s`, the pool lets them go down to `min_idle`, and fills up again at
+the next call.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -28,7 +30,7 @@ class SandboxPool:
         size: How many ready sandboxes to keep; 0 disables the pool (each call
             starts its own sandbox).
         min_idle: The pool never shrinks below this when idle.
-        idle_ttl_s: How long a ready sandbox may wait before the pool shrinks.
+        idle_ttl_s: How long ready sandboxes may go unused before the pool shrinks.
     """
 
     def __init__(
@@ -41,13 +43,19 @@ class SandboxPool:
     ) -> None:
         self._factory = factory
         self._size = size
+        self._target = size
         self._min_idle = min(min_idle, size)
         self._idle_ttl_s = idle_ttl_s
         self._ready: deque[tuple[float, Sandbox]] = deque()
+        self._last_used = time.monotonic()
         self._starting = 0
+        # Interpreters started in parallel beyond the CPU count only slow each other.
+        self._max_starting = max(1, os.cpu_count() or 1)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._watcher: asyncio.Future[None] | None = None
         self._closed = False
         self._changed = asyncio.Event()
+        self._last_error = ""
         self.started_total = 0
         self.start_failures = 0
 
@@ -56,8 +64,10 @@ class SandboxPool:
         return len(self._ready)
 
     def start(self) -> None:
-        """Begin filling the pool in the background."""
+        """Begin filling the pool, and watching it for idleness, in the background."""
         self._refill()
+        if self._size and self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch_idle())
 
     async def wait_ready(self, count: int | None = None, timeout_s: float = 30.0) -> bool:
         """Wait until `count` (default: the pool size) sandboxes are ready.
@@ -77,18 +87,32 @@ class SandboxPool:
         return True
 
     async def acquire(self) -> Sandbox:
-        """A started sandbox for one call: a ready one, or a new one now.
+        """A started sandbox for one call: a ready one, the next one ready, or a new one.
 
         Raises:
-            SandboxError: When no sandbox can be started.
+            SandboxError: When no sandbox can be started, or the pool is closed.
         """
-        while self._ready:
-            _, sandbox = self._ready.popleft()
-            if sandbox.alive:
-                self._refill()
-                return sandbox
-            self._spawn(sandbox.close())
-        self._refill()
+        self._last_used = time.monotonic()
+        self._target = self._size
+        while True:
+            if self._closed:
+                raise SandboxError("the sandbox pool is closed: the daemon is stopping")
+            while self._ready:
+                _, sandbox = self._ready.popleft()
+                if sandbox.alive:
+                    self._refill()
+                    return sandbox
+                self._spawn(sandbox.close())
+            self._refill()
+            if self._starting == 0:
+                break
+            # Sandboxes are on their way: take the first one ready rather than
+            # start another that would compete with them for the same CPUs.
+            failures = self.start_failures
+            self._changed.clear()
+            await self._changed.wait()
+            if self.start_failures > failures and not self._ready:
+                raise SandboxError(f"no sandbox could be started: {self._last_error}")
         sandbox = self._factory()
         try:
             await sandbox.start()
@@ -105,17 +129,21 @@ class SandboxPool:
     def _refill(self) -> None:
         if self._closed:
             return
-        self._shrink_idle()
-        want = self._size - len(self._ready) - self._starting
+        want = self._target - len(self._ready) - self._starting
+        want = min(want, self._max_starting - self._starting)
         for _ in range(max(0, want)):
             self._starting += 1
             self._spawn(self._start_one())
 
-    def _shrink_idle(self) -> None:
-        now = time.monotonic()
-        while len(self._ready) > self._min_idle and now - self._ready[0][0] > self._idle_ttl_s:
-            _, sandbox = self._ready.popleft()
-            self._spawn(sandbox.close())
+    async def _watch_idle(self) -> None:
+        period = max(0.01, min(self._idle_ttl_s / 2, 30.0))
+        while not self._closed:
+            await asyncio.sleep(period)
+            if time.monotonic() - self._last_used > self._idle_ttl_s:
+                self._target = self._min_idle
+                while len(self._ready) > self._min_idle:
+                    _, sandbox = self._ready.popleft()
+                    self._spawn(sandbox.close())
 
     async def _start_one(self) -> None:
         sandbox = self._factory()
@@ -124,6 +152,8 @@ class SandboxPool:
         except (SandboxError, OSError) as exc:
             self._starting -= 1
             self.start_failures += 1
+            self._last_error = str(exc)
+            self._changed.set()  # waiters in acquire() learn that it failed
             log.error("sandbox start failed: %s", exc)
             await sandbox.close()
             # Back off so that a broken interpreter does not become a fork loop.
@@ -142,6 +172,7 @@ class SandboxPool:
         self.start_failures = 0
         self._ready.append((time.monotonic(), sandbox))
         self._changed.set()
+        self._refill()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -151,8 +182,13 @@ class SandboxPool:
     async def close(self) -> None:
         """Destroy every ready sandbox and wait for background work to end."""
         self._closed = True
+        self._changed.set()
         while self._ready:
             _, sandbox = self._ready.popleft()
             self._spawn(sandbox.close())
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
