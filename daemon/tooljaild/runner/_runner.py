@@ -179,16 +179,15 @@ def _keeper(worker: int) -> None:
             break
         if pid == worker:
             status = st
-    # Report first, then sweep: the call's outcome is known now, and the daemon
-    # still waits for stdout/stderr to close, which the sweep brings about when
-    # something left behind holds them.
+    # Sweep first, then report: when the caller hears how the call ended,
+    # nothing the tool started is still running.
+    _kill_tree(me)
     if status is None:
         _write_frame({"t": "exit", "code": None, "signal": int(signal.SIGKILL)})
     elif os.WIFSIGNALED(status):
         _write_frame({"t": "exit", "code": None, "signal": os.WTERMSIG(status)})
     else:
         _write_frame({"t": "exit", "code": os.WEXITSTATUS(status), "signal": None})
-    _kill_tree(me)
     os._exit(0)
 
 
