@@ -495,13 +495,14 @@ def _literal_schema(values: tuple[Any, ...]) -> dict[str, Any]:
         if not isinstance(value, str | int | float | bool | None):
             raise TypeError(f"Literal value {value!r} is not a JSON scalar")
     schema: dict[str, Any] = {"enum": list(values)}
-    types_ = {_json_type(value) for value in values}
+    types_ = {json_type_name(value) for value in values}
     if len(types_) == 1:
         schema = {"type": types_.pop(), **schema}
     return schema
 
 
-def _json_type(value: object) -> str:
+def json_type_name(value: object) -> str:
+    """The JSON Schema type name of a Python value ("integer", "array", ...)."""
     # bool before int: True is an int in Python but not a JSON integer.
     if value is None:
         return "null"

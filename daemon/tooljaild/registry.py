@@ -26,6 +26,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
+from tooljail._tooldef import json_type_name
 from tooljail._types import Diagnostic, ToolInfo
 from tooljaild.sandbox.base import Limits
 
@@ -217,7 +218,7 @@ def validate_arguments(tool: Tool, arguments: object) -> dict[str, object]:
             unknown argument, then a missing one, then a wrong value.
     """
     if not isinstance(arguments, dict):
-        actual = _json_type(arguments)
+        actual = json_type_name(arguments)
         raise InvalidArgumentsError(
             f"arguments must be a JSON object of named parameters, got {actual}",
             parameter="",
@@ -287,7 +288,7 @@ def _describe(error: Any) -> InvalidArgumentsError:
             return _describe(min(inner, key=_error_rank))
     expected = _expected(schema)
     if error.validator in ("type", "enum", "const", "anyOf", "oneOf") and expected:
-        actual = _json_type(instance)
+        actual = json_type_name(instance)
         return InvalidArgumentsError(
             f"parameter '{where}' expects {expected}, got {actual} ({_short(instance)})",
             parameter=where,
@@ -298,7 +299,7 @@ def _describe(error: Any) -> InvalidArgumentsError:
         f"parameter '{where}' is invalid: {error.message}",
         parameter=where,
         expected=expected,
-        actual=_json_type(instance),
+        actual=json_type_name(instance),
     )
 
 
@@ -334,25 +335,6 @@ def _short(value: object, limit: int = 60) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _json_type(value: object) -> str:
-    # bool before int: True is an int in Python but not a JSON integer.
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list | tuple):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 # --- loading user tools ----------------------------------------------------------
@@ -486,7 +468,7 @@ def _build_tool(file: str, spec: object) -> Tool | Diagnostic:
         return Diagnostic(severity="error", code=code, message=message, file=file, tool=tool)
 
     if not isinstance(spec, dict):
-        return bad("bad_spec", f"a tool spec must be an object, got {_json_type(spec)}")
+        return bad("bad_spec", f"a tool spec must be an object, got {json_type_name(spec)}")
     name = spec.get("name")
     if not isinstance(name, str) or not TOOL_NAME.match(name):
         return bad(
