@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -78,6 +79,39 @@ def wait_serving(
     raise AssertionError(f"daemon not serving after {timeout}s:\n{log_path.read_text()}")
 
 
+def _reachable(path: Path) -> Path:
+    """Let the sandbox's unprivileged uid walk down to `path` (not list it).
+
+    Under bubblewrap the sandbox uid must reach what it binds: tool and file
+    directories, the state directory. pytest makes its temp dirs 0700.
+    """
+    for directory in (path, *path.parents):
+        if directory == Path(tempfile.gettempdir()) or directory == Path("/"):
+            break
+        if directory.stat().st_uid == os.geteuid():
+            directory.chmod(directory.stat().st_mode | 0o011)
+    return path
+
+
+@pytest.fixture
+def tmp_path(tmp_path: Path) -> Path:
+    """pytest's tmp_path, reachable by the sandbox uid (see _reachable)."""
+    return _reachable(tmp_path)
+
+
+@pytest.fixture
+def host_dir(tmp_path: Path) -> Path:
+    """A host directory sandboxed code may write (tests watching a tool's effects).
+
+    Tools run as an unprivileged uid, so this one is world-writable (sticky).
+    Only sandboxes without namespaces see the host's files at all.
+    """
+    shared = tmp_path / "host"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    return shared
+
+
 @pytest.fixture
 def start_daemon(
     tmp_path_factory: pytest.TempPathFactory,
@@ -92,7 +126,7 @@ def start_daemon(
     def start(
         *args: str, env: dict[str, str] | None = None, listen: str | None = None, pool_size: int = 2
     ) -> RunningDaemon:
-        base = tmp_path_factory.mktemp("daemon")
+        base = _reachable(tmp_path_factory.mktemp("daemon"))
         target = listen or f"unix://{base}/tooljail.sock"
         log_path = base / "daemon.log"
         argv = [

@@ -570,7 +570,12 @@ def _failure_message(outcome: RunOutcome, error: ToolError) -> str:
         return f"The tool raised {error.type}: {error.message}"
     if t is Termination.EXITED:
         return f"The program exited with code {outcome.exit_code}."
-    if t in (Termination.SIGNALED, Termination.CPU_LIMIT, Termination.FILE_SIZE_LIMIT):
+    if t in (
+        Termination.SIGNALED,
+        Termination.CPU_LIMIT,
+        Termination.FILE_SIZE_LIMIT,
+        Termination.OUT_OF_MEMORY,
+    ):
         return f"The program was terminated: {error.message}."
     return f"The tool failed: {error.message}"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
     serve.add_argument("--max-concurrent", type=int, help="calls running at once")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    serve.add_argument(
+        "--isolation",
+        choices=["strict", "best-effort", "none"],
+        help="strict: refuse to start without every isolation feature; "
+        "best-effort (default): use what the host has; none: no namespaces",
+    )
 
     def target(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
@@ -90,6 +97,12 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
     doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.add_argument("--config", type=Path, help="config file (sandbox settings)")
+    doctor.add_argument(
+        "--isolation",
+        choices=["strict", "best-effort", "none"],
+        help="the level to check for; strict exits 1 when a feature is missing",
+    )
 
     demo = sub.add_parser("demo", help="start a daemon, make one real tool call, stop it")
     demo.add_argument(
@@ -136,6 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
             pool_size=args.pool_size,
             max_concurrent=args.max_concurrent,
             log_level=args.log_level,
+            isolation=args.isolation,
         )
     except ConfigError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
@@ -219,8 +233,26 @@ def _check_tools(args: argparse.Namespace) -> int:
     async def load() -> Any:
         import tempfile
 
+        from tooljaild.sandbox.isolation import install_runner, resolve, sandbox_python
+        from tooljaild.sandbox.process import SandboxContext
+
+        iso = resolve(
+            "none" if settings.isolation == "none" else "best-effort",
+            bwrap=settings.sandbox.bwrap,
+            sandbox_user=settings.sandbox.user,
+            use_cgroups=False,
+        )
+        python = sandbox_python(settings.sandbox.python, iso)
         with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
-            sandbox = settings.sandbox.build(Path(tmp), None)
+            os.chmod(tmp, 0o711)
+            context = SandboxContext(
+                workspace_root=Path(tmp) / "ws",
+                runner_dir=install_runner(Path(tmp)),
+                isolation=iso,
+                shared_dirs=tuple(d.resolve() for d in settings.tools_dirs),
+            )
+            config = settings.sandbox.model_copy(update={"python": python})
+            sandbox = config.build(context, settings.limits)
             try:
                 await sandbox.start()
                 return await load_registry(settings.tools_dirs, sandbox)
@@ -342,14 +374,27 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from tooljaild.doctor import check_host, render
+    from tooljaild.config import ConfigError, load_settings
+    from tooljaild.doctor import check_host, render, strict_ready
 
-    report = check_host()
+    try:
+        settings = load_settings(args.config, isolation=args.isolation)
+    except ConfigError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    features = check_host(
+        settings.isolation,
+        bwrap=settings.sandbox.bwrap,
+        sandbox_user=settings.sandbox.user,
+        python=settings.sandbox.python,
+    )
     if args.json:
-        print(json.dumps([r.__dict__ for r in report], indent=2))
+        print(json.dumps([f.__dict__ for f in features], indent=2))
     else:
-        print(render(report))
-    return EXIT_OK
+        print(render(features, settings.isolation))
+    return (
+        EXIT_TOOL_FAILED if settings.isolation == "strict" and strict_ready(features) else EXIT_OK
+    )
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     """The smallest timeout a caller may ask for."""
     limits: Limits = Field(default_factory=Limits)
     """Per-sandbox resource limits (tools may lower them)."""
+    isolation: Literal["strict", "best-effort", "none"] = "best-effort"
+    """strict: refuse to start unless every isolation feature is active; best-effort:
+    use what the host has and say what is missing; none: no namespaces."""
     sandbox: ProcessSandboxConfig = Field(default_factory=ProcessSandboxConfig)
     """The sandbox backend and its settings."""
     pool_size: int = Field(default=4, ge=0, le=256)

@@ -23,8 +23,16 @@ from tooljaild.config import Settings
 from tooljaild.loader import load_registry
 from tooljaild.registry import Registry
 from tooljaild.sandbox.base import Sandbox
-from tooljaild.sandbox.cgroups import CgroupTracker
+from tooljaild.sandbox.isolation import (
+    Isolation,
+    IsolationError,
+    install_runner,
+    reachable,
+    sandbox_python,
+)
+from tooljaild.sandbox.isolation import resolve as resolve_isolation
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.sandbox.process import SandboxContext
 from tooljaild.server import SERVICE_NAME, create_server
 
 log = logging.getLogger(__name__)
@@ -40,7 +48,8 @@ class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.port = 0
-        self.tracker: CgroupTracker | None = None
+        self.isolation: Isolation | None = None
+        self.context: SandboxContext | None = None
         self.pool: SandboxPool | None = None
         self.manager: CallManager | None = None
         self._server: grpc.aio.Server | None = None
@@ -48,7 +57,8 @@ class Daemon:
         self._socket_path: Path | None = None
 
     def _new_sandbox(self) -> Sandbox:
-        return self.settings.sandbox.build(self.settings.workspace_root, self.tracker)
+        assert self.context is not None
+        return self.settings.sandbox.build(self.context, self.settings.limits)
 
     async def start(self) -> None:
         """Start serving.
@@ -58,7 +68,11 @@ class Daemon:
         """
         s = self.settings
         try:
-            s.workspace_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            # 0711: a sandbox's uid may pass through to its own workspace (by name),
+            # and list nothing.
+            for directory in (s.state_dir, s.workspace_root):
+                directory.mkdir(parents=True, exist_ok=True, mode=0o711)
+                directory.chmod(0o711)
         except OSError as exc:
             raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
         if s.listen.startswith("unix:"):
@@ -70,13 +84,36 @@ class Daemon:
                 "(127.0.0.1:PORT, [::1]:PORT, localhost:PORT), or set allow_insecure_tcp = "
                 "true (TOOLJAIL_ALLOW_INSECURE_TCP=true) on a network you trust"
             )
-        if s.sandbox.use_cgroups:
-            self.tracker = await asyncio.to_thread(CgroupTracker.detect)
+        try:
+            self.isolation = await asyncio.to_thread(
+                resolve_isolation,
+                s.isolation,
+                bwrap=s.sandbox.bwrap,
+                sandbox_user=s.sandbox.user,
+                use_cgroups=s.sandbox.use_cgroups,
+            )
+        except IsolationError as exc:
+            raise DaemonError(str(exc)) from exc
+        shared = tuple(d.resolve() for d in (*s.tools_dirs, *s.files_dirs))
+        try:
+            python = sandbox_python(s.sandbox.python, self.isolation)
+        except IsolationError as exc:
+            raise DaemonError(str(exc)) from exc
+        if python != s.sandbox.python:
+            s.sandbox = s.sandbox.model_copy(update={"python": python})
+        _check_reachable(self.isolation, (s.state_dir, *shared))
+        self.context = SandboxContext(
+            workspace_root=s.workspace_root,
+            runner_dir=await asyncio.to_thread(install_runner, s.state_dir),
+            isolation=self.isolation,
+            shared_dirs=shared,
+        )
         log.info(
-            "sandbox tracking",
+            "isolation",
             extra={
-                "cgroups": str(self.tracker.base) if self.tracker else None,
+                "level": s.isolation,
                 "python": s.sandbox.python,
+                "features": {f.name: f.status for f in self.isolation.features},
             },
         )
         registry = await self._load_tools()
@@ -155,6 +192,20 @@ class Daemon:
         await stop.wait()
         log.info("signal received: draining")
         await self.stop()
+
+
+def _check_reachable(iso: Isolation, paths: tuple[Path, ...]) -> None:
+    """Under namespaces the sandbox uid must be able to walk down to what it binds."""
+    if not iso.namespaces or iso.uid is None:
+        return
+    gid = iso.gid if iso.gid is not None else iso.uid
+    for path in paths:
+        if path.exists() and not reachable(path, iso.uid, gid):
+            raise DaemonError(
+                f"the sandbox user (uid {iso.uid}) cannot reach {path}: every directory "
+                "above it needs the search bit for others (chmod o+x), or choose a "
+                "directory under /var/lib, /srv or /opt"
+            )
 
 
 def _is_loopback(listen: str) -> bool:

@@ -4,93 +4,68 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import sys
-from dataclasses import dataclass
 
-from tooljaild.sandbox.cgroups import CgroupTracker
+from tooljaild.sandbox.isolation import Feature, Level, resolve
 from tooljaild.sandbox.process import default_python
 
 
-@dataclass(frozen=True)
-class Check:
-    feature: str
-    status: str
-    """"active", "missing" or "n/a"."""
-    detail: str
+def check_host(
+    level: Level = "best-effort",
+    *,
+    bwrap: str = "bwrap",
+    sandbox_user: str = "nobody",
+    python: str | None = None,
+) -> list[Feature]:
+    """Every isolation feature with its status, as `serve` would find them.
 
+    Never raises for a missing feature: that is what it reports.
+    """
+    from tooljaild.sandbox.isolation import IsolationError
 
-def check_host() -> list[Check]:
-    checks = [
-        Check(
+    features = [
+        Feature(
             "platform",
             "active" if sys.platform == "linux" else "missing",
             f"{platform.system()} {platform.release()} ({platform.machine()})",
         ),
-        Check("sandbox python", "active", default_python()),
-        Check(
-            "running as",
-            "active",
-            f"uid {os.geteuid()}"
-            + (" (root: rlimit on processes is not enforced)" if os.geteuid() == 0 else ""),
-        ),
-    ]
-    tracker = CgroupTracker.detect()
-    if tracker is not None:
-        checks.append(
-            Check(
-                "cgroup tracking",
-                "active",
-                f"v{tracker.version} at {tracker.base}: every process of a call "
-                "is found and killed",
-            )
-        )
-    else:
-        checks.append(
-            Check(
-                "cgroup tracking",
-                "missing",
-                "no writable cgroup tree: run as root or under systemd with "
-                "Delegate=yes; the runner's subreaper sweep is used instead",
-            )
-        )
-    checks.append(
-        Check(
-            "subreaper sweep",
-            "active" if sys.platform == "linux" else "missing",
-            "the runner adopts and kills orphaned processes (PR_SET_CHILD_SUBREAPER)",
-        )
-    )
-    checks.append(
-        Check(
+        Feature("sandbox python", "active", python or default_python()),
+        Feature(
             "rlimits",
             "active",
             "cpu, address space, processes, file size, open files, no core dumps",
+        ),
+    ]
+    try:
+        iso = resolve(
+            "best-effort" if level == "strict" else level, bwrap=bwrap, sandbox_user=sandbox_user
         )
-    )
-    bwrap = shutil.which("bwrap")
-    checks.append(
-        Check(
-            "bubblewrap",
-            "active" if bwrap else "missing",
-            bwrap
-            or "not installed (apt-get install bubblewrap); namespaces "
-            "are not used yet by this version",
-        )
-    )
-    docker_sock = os.environ.get("DOCKER_HOST") or "/var/run/docker.sock"
-    checks.append(
-        Check(
-            "docker engine",
-            "n/a",
-            f"the docker backend is not part of this version ({docker_sock})",
-        )
-    )
-    return checks
+    except IsolationError:  # pragma: no cover - best-effort never raises
+        raise
+    features += iso.features
+    if os.geteuid() != 0:
+        features.append(Feature("running as", "active", f"uid {os.geteuid()}", required=False))
+    return features
 
 
-def render(checks: list[Check]) -> str:
-    width = max(len(c.feature) for c in checks)
-    lines = [f"{'feature':{width}}  {'status':8}  detail", "-" * (width + 40)]
-    lines += [f"{c.feature:{width}}  {c.status:8}  {c.detail}" for c in checks]
+def strict_ready(features: list[Feature]) -> list[Feature]:
+    """The features whose absence makes `isolation = strict` refuse to start."""
+    return [f for f in features if f.status == "missing" and f.required]
+
+
+def render(features: list[Feature], level: Level) -> str:
+    width = max(len(f.name) for f in features)
+    lines = [f"{'feature':{width}}  {'status':8}  detail", "-" * (width + 60)]
+    lines += [f"{f.name:{width}}  {f.status:8}  {f.detail}" for f in features]
+    missing = strict_ready(features)
+    lines.append("")
+    if missing:
+        lines.append(
+            "isolation = strict would refuse to start: missing "
+            + ", ".join(f.name for f in missing)
+        )
+        if level != "strict":
+            lines.append(f"isolation = {level}: runs with what is active above")
+    else:
+        lines.append("isolation = strict: every feature is active")
     return "\n".join(lines)

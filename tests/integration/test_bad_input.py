@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -190,8 +191,17 @@ def test_same_call_id_with_other_arguments_is_already_exists(daemon: RunningDaem
     daemon.assert_serving()
 
 
-def test_same_call_id_with_same_arguments_runs_once(daemon: RunningDaemon, tmp_path: Path) -> None:
-    marker = tmp_path / "runs.txt"
+@pytest.fixture
+def host_writing_daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
+    """A daemon without namespaces: its tools can leave marks on the host to count runs."""
+    return start_daemon(env={"TOOLJAIL_ISOLATION": "none"})
+
+
+def test_same_call_id_with_same_arguments_runs_once(
+    host_writing_daemon: RunningDaemon, host_dir: Path
+) -> None:
+    daemon = host_writing_daemon
+    marker = host_dir / "runs.txt"
     code = f"with open({str(marker)!r}, 'a') as f:\n    f.write('ran\\n')\nprint('done')"
     request = pb.CallRequest(
         tool="execute_python_code", arguments_json=json.dumps({"code": code}), call_id="once-1"
@@ -213,9 +223,10 @@ def test_same_call_id_with_same_arguments_runs_once(daemon: RunningDaemon, tmp_p
 
 
 def test_same_call_id_while_running_attaches_to_the_running_call(
-    daemon: RunningDaemon, tmp_path: Path
+    host_writing_daemon: RunningDaemon, host_dir: Path
 ) -> None:
-    marker = tmp_path / "runs.txt"
+    daemon = host_writing_daemon
+    marker = host_dir / "runs.txt"
     code = (
         f"import time\nwith open({str(marker)!r}, 'a') as f:\n    f.write('ran\\n')\n"
         "print('a', flush=True)\ntime.sleep(1.5)\nprint('b')"

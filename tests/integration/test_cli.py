@@ -195,7 +195,7 @@ def test_doctor_prints_a_table(daemon: RunningDaemon) -> None:
     as_json = _cli("doctor", "--json")
     assert as_json.returncode == 0, as_json
     checks = json.loads(as_json.stdout)
-    assert any(c["feature"].startswith("cgroup") for c in checks)
+    assert any(c["name"].startswith("cgroup") for c in checks)
     assert all(c["status"] in ("active", "missing", "n/a") for c in checks)
 
 

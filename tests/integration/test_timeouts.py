@@ -25,13 +25,17 @@ from tooljail import (
     ToolResult,
 )
 
-NO_CGROUPS = {"TOOLJAIL_SANDBOX__USE_CGROUPS": "false"}
+# These tests watch for markers a tool's leftovers would write on the host, so the
+# sandbox must be able to write there: no namespaces (the security tests cover the
+# namespaced sandbox, where nothing of a call can reach the host at all).
+NO_NAMESPACES = {"TOOLJAIL_ISOLATION": "none"}
+NO_CGROUPS = {**NO_NAMESPACES, "TOOLJAIL_SANDBOX__USE_CGROUPS": "false"}
 
 # Both ways of killing a sandbox's whole tree: the per-sandbox cgroup (when the
 # host lets the daemon make one, as here as root), and the runner's subreaper
 # sweep (every other host).
 BACKENDS = [
-    pytest.param({}, id="cgroup"),
+    pytest.param(NO_NAMESPACES, id="cgroup"),
     pytest.param(NO_CGROUPS, id="subreaper"),
 ]
 
@@ -41,6 +45,9 @@ def spawn_escapees(marker_dir: Path, delay_s: float) -> str:
     write a marker file after `delay_s`, and prints their pids."""
     return f"""
 import os, subprocess, time
+# Proof that this sandbox can write the marker directory: without it the
+# markers' absence below would prove nothing.
+open('{marker_dir}/writable', 'w').write('x')
 # A new session via subprocess, through a shell.
 p = subprocess.Popen(
     ['sh', '-c', 'sleep {delay_s}; touch {marker_dir}/from-shell'], start_new_session=True
@@ -105,11 +112,11 @@ def wait_state(client: Client, call_id: str, state: CallState, timeout: float = 
 
 @pytest.mark.parametrize("env", BACKENDS)
 def test_a_call_that_loops_forever_times_out_and_leaves_no_process(
-    start_daemon: Callable[..., RunningDaemon], tmp_path: Path, env: dict[str, str]
+    start_daemon: Callable[..., RunningDaemon], host_dir: Path, env: dict[str, str]
 ) -> None:
     daemon = start_daemon(env=env)
     delay = 4.0
-    code = spawn_escapees(tmp_path, delay) + "while True:\n    pass\n"
+    code = spawn_escapees(host_dir, delay) + "while True:\n    pass\n"
     with Client(daemon.target) as client:
         start = time.monotonic()
         result = client.call("execute_python_code", {"code": code}, timeout=2)
@@ -125,20 +132,20 @@ def test_a_call_that_loops_forever_times_out_and_leaves_no_process(
     assert len(pids) == 2
     # By the time the caller hears "timeout", the whole tree is dead.
     assert [pid for pid in pids if alive(pid)] == []
-    assert live_processes_mentioning(str(tmp_path)) == []
+    assert live_processes_mentioning(str(host_dir)) == []
     # ...and what it had planned never happens.
     time.sleep(max(0.0, start + delay + 1.5 - time.monotonic()))
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in host_dir.iterdir()) == ["writable"]
     daemon.assert_serving()
 
 
 @pytest.mark.parametrize("env", BACKENDS)
 def test_a_daemonized_grandchild_dies_when_its_call_succeeds(
-    start_daemon: Callable[..., RunningDaemon], tmp_path: Path, env: dict[str, str]
+    start_daemon: Callable[..., RunningDaemon], host_dir: Path, env: dict[str, str]
 ) -> None:
     daemon = start_daemon(env=env)
     delay = 2.5
-    code = spawn_escapees(tmp_path, delay) + "print('done')\n"
+    code = spawn_escapees(host_dir, delay) + "print('done')\n"
     with Client(daemon.target) as client:
         start = time.monotonic()
         result = client.call("execute_python_code", {"code": code}, timeout=30)
@@ -147,9 +154,9 @@ def test_a_daemonized_grandchild_dies_when_its_call_succeeds(
     *pids, last = result.data["stdout"].split()
     assert last == "done"
     assert [pid for pid in map(int, pids) if alive(pid)] == []
-    assert live_processes_mentioning(str(tmp_path)) == []
+    assert live_processes_mentioning(str(host_dir)) == []
     time.sleep(max(0.0, start + delay + 1.5 - time.monotonic()))
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(p.name for p in host_dir.iterdir()) == ["writable"]
 
 
 @pytest.mark.parametrize("timeout", [0.001, 0.5, 1000.5, 5000])
@@ -195,7 +202,7 @@ def slow_daemon(start_daemon: Callable[..., RunningDaemon], tmp_path: Path) -> R
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "slow.py").write_text(SLOW_TOOLS)
-    daemon = start_daemon("--tools-dir", str(tools))
+    daemon = start_daemon("--tools-dir", str(tools), env=NO_NAMESPACES)
     with Client(daemon.target) as client:
         assert client.diagnostics() == []
         by_name = {t.name: t for t in client.list_tools()}
@@ -204,9 +211,9 @@ def slow_daemon(start_daemon: Callable[..., RunningDaemon], tmp_path: Path) -> R
 
 
 def test_a_call_past_its_timeout_runs_on_detached_until_it_ends(
-    slow_daemon: RunningDaemon, tmp_path: Path
+    slow_daemon: RunningDaemon, host_dir: Path
 ) -> None:
-    target = tmp_path / "out.txt"
+    target = host_dir / "out.txt"
     call_id = "detached-" + uuid.uuid4().hex
     with Client(slow_daemon.target) as client:
         start = time.monotonic()
@@ -231,9 +238,9 @@ def test_a_call_past_its_timeout_runs_on_detached_until_it_ends(
 
 
 def test_a_detached_call_is_killed_at_kill_after_s(
-    slow_daemon: RunningDaemon, tmp_path: Path
+    slow_daemon: RunningDaemon, host_dir: Path
 ) -> None:
-    target = tmp_path / "never.txt"
+    target = host_dir / "never.txt"
     call_id = "doomed-" + uuid.uuid4().hex
     seconds = 4.0  # past kill_after_s=2: the write would come at 4 s
     with Client(slow_daemon.target) as client:
@@ -255,8 +262,8 @@ def test_a_detached_call_is_killed_at_kill_after_s(
     assert not target.exists()
 
 
-def test_cancelling_a_detached_call_stops_it(slow_daemon: RunningDaemon, tmp_path: Path) -> None:
-    target = tmp_path / "cancelled.txt"
+def test_cancelling_a_detached_call_stops_it(slow_daemon: RunningDaemon, host_dir: Path) -> None:
+    target = host_dir / "cancelled.txt"
     call_id = "detached-cancel-" + uuid.uuid4().hex
     seconds = 3.0
     with Client(slow_daemon.target) as client:

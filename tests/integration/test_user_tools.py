@@ -319,10 +319,16 @@ def test_generator_items_arrive_in_order_as_yield_outputs(
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
 
 
+# Tests that watch a tool's effects on the host run it without namespaces: under
+# them, nothing a tool writes reaches the host (tests/security checks that).
+HOST_WRITABLE = {"TOOLJAIL_ISOLATION": "none"}
+
+
 def test_arguments_of_user_tools_are_validated_before_anything_runs(
-    tools_daemon: RunningDaemon, tmp_path: Path
+    start_daemon: Callable[..., RunningDaemon], tools_dir: Path, host_dir: Path
 ) -> None:
-    target = tmp_path / "touched.txt"
+    tools_daemon = start_daemon("--tools-dir", str(tools_dir), env=HOST_WRITABLE)
+    target = host_dir / "touched.txt"
     with Client(tools_daemon.target) as client:
         with pytest.raises(tooljail.InvalidArgumentsError) as missing:
             client.call("add", {})
@@ -356,9 +362,9 @@ def test_arguments_of_user_tools_are_validated_before_anything_runs(
 
 
 def test_user_tool_code_never_runs_in_the_daemon(
-    start_daemon: Callable[..., RunningDaemon], tmp_path: Path
+    start_daemon: Callable[..., RunningDaemon], tmp_path: Path, host_dir: Path
 ) -> None:
-    pid_file = tmp_path / "import_pids.txt"
+    pid_file = host_dir / "import_pids.txt"
     tools = _write(
         tmp_path / "pidtools",
         {
@@ -378,7 +384,7 @@ def test_user_tool_code_never_runs_in_the_daemon(
             """
         },
     )
-    daemon = start_daemon("--tools-dir", str(tools))
+    daemon = start_daemon("--tools-dir", str(tools), env=HOST_WRITABLE)
     load_pids = [int(line) for line in pid_file.read_text().split()]
     assert load_pids, "the tool module was never imported"
     assert daemon.pid not in load_pids

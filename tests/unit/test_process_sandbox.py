@@ -1,7 +1,9 @@
 """The process backend with real runner processes (no daemon, no network).
 
-Each test runs twice: with a per-sandbox cgroup where this host allows one, and
-with the runner's subreaper sweep alone, since both are supported hosts.
+The tree-killing tests run twice: with a per-sandbox cgroup where this host
+allows one, and with the runner's subreaper sweep alone, both without
+namespaces (the markers they watch for must be writable on the host). The
+others also run under bubblewrap; tests/security attacks the namespaced sandbox.
 """
 
 from __future__ import annotations
@@ -15,20 +17,57 @@ from pathlib import Path
 import pytest
 
 from tooljail import StreamKind
-from tooljaild.sandbox.base import RunOutcome, RunRequest, Termination
-from tooljaild.sandbox.cgroups import CgroupTracker
-from tooljaild.sandbox.process import ProcessSandbox, ProcessSandboxConfig
+from tooljaild.sandbox.base import Limits, RunOutcome, RunRequest, Termination
+from tooljaild.sandbox.isolation import Isolation, install_runner, resolve, sandbox_python
+from tooljaild.sandbox.process import ProcessSandbox, ProcessSandboxConfig, SandboxContext
 
-TRACKER = CgroupTracker.detect()
+NO_NAMESPACES = resolve("none")
+NAMESPACES = resolve("best-effort", use_cgroups=False)
+
+
+def build(tmp_path: Path, iso: Isolation, python: str | None = None) -> ProcessSandbox:
+    config = ProcessSandboxConfig()
+    config = config.model_copy(update={"python": python or sandbox_python(config.python, iso)})
+    root = tmp_path / "state"
+    root.mkdir(exist_ok=True)
+    root.chmod(0o711)
+    context = SandboxContext(
+        workspace_root=root / "ws", runner_dir=install_runner(root), isolation=iso
+    )
+    return config.build(context, Limits())
+
+
+async def started(tmp_path: Path, iso: Isolation) -> ProcessSandbox:
+    box = build(tmp_path, iso)
+    await box.start()
+    return box
 
 
 @pytest.fixture(params=["cgroup", "subreaper"])
 async def sandbox(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ProcessSandbox]:
-    if request.param == "cgroup" and TRACKER is None:
+    """A sandbox without namespaces, killed through its cgroup or by its keeper."""
+    if request.param == "cgroup" and NO_NAMESPACES.tracker is None:
         pytest.skip("this host gives no writable cgroup tree")
-    tracker = TRACKER if request.param == "cgroup" else None
-    box = ProcessSandboxConfig().build(tmp_path / "ws", tracker)
-    await box.start()
+    iso = NO_NAMESPACES if request.param == "cgroup" else resolve("none", use_cgroups=False)
+    box = await started(tmp_path, iso)
+    yield box
+    await box.close()
+
+
+@pytest.fixture(params=["cgroup", "subreaper", "bwrap"])
+async def any_sandbox(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[ProcessSandbox]:
+    """Every kind of process sandbox this host can make."""
+    if request.param == "bwrap":
+        if not NAMESPACES.namespaces:
+            pytest.skip("bubblewrap cannot make namespaces here")
+        iso = NAMESPACES
+    elif request.param == "cgroup":
+        iso = NO_NAMESPACES
+    else:
+        iso = resolve("none", use_cgroups=False)
+    box = await started(tmp_path, iso)
     yield box
     await box.close()
 
@@ -59,6 +98,7 @@ def alive(pid: int) -> bool:
 
 LEAVE_DAEMON = """
 import os, sys, time
+open(os.path.join(os.path.dirname({marker!r}), "writable"), "w").write("x")
 r, w = os.pipe()
 if os.fork() == 0:
     os.setsid()
@@ -72,17 +112,18 @@ print(os.read(r, 32).decode(), flush=True)
 """
 
 
-async def test_output_and_result(sandbox: ProcessSandbox) -> None:
-    outcome, out = await run(sandbox, "import sys\nprint('out')\nprint('err', file=sys.stderr)")
+async def test_output_and_result(any_sandbox: ProcessSandbox) -> None:
+    outcome, out = await run(any_sandbox, "import sys\nprint('out')\nprint('err', file=sys.stderr)")
     assert outcome.termination is Termination.RETURNED
     assert out == {StreamKind.STDOUT: b"out\n", StreamKind.STDERR: b"err\n"}
 
 
 async def test_a_finished_call_leaves_no_daemonized_grandchild(
-    sandbox: ProcessSandbox, tmp_path: Path
+    sandbox: ProcessSandbox, host_dir: Path
 ) -> None:
-    marker = tmp_path / "marker"
+    marker = host_dir / "marker"
     outcome, out = await run(sandbox, LEAVE_DAEMON.format(marker=str(marker)))
+    assert (host_dir / "writable").exists()  # the marker could have been written
     assert outcome.termination is Termination.RETURNED
     grandchild = int(out[StreamKind.STDOUT])
     deadline = time.monotonic() + 5
@@ -93,10 +134,11 @@ async def test_a_finished_call_leaves_no_daemonized_grandchild(
     assert not marker.exists()
 
 
-async def test_kill_takes_the_whole_tree(sandbox: ProcessSandbox, tmp_path: Path) -> None:
-    marker = tmp_path / "marker"
+async def test_kill_takes_the_whole_tree(sandbox: ProcessSandbox, host_dir: Path) -> None:
+    marker = host_dir / "marker"
     code = LEAVE_DAEMON.format(marker=str(marker)) + "\nwhile True: pass\n"
     outcome, out = await run(sandbox, code, kill_after=1.0)
+    assert (host_dir / "writable").exists()  # the marker could have been written
     assert outcome.termination is Termination.KILLED
     grandchild = int(out[StreamKind.STDOUT])
     keeper, worker = sandbox.pids
@@ -124,7 +166,10 @@ async def test_a_tool_that_kills_its_keeper_is_reported_and_cleaned_up(
     assert not alive(worker)
 
 
-async def test_junk_on_the_frame_pipe_does_not_confuse_the_result(sandbox: ProcessSandbox) -> None:
+async def test_junk_on_the_frame_pipe_does_not_confuse_the_result(
+    any_sandbox: ProcessSandbox,
+) -> None:
+    sandbox = any_sandbox
     code = (
         "import os\n"
         "for fd in range(64, 80):\n"
@@ -137,15 +182,15 @@ async def test_junk_on_the_frame_pipe_does_not_confuse_the_result(sandbox: Proce
     assert out[StreamKind.STDOUT] == b"ok\n"
 
 
-async def test_sandbox_serves_one_request_only(sandbox: ProcessSandbox) -> None:
+async def test_sandbox_serves_one_request_only(any_sandbox: ProcessSandbox) -> None:
+    sandbox = any_sandbox
     await run(sandbox, "pass")
     with pytest.raises(Exception, match="not ready"):
         await run(sandbox, "pass")
 
 
-async def test_environment_is_scrubbed(
-    sandbox: ProcessSandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_environment_is_scrubbed(any_sandbox: ProcessSandbox) -> None:
+    sandbox = any_sandbox
     outcome, out = await run(sandbox, "import os; print(sorted(os.environ))")
     assert outcome.ok
     names = eval(out[StreamKind.STDOUT])
@@ -163,8 +208,7 @@ async def test_environment_is_scrubbed(
 
 
 async def test_workspace_is_removed_on_close(tmp_path: Path) -> None:
-    box = ProcessSandboxConfig().build(tmp_path / "ws", None)
-    await box.start()
+    box = await started(tmp_path, resolve("none", use_cgroups=False))
     await run(box, "open('f.txt', 'w').write('x')")
     assert (box.workspace / "f.txt").exists()
     await box.close()
@@ -174,7 +218,7 @@ async def test_workspace_is_removed_on_close(tmp_path: Path) -> None:
 async def test_a_broken_interpreter_is_a_clear_start_error(tmp_path: Path) -> None:
     from tooljaild.sandbox.base import SandboxError
 
-    box = ProcessSandboxConfig(python="/nonexistent/python3").build(tmp_path / "ws", None)
+    box = build(tmp_path, resolve("none", use_cgroups=False), python="/nonexistent/python3")
     with pytest.raises(SandboxError, match="/nonexistent/python3"):
         await box.start()
     await box.close()

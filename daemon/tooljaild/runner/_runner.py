@@ -1,12 +1,14 @@
 """The runner: the stdlib-only program that waits inside every sandbox.
 
 It is started ahead of demand by the daemon's pool, as
-``python -I -B _runner.py [--cgroup DIR]`` with these file descriptors:
+``python -I -B _runner.py --frames-fd N [--cgroup-fds A,B]`` (under bubblewrap
+when the host allows), with these file descriptors:
 
     0  request pipe   the daemon writes one JSON line: what to run, and how
     1  stdout pipe    the tool's stdout, raw bytes
     2  stderr pipe    the tool's stderr, raw bytes
-    3  frame pipe     JSON lines from the runner to the daemon (see below)
+    N  frame pipe     JSON lines from the runner to the daemon (see below)
+    A, B              the sandbox's cgroup.procs files, opened by the daemon
 
 Two processes make one sandbox. The *keeper* (the process the daemon started)
 marks itself a child subreaper, forks the *worker* and then only waits: every
@@ -469,11 +471,12 @@ def main() -> None:
     argv = sys.argv[1:]
     options = dict(zip(argv[::2], argv[1::2], strict=False))
     _frame_fd = int(options["--frames-fd"])
-    cgroup = options.get("--cgroup")
-    if cgroup:
-        # Join before forking, so the worker and all it starts are counted.
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
+    # Join the sandbox's cgroups before forking, so the worker and all it starts
+    # are counted. The daemon opened their cgroup.procs files; writing "0" moves
+    # the writer itself, which works from inside pid and user namespaces too.
+    for fd in filter(None, options.get("--cgroup-fds", "").split(",")):
+        os.write(int(fd), b"0")
+        os.close(int(fd))
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     # Text streams that flush at each newline, so streamed lines arrive as printed.
     sys.stdout = io.TextIOWrapper(

@@ -37,6 +37,17 @@ class Limits(BaseModel):
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     output_bytes: int = Field(default=1024**2, ge=1024)
     """Output kept per call for the result (head and tail); the rest is counted only."""
+    sandbox_memory_bytes: int = Field(default=1024**3, ge=0)
+    """Memory of the whole sandbox, every process and its /tmp together (cgroup);
+    past it the kernel kills the tool: error type OutOfMemory."""
+    sandbox_pids: int = Field(default=256, ge=0)
+    """Processes and threads in the whole sandbox (cgroup pids)."""
+    cpus: float = Field(default=1.0, ge=0)
+    """CPU cores the sandbox may use at once (cgroup cpu quota); 0: no cap."""
+    tmp_bytes: int = Field(default=256 * 1024**2, ge=1024**2)
+    """Size of the sandbox's private /tmp and /dev/shm (RAM-backed, each)."""
+    workspace_bytes: int = Field(default=512 * 1024**2, ge=1024**2)
+    """Disk quota of the workspace (under namespaces: a RAM-backed tmpfs of this size)."""
 
     def rlimits(self) -> dict[str, int]:
         return {
@@ -70,6 +81,7 @@ class Termination(enum.StrEnum):
     KILLED = "killed"
     """Killed by the daemon: timeout, cancel or shutdown."""
     CPU_LIMIT = "cpu_limit"
+    OUT_OF_MEMORY = "out_of_memory"
     FILE_SIZE_LIMIT = "file_size_limit"
     RUNNER_LOST = "runner_lost"
     """The sandbox's runner vanished without saying how the tool ended."""

@@ -21,14 +21,16 @@ import shutil
 import signal
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from tooljail._types import StreamKind, ToolError
-from tooljaild.runner import RUNNER_PATH
+from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox.base import (
+    Limits,
     OutputSink,
     RunOutcome,
     RunRequest,
@@ -36,7 +38,8 @@ from tooljaild.sandbox.base import (
     SandboxError,
     Termination,
 )
-from tooljaild.sandbox.cgroups import CgroupTracker
+from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
+from tooljaild.sandbox.isolation import Isolation
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +56,16 @@ def default_python() -> str:
     return os.path.realpath(sys.executable)
 
 
-def _tooldef_path() -> str:
-    import tooljail._tooldef
+@dataclass(frozen=True)
+class SandboxContext:
+    """What the daemon decided once, that every sandbox it builds shares."""
 
-    return str(Path(tooljail._tooldef.__file__).resolve())
+    workspace_root: Path
+    runner_dir: Path
+    """Host directory holding _runner.py and _tooldef.py (see isolation.install_runner)."""
+    isolation: Isolation
+    shared_dirs: tuple[Path, ...] = ()
+    """Tool and files directories: visible read-only, at the same paths, inside."""
 
 
 class ProcessSandboxConfig(BaseModel):
@@ -66,25 +75,31 @@ class ProcessSandboxConfig(BaseModel):
     python: str = Field(default_factory=default_python)
     """The Python interpreter binary that runs the runner and the tools."""
     use_cgroups: bool = True
-    """Track each sandbox in its own cgroup where the host allows it."""
+    """Track (and limit) each sandbox in its own cgroup where the host allows it."""
+    bwrap: str = "bwrap"
+    """The bubblewrap binary: a path, or a name looked up on PATH."""
+    user: str = "nobody"
+    """The host user sandboxes run as when the daemon runs as root."""
     start_timeout_s: float = Field(default=20.0, gt=0)
     """How long a new sandbox may take to say it is ready."""
 
-    def build(self, workspace_root: Path, tracker: CgroupTracker | None) -> ProcessSandbox:
-        return ProcessSandbox(self, workspace_root, tracker if self.use_cgroups else None)
+    def build(self, context: SandboxContext, limits: Limits | None = None) -> ProcessSandbox:
+        return ProcessSandbox(self, context, limits or Limits())
 
 
 class ProcessSandbox(Sandbox):
-    """A runner (keeper + worker) in its own session, working directory and cgroup."""
+    """A runner (keeper + worker) in its own namespaces, session, workspace and cgroup."""
 
     def __init__(
-        self, config: ProcessSandboxConfig, workspace_root: Path, tracker: CgroupTracker | None
+        self, config: ProcessSandboxConfig, context: SandboxContext, limits: Limits
     ) -> None:
         self.id = "sbx-" + uuid.uuid4().hex[:12]
-        self.workspace = workspace_root / self.id
+        self.workspace = context.workspace_root / self.id
         self._config = config
-        self._tracker = tracker
-        self._cgroup: Path | None = None
+        self._context = context
+        self._iso = context.isolation
+        self._limits = limits
+        self._cgroup: SandboxCgroup | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._frames: asyncio.StreamReader | None = None
         self._frames_transport: asyncio.ReadTransport | None = None
@@ -104,52 +119,92 @@ class ProcessSandbox(Sandbox):
 
     @property
     def pids(self) -> tuple[int | None, int | None]:
-        """(keeper, worker) process ids, for tests and diagnostics."""
+        """(host pid of the sandbox's first process, worker pid as the runner sees it).
+
+        Under namespaces the worker's pid is the one inside its pid namespace.
+        """
         return (self._proc.pid if self._proc else None, self._worker_pid)
+
+    @property
+    def namespaced(self) -> bool:
+        return self._iso.namespaces
+
+    @property
+    def workdir(self) -> str:
+        """The workspace as the tool sees it."""
+        return bw.INSIDE_WORKSPACE if self.namespaced else str(self.workspace)
 
     def _base_env(self) -> dict[str, str]:
         return {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(self.workspace),
-            "TMPDIR": str(self.workspace),
+            "HOME": self.workdir,
+            "TMPDIR": "/tmp" if self.namespaced else self.workdir,
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONIOENCODING": "utf-8",
         }
 
+    def _runner_file(self, name: str) -> str:
+        if self.namespaced:
+            return f"{bw.INSIDE_RUNNER_DIR}/{name}"
+        return str(self._context.runner_dir / name)
+
     async def start(self) -> None:
         if self._proc is not None:
             raise SandboxError(f"sandbox {self.id} was already started")
-        self.workspace.mkdir(mode=0o700, parents=True)
-        args = [self._config.python, "-I", "-B", str(RUNNER_PATH)]
-        if self._tracker is not None:
+        if not self.namespaced:
+            # Under namespaces the workspace is a size-capped tmpfs inside the sandbox.
+            self.workspace.mkdir(mode=0o700, parents=True)
+            if self._iso.uid is not None:
+                os.chown(self.workspace, self._iso.uid, self._iso.gid or self._iso.uid)
+        tracker = self._iso.tracker if self._config.use_cgroups else None
+        if tracker is not None:
             try:
-                self._cgroup = await asyncio.to_thread(self._tracker.create, self.id)
+                self._cgroup = await asyncio.to_thread(
+                    tracker.create, self.id, self._cgroup_limits()
+                )
             except OSError as exc:
                 log.warning("no cgroup for %s: %s", self.id, exc)
-        read_fd, write_fd = os.pipe()
-        args += ["--frames-fd", str(write_fd)]
-        if self._cgroup is not None:
-            args += ["--cgroup", str(self._cgroup)]
-        loop = asyncio.get_running_loop()
+        passed: list[int] = []  # descriptors the child inherits; closed here after the spawn
         try:
-            self._proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(write_fd,),
-                start_new_session=True,
-                env=self._base_env(),
-                cwd=self.workspace,
-                limit=READ_CHUNK,
-            )
-        except OSError as exc:
-            os.close(read_fd)
-            raise SandboxError(f"cannot start {self._config.python}: {exc}") from exc
+            read_fd, write_fd = os.pipe()
+            passed.append(write_fd)
+            runner_args = [self._runner_file("_runner.py"), "--frames-fd", str(write_fd)]
+            if self._cgroup is not None:
+                cgroup_fds = self._cgroup.open_procs()
+                passed += cgroup_fds
+                runner_args += ["--cgroup-fds", ",".join(map(str, cgroup_fds))]
+            if self.namespaced:
+                spec = self._bwrap_spec(passed)
+                argv = spec.argv(runner_args)
+                passed += spec.fds()
+                env: dict[str, str] = {}
+            else:
+                argv = [self._config.python, "-I", "-B", *runner_args]
+                env = self._base_env()
+            if self._iso.uid is not None:
+                argv = [*_drop_privileges(self._iso.uid, self._iso.gid), *argv]
+            loop = asyncio.get_running_loop()
+            try:
+                self._proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=tuple(passed),
+                    start_new_session=True,
+                    env=env,
+                    cwd="/" if self.namespaced else self.workspace,
+                    limit=READ_CHUNK,
+                )
+            except OSError as exc:
+                os.close(read_fd)
+                raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
         finally:
-            os.close(write_fd)
+            for fd in passed:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
         protocol = asyncio.StreamReaderProtocol(self._frames, loop=loop)
         transport, _ = await loop.connect_read_pipe(
@@ -171,6 +226,49 @@ class ProcessSandbox(Sandbox):
                 + (stderr.decode(errors="replace").strip() or "no ready signal")
             )
         self._worker_pid = int(ready["worker"])
+
+    def _cgroup_limits(self) -> CgroupLimits:
+        lim = self._limits
+        return CgroupLimits(
+            memory_bytes=lim.sandbox_memory_bytes or None,
+            pids=lim.sandbox_pids or None,
+            cpu_cores=lim.cpus or None,
+        )
+
+    def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
+        """Open what the sandbox binds (descriptors are appended to `passed` at once)."""
+        assert self._iso.bwrap is not None
+
+        def open_dir(path: Path | str) -> int:
+            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            passed.append(fd)
+            return fd
+
+        prefix = bw.python_prefix(self._config.python)
+        seccomp_fd = None
+        if self._iso.seccomp:
+            from tooljaild.sandbox import seccomp
+
+            seccomp_fd = seccomp.filter_fd()
+            passed.append(seccomp_fd)
+        data = []
+        for text in (bw.PASSWD, bw.GROUP):
+            r, w = os.pipe()
+            passed.append(r)
+            os.write(w, text.encode())
+            os.close(w)
+            data.append(r)
+        return bw.BwrapSpec(
+            bwrap=self._iso.bwrap,
+            python=self._config.python,
+            runner_dir_fd=open_dir(self._context.runner_dir),
+            python_prefix=(open_dir(prefix), prefix) if prefix else None,
+            extra_ro=[(open_dir(d), str(d)) for d in self._context.shared_dirs if d.is_dir()],
+            tmp_bytes=self._limits.tmp_bytes,
+            workspace_bytes=self._limits.workspace_bytes,
+            seccomp_fd=seccomp_fd,
+            data_fds=(data[0], data[1]),
+        )
 
     async def _read_frame(self) -> dict[str, Any] | None:
         assert self._frames is not None
@@ -200,9 +298,9 @@ class ProcessSandbox(Sandbox):
             "kind": request.kind,
             **request.payload,
             "limits": request.limits.rlimits(),
-            "cwd": str(self.workspace),
+            "cwd": self.workdir,
             "env": {**self._base_env(), **request.env},
-            "tooldef": _tooldef_path(),
+            "tooldef": self._runner_file("_tooldef.py"),
         }
         try:
             proc.stdin.write(json.dumps(message).encode() + b"\n")
@@ -281,6 +379,18 @@ class ProcessSandbox(Sandbox):
             )
             termination = Termination.EXITED if error.type == "ExitCode" else Termination.RAISED
             return RunOutcome(termination, error=error, exit_code=exit_code, yields=yields)
+        if sig == signal.SIGKILL and self._cgroup is not None and self._cgroup.oom_killed():
+            return RunOutcome(
+                Termination.OUT_OF_MEMORY,
+                signal=int(sig),
+                yields=yields,
+                error=ToolError(
+                    type="OutOfMemory",
+                    message="the sandbox used up its memory "
+                    f"({self._limits.sandbox_memory_bytes} bytes, all its processes "
+                    "together) and the kernel killed the tool",
+                ),
+            )
         if sig:
             return _signal_outcome(int(sig), yields)
         if code is not None:
@@ -311,12 +421,21 @@ class ProcessSandbox(Sandbox):
         proc = self._proc
         if proc is None:
             return
-        if self._cgroup is not None and self._tracker is not None:
+        if self.namespaced and proc.returncode is None:
+            # bubblewrap's pid namespace: when it goes, the kernel kills every
+            # process inside, however it forked.
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if self._cgroup is not None:
             # Everything the tool started is in the cgroup, wherever it forked to.
-            await asyncio.to_thread(self._tracker.kill_and_remove, self._cgroup)
+            await asyncio.to_thread(self._cgroup.kill_and_remove)
             return
-        # No cgroup: kill the worker's session at once, and let the keeper sweep
-        # the orphans it inherited as subreaper.
+        if self.namespaced:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5.0)
+            return
+        # No namespaces, no cgroup: kill the worker's session at once, and let the
+        # keeper sweep the orphans it inherited as subreaper.
         if self._worker_pid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._worker_pid, signal.SIGKILL)
@@ -348,11 +467,29 @@ class ProcessSandbox(Sandbox):
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.feed_eof()
-        if self._cgroup is not None and self._tracker is not None:
-            await asyncio.to_thread(self._tracker.kill_and_remove, self._cgroup)
+        if self._cgroup is not None:
+            await asyncio.to_thread(self._cgroup.kill_and_remove)
         if self._frames_transport is not None:
             self._frames_transport.close()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+
+
+def _drop_privileges(uid: int, gid: int | None) -> list[str]:
+    """The command prefix that runs what follows as uid:gid with no extra groups.
+
+    setpriv (util-linux) does it after exec, so the daemon can spawn with vfork
+    instead of copying its whole address space (Python must fork to set ids).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SandboxError("setpriv (util-linux) is needed to drop to the sandbox uid")
+    return [
+        setpriv,
+        f"--reuid={uid}",
+        f"--regid={gid if gid is not None else uid}",
+        "--clear-groups",
+        "--",
+    ]
 
 
 async def _pump(stream: asyncio.StreamReader, kind: StreamKind, sink: OutputSink) -> None:

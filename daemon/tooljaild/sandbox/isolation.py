@@ -1,0 +1,289 @@
+"""Which isolation features this host gives the process backend, and the level asked for.
+
+Levels:
+- `strict`: every feature must be active, or the daemon refuses to start and
+  says which is missing and how to enable it.
+- `best-effort` (default): use what the host has; say what is missing in the
+  startup log and in `tooljail doctor`.
+- `none`: rlimits, a private working directory and process-tree tracking only
+  (no namespaces): for hosts where tools are trusted, or for debugging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tooljaild.runner import RUNNER_PATH
+from tooljaild.sandbox import bwrap as bw
+from tooljaild.sandbox.cgroups import CgroupTracker
+
+log = logging.getLogger(__name__)
+
+Level = Literal["strict", "best-effort", "none"]
+
+
+class IsolationError(Exception):
+    """Strict isolation was asked for and a feature is missing; the message says which."""
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    status: Literal["active", "missing", "n/a"]
+    detail: str
+    required: bool = True
+    """Whether `strict` needs it."""
+
+
+@dataclass
+class Isolation:
+    """What the process backend uses on this host, decided once at startup."""
+
+    level: Level
+    bwrap: str | None = None
+    """The bubblewrap binary when namespaces are used."""
+    uid: int | None = None
+    """The host uid sandboxes run as, when the daemon runs as root."""
+    gid: int | None = None
+    seccomp: bool = False
+    tracker: CgroupTracker | None = None
+    features: list[Feature] = field(default_factory=list)
+
+    @property
+    def namespaces(self) -> bool:
+        return self.bwrap is not None
+
+    def missing(self) -> list[Feature]:
+        return [f for f in self.features if f.status == "missing" and f.required]
+
+
+def resolve(
+    level: Level,
+    *,
+    bwrap: str = "bwrap",
+    sandbox_user: str = "nobody",
+    use_cgroups: bool = True,
+) -> Isolation:
+    """Find out what this host provides and decide what to use.
+
+    Raises:
+        IsolationError: `strict` and a required feature is missing.
+    """
+    iso = Isolation(level=level)
+    feats = iso.features
+    root = os.geteuid() == 0
+
+    if root:
+        try:
+            entry = pwd.getpwnam(sandbox_user)
+            iso.uid, iso.gid = entry.pw_uid, entry.pw_gid
+            feats.append(
+                Feature(
+                    "unprivileged uid",
+                    "active",
+                    f"sandboxes run as {sandbox_user} (uid {iso.uid}), never root",
+                )
+            )
+        except KeyError:
+            feats.append(
+                Feature(
+                    "unprivileged uid",
+                    "missing",
+                    f"no user {sandbox_user!r}: create it (useradd --system "
+                    f"{sandbox_user}) or set sandbox.user",
+                )
+            )
+    else:
+        feats.append(
+            Feature("unprivileged uid", "active", f"the daemon itself runs as uid {os.geteuid()}")
+        )
+
+    tracker = CgroupTracker.detect() if use_cgroups else None
+    iso.tracker = tracker
+    if tracker is not None:
+        where = ", ".join(map(str, tracker.bases))
+        feats.append(
+            Feature(
+                "cgroup tracking",
+                "active",
+                f"v{tracker.version} at {where}: every process of a call is found and killed",
+                required=False,
+            )
+        )
+        limits = sorted(tracker.controllers)
+        lacking = sorted({"memory", "pids", "cpu"} - tracker.controllers)
+        feats.append(
+            Feature(
+                "cgroup limits",
+                "missing" if {"memory", "pids"} - tracker.controllers else "active",
+                f"limits the whole sandbox: {', '.join(limits) or 'nothing'}"
+                + (f"; not delegated: {', '.join(lacking)}" if lacking else ""),
+            )
+        )
+    else:
+        how = (
+            "run as root, or under systemd with Delegate=yes; the runner's subreaper "
+            "sweep is used instead"
+        )
+        feats.append(
+            Feature("cgroup tracking", "missing", f"no writable cgroup tree: {how}", required=False)
+        )
+        feats.append(
+            Feature(
+                "cgroup limits",
+                "missing",
+                "no writable cgroup tree: memory and pids of the whole sandbox "
+                "are not bounded, only each process's rlimits",
+            )
+        )
+
+    if level == "none":
+        feats.append(Feature("namespaces (bubblewrap)", "n/a", "isolation = none"))
+        feats.append(Feature("seccomp filter", "n/a", "isolation = none"))
+        return iso
+
+    found = bw.find_bwrap(bwrap)
+    if found is None:
+        feats.append(
+            Feature(
+                "namespaces (bubblewrap)",
+                "missing",
+                f"{bwrap} not found: apt-get install bubblewrap (or set sandbox.bwrap to its path)",
+            )
+        )
+    else:
+        ok, why = bw.probe(found, iso.uid)
+        if ok:
+            iso.bwrap = found
+            feats.append(
+                Feature(
+                    "namespaces (bubblewrap)",
+                    "active",
+                    f"{found}: user, pid, net, ipc, uts, mount, cgroup namespaces; "
+                    "read-only system; private /tmp; no network by default",
+                )
+            )
+        else:
+            feats.append(Feature("namespaces (bubblewrap)", "missing", why))
+
+    try:
+        from tooljaild.sandbox import seccomp
+
+        available, why = seccomp.available()
+    except ImportError as exc:  # pragma: no cover - the module ships with the daemon
+        available, why = False, str(exc)
+    if available and iso.bwrap is not None:
+        iso.seccomp = True
+        feats.append(
+            Feature(
+                "seccomp filter",
+                "active",
+                "mount, ptrace, bpf, keyctl, io_uring, new user namespaces, ... denied",
+            )
+        )
+    elif available:
+        feats.append(Feature("seccomp filter", "missing", "needs bubblewrap to be applied"))
+    else:
+        feats.append(Feature("seccomp filter", "missing", why))
+
+    missing = iso.missing()
+    if level == "strict" and missing:
+        raise IsolationError(
+            "isolation = strict, but this host lacks: "
+            + "; ".join(f"{f.name}: {f.detail}" for f in missing)
+        )
+    for f in missing:
+        log.warning(
+            "isolation feature missing: %s: %s",
+            f.name,
+            f.detail,
+            extra={"feature": f.name, "level": level},
+        )
+    return iso
+
+
+def reachable(path: Path, uid: int, gid: int) -> bool:
+    """Whether `uid` can walk every directory down to `path` (bubblewrap needs it).
+
+    bubblewrap resolves bind sources as the sandbox's uid, even those passed
+    as descriptors, so every ancestor needs the search bit for that uid.
+    """
+    current = Path("/")
+    for part in path.resolve().parts[1:]:
+        try:
+            st = current.stat()
+        except OSError:
+            return False
+        if st.st_uid == uid:
+            bit = 0o100
+        elif st.st_gid == gid:
+            bit = 0o010
+        else:
+            bit = 0o001
+        if not st.st_mode & bit:
+            return False
+        current = current / part
+    return True
+
+
+def sandbox_python(configured: str, iso: Isolation) -> str:
+    """The interpreter sandboxes run: the configured one if the sandbox uid can reach it.
+
+    A daemon installed under /root (pyenv, a venv) has an interpreter the
+    unprivileged sandbox uid cannot reach; the system's python3 serves then,
+    since the runner needs nothing but the standard library.
+
+    Raises:
+        IsolationError: Neither is usable.
+    """
+    if not iso.namespaces or iso.uid is None:
+        return configured
+    gid = iso.gid if iso.gid is not None else iso.uid
+    if reachable(Path(configured), iso.uid, gid):
+        return configured
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(candidate).exists() and reachable(Path(candidate), iso.uid, gid):
+            import subprocess
+
+            version = subprocess.run(
+                [candidate, "-c", "import sys; print(sys.version_info >= (3, 11))"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            if version == "True":
+                log.warning(
+                    "the sandbox uid cannot reach %s; sandboxes use %s", configured, candidate
+                )
+                return candidate
+    raise IsolationError(
+        f"the sandbox user (uid {iso.uid}) cannot reach the interpreter {configured}, and no "
+        "system python3 >= 3.11 was found: install python3, or set sandbox.python to an "
+        "interpreter every user can reach"
+    )
+
+
+def install_runner(state_dir: Path) -> Path:
+    """Copy the runner and the tool decorator where every sandbox can read them.
+
+    They are bound read-only into sandboxes; a copy keeps the sandbox's view
+    independent of where (and with which permissions) the daemon is installed.
+    """
+    import tooljail._tooldef
+
+    target = state_dir / "runner"
+    target.mkdir(parents=True, exist_ok=True)
+    target.chmod(0o755)
+    for source in (RUNNER_PATH, Path(tooljail._tooldef.__file__)):
+        dest = target / source.name
+        tmp = dest.with_suffix(".tmp")
+        shutil.copyfile(source, tmp)
+        tmp.chmod(0o644)
+        tmp.replace(dest)
+    return target
