@@ -79,6 +79,7 @@ class Call:
         fingerprint: str,
         timeout_s: float,
         settings: Settings,
+        limits: Limits,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.call_id = call_id
@@ -86,12 +87,13 @@ class Call:
         self.arguments = arguments
         self.fingerprint = fingerprint
         self.timeout_s = timeout_s
+        self.limits = limits
         self.state = CallState.QUEUED
         self.sandbox_id = ""
         self.created = time.monotonic()
         self.started_at: float | None = None
         self.events = EventLog(settings.event_buffer_bytes)
-        limit = max(1024, settings.limits.output_bytes // 2)
+        limit = max(1024, limits.output_bytes // 2)
         self.stdout = HeadTail(limit)
         self.stderr = HeadTail(limit)
         self.started: asyncio.Future[str] = loop.create_future()
@@ -109,6 +111,9 @@ class Call:
         elif stream is StreamKind.STDERR:
             self.stderr.add(data)
         self.events.append(stream, data)
+        limit = self.limits.output_limit_bytes
+        if limit and self.stdout.total + self.stderr.total > limit:
+            self.request_stop("output_limit")
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -194,7 +199,9 @@ class CallManager:
                 "try again shortly",
                 retry_after_s=1.0,
             )
-        call = Call(call_id, tool, arguments, fingerprint, timeout, self._settings)
+        call = Call(
+            call_id, tool, arguments, fingerprint, timeout, self._settings, self._limits_for(tool)
+        )
         self._calls[call_id] = call
         self._active += 1
         task = asyncio.create_task(self._run(call), name=f"call-{call_id}")
@@ -345,11 +352,15 @@ class CallManager:
         finally:
             self._pool.release(sandbox)
 
-    def _request(self, call: Call) -> RunRequest:
-        tool, args = call.tool, call.arguments
+    def _limits_for(self, tool: Tool) -> Limits:
         limits = self._settings.limits
         if tool.options.limits:
             limits = Limits.model_validate({**limits.model_dump(), **tool.options.limits})
+        return limits
+
+    def _request(self, call: Call) -> RunRequest:
+        tool, args = call.tool, call.arguments
+        limits = call.limits
         if tool.builtin in ("execute_python_code", "execute_python_code_stream"):
             return RunRequest("code", {"code": args["code"]}, limits)
         if tool.builtin == "execute_python_file":
@@ -431,6 +442,17 @@ class CallManager:
                     }
                 )
             return self._timeout_result(call, still_running=False)
+        if reason == "output_limit":
+            limit = call.limits.output_limit_bytes
+            return self._base(
+                call,
+                status=CallStatus.ERROR,
+                effect=Effect.UNKNOWN,
+                message=f"The tool wrote more than {limit} bytes of output and was stopped. "
+                "It may have taken effect in part: check before calling it again.",
+                data=self._python_data(call, None) if python else None,
+                error=ToolError(type="OutputLimit", message=f"output past {limit} bytes"),
+            )
         if reason in ("cancelled", "shutdown"):
             return self._base(
                 call,

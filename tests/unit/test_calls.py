@@ -336,3 +336,22 @@ async def test_get_forgets_beyond_the_bound(tmp_path: Path) -> None:
     with pytest.raises(CallNotFoundError):
         h.manager.get(ids[0])
     assert h.manager.get(ids[2]).state is CallState.SUCCEEDED
+
+
+async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
+    from tooljaild.sandbox.base import Limits
+
+    h = Harness(tmp_path, [user_tool()], limits=Limits(output_limit_bytes=10_000))
+
+    async def chatty_forever(request: RunRequest, sink: OutputSink) -> RunOutcome:
+        while True:
+            sink(StreamKind.STDOUT, b"x" * 1000 + b"\n")
+            await asyncio.sleep(0.001)
+
+    h.script = chatty_forever
+    call = h.manager.submit("execute_python_code", '{"code": "x"}')
+    result = await asyncio.wait_for(call.caller_result, 5)
+    assert (result.status, result.effect) == (CallStatus.ERROR, Effect.UNKNOWN)
+    assert result.error is not None and result.error.type == "OutputLimit"
+    assert "10000 bytes" in result.message
+    assert h.sandboxes[0].killed

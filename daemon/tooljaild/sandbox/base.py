@@ -37,6 +37,10 @@ class Limits(BaseModel):
     """Open file descriptors per process (RLIMIT_NOFILE)."""
     output_bytes: int = Field(default=1024**2, ge=1024)
     """Output kept per call for the result (head and tail); the rest is counted only."""
+    output_limit_bytes: int = Field(default=1024**3, ge=0)
+    """Output a call may write in all (stdout and stderr); past it the tool is
+    stopped: error type OutputLimit. 0: no limit (the result still keeps only
+    head and tail)."""
     sandbox_memory_bytes: int = Field(default=1024**3, ge=0)
     """Memory of the whole sandbox, every process and its /tmp together (cgroup);
     past it the kernel kills the tool: error type OutOfMemory."""

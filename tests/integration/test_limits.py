@@ -1,0 +1,43 @@
+"""Limits that end a call, each with its own typed reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tests.conftest import RunningDaemon
+from tooljail import CallStatus, Client, Effect
+
+
+@pytest.mark.isolation
+def test_the_sandbox_memory_limit_ends_in_an_out_of_memory_result(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    daemon = start_daemon(env={"TOOLJAIL_LIMITS__SANDBOX_MEMORY_BYTES": str(128 * 1024**2)})
+    code = (
+        "chunks = []\nfor _ in range(40):\n    chunks.append(bytearray(16 * 2**20))\nprint('fit')"
+    )
+    with Client(daemon.target) as client:
+        result = client.call("execute_python_code", {"code": code}, timeout=60)
+    assert result.status is CallStatus.ERROR, result
+    assert result.error is not None and result.error.type == "OutOfMemory", result.error
+    assert "memory" in result.message
+    assert result.data["stdout"] == ""
+    daemon.assert_serving()
+
+
+def test_endless_output_is_stopped_at_the_output_limit(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    daemon = start_daemon(env={"TOOLJAIL_LIMITS__OUTPUT_LIMIT_BYTES": str(20 * 1024**2)})
+    code = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536 + '\\n')"
+    with Client(daemon.target) as client:
+        result = client.call("execute_python_code", {"code": code}, timeout=60)
+    assert result.status is CallStatus.ERROR, result
+    assert result.effect is Effect.UNKNOWN
+    assert result.error is not None and result.error.type == "OutputLimit"
+    assert result.truncated
+    assert result.output_bytes > 20 * 1024**2
+    assert result.duration_s < 30
+    daemon.assert_serving()
