@@ -1,18 +1,25 @@
-"""tooljail vs. a fresh `python -c` per call, measured side by side in one run.
+"""tooljail vs. a fresh `python -c` per call, and vs. the ways to isolate without a pool.
 
-    .venv/bin/python bench/bench_calls.py            # full run (N=200, M=400)
+    .venv/bin/python bench/bench_calls.py            # full run (N=200, M=500, ~2-3 min)
     .venv/bin/python bench/bench_calls.py --quick    # smoke test (N=40, M=80)
     .venv/bin/python bench/bench_calls.py --sweep-pool-sizes 2,4,8   # + throughput per pool size
 
-Baseline (b): `subprocess.run([python, "-c", "print(1)"])`, python being the real
-interpreter binary (symlinks and pyenv shims resolved).
-tooljail (t): `execute_python_code("print(1)")` through a daemon this script
-starts (`python -m tooljaild serve` on a private Unix socket) and stops (SIGTERM).
+Four sides, all measured in the same run (issue 3, section 7):
 
-Both sides are measured in alternating blocks (b t t b b t ...) with a pause
-until the CPUs are quiet between blocks, so that machine noise falls on both
-and neither side's background work (the pool refilling, zombies being reaped)
-is billed to the other. Ratios are tooljail / baseline. See bench/README.md.
+tooljail (t): `execute_python_code("print(1)")` through a daemon this script
+starts (`python -m tooljaild serve` on a private Unix socket, default isolation
+best-effort, warm pool) and stops (SIGTERM).
+no pool (a): the same through a second daemon started with `--pool-size 0`:
+every call starts its sandbox on the call path.
+baseline (b): `subprocess.run([python, "-c", "print(1)"])`, python being the real
+interpreter binary (symlinks and pyenv shims resolved).
+bare bwrap (c): `bwrap --unshare-all ... -- /usr/bin/python3 -c "print(1)"` per
+call: the floor of isolating each call with bubblewrap and a fresh interpreter.
+
+All sides are measured in alternating blocks (b t a c, c a t b, ...) with a pause
+until the CPUs are quiet between blocks, so that machine noise falls on all of
+them and no side's background work (the pool refilling, zombies being reaped)
+is billed to another. Ratios are side / baseline (b). See bench/README.md.
 
 Only the standard library, the tooljail SDK and grpc's health service are used.
 """
@@ -20,6 +27,7 @@ Only the standard library, the tooljail SDK and grpc's health service are used.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import platform
@@ -31,7 +39,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,7 +51,8 @@ from tooljail import Client, Output, ToolResult
 DEFAULT_POOL_SIZE = 4  # best of 2/4/8 for concurrency-8 throughput on the 2-core VMs
 CODE = "print(1)"
 STREAM_CODE = "print('hi', flush=True); import time; time.sleep(0.2)"
-REAL_PYTHON = os.path.realpath(sys.executable)
+REAL_PYTHON = os.path.realpath(sys.executable)  # --baseline-python changes it
+BWRAP_PYTHON = "/usr/bin/python3"
 SETTLED = [0.0]  # seconds spent waiting for quiet CPUs between blocks
 
 
@@ -76,7 +87,7 @@ def settle(max_wait: float = 3.0, window: float = 0.1, busy_below: float = 0.2) 
     return waited
 
 
-# --------------------------------------------------------------------------- the two sides
+# --------------------------------------------------------------------------- the sides
 
 
 def baseline_call() -> None:
@@ -91,19 +102,6 @@ def tooljail_call(client: Client) -> None:
     result = client.call("execute_python_code", {"code": CODE})
     if not result.ok or result.data.get("stdout") != "1\n":
         raise RuntimeError(f"tooljail call failed: {result!r}")
-
-
-def baseline_first_output() -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([REAL_PYTHON, "-c", STREAM_CODE], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    first = time.perf_counter() - t0
-    proc.stdout.read()
-    proc.stdout.close()
-    if proc.wait() != 0 or line != b"hi\n":
-        raise RuntimeError(f"baseline stream failed: {line!r}")
-    return first
 
 
 def tooljail_first_output(client: Client) -> float:
@@ -121,6 +119,56 @@ def tooljail_first_output(client: Client) -> float:
     if first is None or result is None or not result.ok:
         raise RuntimeError(f"tooljail stream failed: {result!r}")
     return first
+
+
+def bwrap_argv() -> tuple[list[str] | None, str]:
+    """The bare-bubblewrap prefix for side (c), or None and why it is skipped."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return None, "bwrap is not on PATH (Debian package bubblewrap)"
+    if not os.path.exists(BWRAP_PYTHON):
+        return None, f"{BWRAP_PYTHON} does not exist"
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for name in ("lib", "lib64", "bin"):
+        path = "/" + name
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--"]
+    probe = subprocess.run([*argv, BWRAP_PYTHON, "-c", CODE], capture_output=True)
+    if probe.returncode != 0 or probe.stdout != b"1\n":
+        err = probe.stderr.decode(errors="replace").strip().splitlines()
+        return None, f"a probe call failed ({probe.returncode}): {err[-1] if err else ''}"
+    return argv, ""
+
+
+def bwrap_call(prefix: list[str]) -> None:
+    proc = subprocess.run([*prefix, BWRAP_PYTHON, "-c", CODE], capture_output=True)
+    if proc.returncode != 0 or proc.stdout != b"1\n":
+        raise RuntimeError(f"bwrap call failed: {proc.returncode} {proc.stdout!r} {proc.stderr!r}")
+
+
+def popen_first_output(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    first = time.perf_counter() - t0
+    proc.stdout.read()
+    proc.stdout.close()
+    if proc.wait() != 0 or line != b"hi\n":
+        raise RuntimeError(f"stream of {argv[0]} failed: {line!r}")
+    return first
+
+
+def baseline_first_output() -> float:
+    return popen_first_output([REAL_PYTHON, "-c", STREAM_CODE])
+
+
+def bwrap_first_output(prefix: list[str]) -> float:
+    return popen_first_output([*prefix, BWRAP_PYTHON, "-c", STREAM_CODE])
 
 
 # --------------------------------------------------------------------------- measurements
@@ -186,22 +234,32 @@ def tooljail_caller(target: str) -> Callable[[], tuple[Callable[[], None], Calla
 
 
 def alternating(
-    sides: dict[str, Callable[[int], object]], total: int, block: int
-) -> dict[str, list]:
-    """Run `total` units per side in blocks, order b t t b b t ..., settling between blocks."""
-    results: dict[str, list] = {name: [] for name in sides}
+    sides: dict[str, tuple[Callable[[int], object], int]], rounds: int
+) -> dict[str, list[Any]]:
+    """Run each side's total in `rounds` blocks, order b t a c, c a t b, ...
+
+    Settles before each block. `sides` maps a name to (run k units, total units);
+    a side with a smaller total gets proportionally smaller blocks in the same rounds.
+    """
+    results: dict[str, list[Any]] = {name: [] for name in sides}
     names = list(sides)
-    done = 0
-    rnd = 0
-    while done < total:
-        size = min(block, total - done)
+    for rnd in range(rounds):
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
-            settle()
-            results[name].append(sides[name](size))
-        done += size
-        rnd += 1
+            run, total = sides[name]
+            size = total // rounds + (1 if rnd < total % rounds else 0)
+            if size > 0:
+                settle()
+                results[name].append(run(size))
     return results
+
+
+def repeat(fn: Callable[[], float], k: int) -> list[float]:
+    return [fn() for _ in range(k)]
+
+
+def flat(blocks: list[list[float]]) -> list[float]:
+    return [x for blk in blocks for x in blk]
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -211,6 +269,9 @@ class Daemon:
     def __init__(self, pool_size: int) -> None:
         self.pool_size = pool_size
         self.tmp = Path(tempfile.mkdtemp(prefix="tjbench-"))
+        # mkdtemp makes it 0700; the daemon refuses a state dir the sandbox uid
+        # (nobody) cannot walk through. 0711: passable, not listable.
+        os.chmod(self.tmp, 0o711)
         self.target = f"unix://{self.tmp}/s.sock"
         self.log_path = self.tmp / "daemon.log"
         argv = [
@@ -229,7 +290,16 @@ class Daemon:
         ]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        self.startup_s = self._wait_serving()
+        try:
+            self.startup_s = self._wait_serving()
+        except BaseException:
+            self.stop()  # and remove the temp dir: the error carries the log tail
+            raise
+
+    def log_lines(self, contains: str) -> list[str]:
+        return [
+            ln for ln in self.log_path.read_text(errors="replace").splitlines() if contains in ln
+        ]
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -270,44 +340,84 @@ class Daemon:
 
 # --------------------------------------------------------------------------- main
 
+SIDES = {  # name: (column header, description)
+    "t": ("tooljail", "tooljail, warm pool"),
+    "a": ("no pool", "tooljail, --pool-size 0"),
+    "b": ("python -c", "subprocess.run([python, '-c', code])"),
+    "c": ("bare bwrap", "bwrap --unshare-all ... python3 -c, per call"),
+}
+TARGETS = (  # issue 3, section 7: (row key, label, <= or >=, bound)
+    ("p50", "p50 round trip, {n} back-to-back calls", "<=", 0.10),
+    ("tput", "throughput, {m} calls at concurrency {c}", ">=", 3.0),
+    ("first", "first streamed line, p50 of {f}", "<=", 0.10),
+)
+
 
 def fmt_ms(s: float) -> str:
     return f"{s * 1000:8.1f}"
 
 
-def throughput_pair(target: str, m: int, concurrency: int, block: int) -> tuple[float, float]:
+def doctor_report() -> list[str]:
+    """`tooljail doctor --json`, run once: what isolation the daemons get on this host."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tooljaild", "doctor", "--json"], capture_output=True, text=True
+    )
+    try:
+        features = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return [f"  (tooljail doctor --json failed, rc {proc.returncode}: {proc.stderr[-300:]})"]
+    out = []
+    for feat in features:
+        detail = str(feat.get("detail", ""))
+        if len(detail) > 80:
+            detail = detail[:77] + "..."
+        out.append(f"  {feat.get('name', '?'):25} {feat.get('status', '?'):14} {detail}")
+    return out
+
+
+def throughput_pair(target: str, m: int, concurrency: int, rounds: int) -> tuple[float, float]:
     """Calls/s of (baseline, tooljail), M calls each, in alternating blocks."""
     res = alternating(
         {
-            "b": lambda k: concurrent_run(baseline_caller, k, concurrency),
-            "t": lambda k: concurrent_run(tooljail_caller(target), k, concurrency),
+            "b": (lambda k: concurrent_run(baseline_caller, k, concurrency), m),
+            "t": (lambda k: concurrent_run(tooljail_caller(target), k, concurrency), m),
         },
-        m,
-        block,
+        rounds,
     )
     return m / sum(res["b"]), m / sum(res["t"])
 
 
-def warm_up(client: Client, target: str, n: int, concurrency: int) -> None:
-    for _ in range(n):
-        baseline_call()
-        tooljail_call(client)
-    concurrent_run(baseline_caller, 2 * concurrency, concurrency)
-    concurrent_run(tooljail_caller(target), 2 * concurrency, concurrency)
+def rounds_for(total: int, block: int) -> int:
+    return max(1, math.ceil(total / block))
 
 
 def main(argv: list[str] | None = None) -> int:
+    global REAL_PYTHON
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, help="N: serial calls per side (default 200; quick 40)")
     ap.add_argument(
         "--concurrent-calls",
         type=int,
-        help="M: calls per side at concurrency 8 (default 400; quick 80)",
+        help="M: calls per side at concurrency 8 (default 500; quick 80)",
+    )
+    ap.add_argument(
+        "--no-pool-calls",
+        type=int,
+        help="serial calls for side (a), --pool-size 0 (default N; fewer if it is too slow)",
+    )
+    ap.add_argument(
+        "--no-pool-concurrent-calls",
+        type=int,
+        help="concurrent calls for side (a) (default M)",
     )
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--stream-samples", type=int, help="first-output samples (default 20; quick 6)")
     ap.add_argument("--warmup", type=int, default=10, help="serial warm-up calls per side")
     ap.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE)
+    ap.add_argument(
+        "--baseline-python",
+        help="interpreter of side (b) (default: the real binary of this venv's python)",
+    )
     ap.add_argument(
         "--sweep-pool-sizes",
         default="",
@@ -315,96 +425,172 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
     args = ap.parse_args(argv)
+    if args.baseline_python:
+        REAL_PYTHON = os.path.realpath(args.baseline_python)
     n = args.calls or (40 if args.quick else 200)
-    m = args.concurrent_calls or (80 if args.quick else 400)
+    m = args.concurrent_calls or (80 if args.quick else 500)
     f = args.stream_samples or (6 if args.quick else 20)
     c = args.concurrency
-    serial_block = max(10, n // 4)
-    conc_block = max(c * 2, m // 4)
+    n_a = args.no_pool_calls or n
+    m_a = args.no_pool_concurrent_calls or m
+    serial_rounds = rounds_for(n, max(10, n // 4))
+    conc_rounds = rounds_for(m, max(c * 2, m // 4))
 
     print(
         f"machine: nproc={os.cpu_count()} python={platform.python_version()} "
         f"({platform.machine()}, {platform.system()} {platform.release()}) "
         f"loadavg={os.getloadavg()[0]:.2f}"
     )
-    print(f"baseline interpreter: {REAL_PYTHON}")
     print(
         f"N={n} serial calls, M={m} calls at concurrency {c}, {f} stream samples, "
-        f"warm-up {args.warmup}, pool size {args.pool_size}",
+        f"warm-up {args.warmup}, pool size {args.pool_size}; "
+        f"side (a) on {n_a} serial and {m_a} concurrent calls",
         flush=True,
     )
+    print("isolation (tooljail doctor --json, best-effort, run once):")
+    for line in doctor_report():
+        print(line)
+    bw_prefix, bw_skip = bwrap_argv()
+    if bw_prefix is None:
+        print(f"side (c) skipped: {bw_skip}")
 
     t_start = time.monotonic()
-    daemon = Daemon(args.pool_size)
-    print(
-        f"daemon serving after {daemon.startup_s * 1000:.0f} ms (pid {daemon.process.pid})",
-        flush=True,
-    )
+    daemons: dict[str, Daemon] = {}
     try:
-        with Client(daemon.target) as client:
-            warm_up(client, daemon.target, args.warmup, c)
+        daemons["t"] = Daemon(args.pool_size)
+        daemons["a"] = Daemon(0)
+        for name, d in daemons.items():
+            print(
+                f"daemon ({name}) pool size {d.pool_size}: serving after "
+                f"{d.startup_s * 1000:.0f} ms (pid {d.process.pid})",
+                flush=True,
+            )
+        sandbox_py = "see 'sandbox python' above"
+        for ln in daemons["t"].log_lines("sandboxes use "):  # the daemon fell back
+            sandbox_py = ln.split("sandboxes use ", 1)[1].split('"', 1)[0]
+        print(
+            f"interpreters: (b) {REAL_PYTHON}; (c) {BWRAP_PYTHON}; (t)/(a) sandboxes: {sandbox_py}",
+            flush=True,
+        )
+        with Client(daemons["t"].target) as ct, Client(daemons["a"].target) as ca:
+            names = ["b", "t", "a"] + (["c"] if bw_prefix is not None else [])
+            prefix = bw_prefix or []
+            serial: dict[str, Callable[[], None]] = {
+                "b": baseline_call,
+                "t": lambda: tooljail_call(ct),
+                "a": lambda: tooljail_call(ca),
+                "c": lambda: bwrap_call(prefix),
+            }
+            callers = {
+                "b": baseline_caller,
+                "t": tooljail_caller(daemons["t"].target),
+                "a": tooljail_caller(daemons["a"].target),
+                "c": lambda: ((lambda: bwrap_call(prefix)), lambda: None),
+            }
+            streams: dict[str, Callable[[], float]] = {
+                "b": baseline_first_output,
+                "t": lambda: tooljail_first_output(ct),
+                "a": lambda: tooljail_first_output(ca),
+                "c": lambda: bwrap_first_output(prefix),
+            }
+            n_of = {"b": n, "t": n, "a": n_a, "c": n}
+            m_of = {"b": m, "t": m, "a": m_a, "c": m}
 
+            phase = time.monotonic()
+            for name in names:
+                for _ in range(args.warmup):
+                    serial[name]()
+                concurrent_run(callers[name], 2 * c, c)
+            print(f"warm-up: {time.monotonic() - phase:.0f} s", flush=True)
+
+            phase = time.monotonic()
             lat = alternating(
-                {
-                    "b": lambda k: serial_latencies(baseline_call, k),
-                    "t": lambda k: serial_latencies(lambda: tooljail_call(client), k),
-                },
-                n,
-                serial_block,
+                {k: (partial(serial_latencies, serial[k]), n_of[k]) for k in names},
+                serial_rounds,
             )
-            lat_b = [x for blk in lat["b"] for x in blk]
-            lat_t = [x for blk in lat["t"] for x in blk]
+            lat_of = {k: flat(v) for k, v in lat.items()}
+            print(f"latency, c=1: {time.monotonic() - phase:.0f} s", flush=True)
 
-            tput_b, tput_t = throughput_pair(daemon.target, m, c, conc_block)
+            phase = time.monotonic()
+            conc = alternating(
+                {k: (partial(concurrent_run, callers[k], concurrency=c), m_of[k]) for k in names},
+                conc_rounds,
+            )
+            tput_of = {k: m_of[k] / sum(v) for k, v in conc.items()}
+            print(f"throughput, c={c}: {time.monotonic() - phase:.0f} s", flush=True)
 
+            phase = time.monotonic()
             first = alternating(
-                {
-                    "b": lambda k: [baseline_first_output() for _ in range(k)],
-                    "t": lambda k: [tooljail_first_output(client) for _ in range(k)],
-                },
+                {k: (partial(repeat, streams[k]), f) for k in names},
                 f,
-                1,
             )
-            first_b = [x for blk in first["b"] for x in blk]
-            first_t = [x for blk in first["t"] for x in blk]
+            first_of = {k: flat(v) for k, v in first.items()}
+            print(f"first output: {time.monotonic() - phase:.0f} s", flush=True)
     except BaseException:
-        print(f"--- daemon log (tail) ---\n{daemon.log_tail()}", file=sys.stderr)
-        daemon.stop()
+        for name, d in daemons.items():
+            print(f"--- daemon ({name}) log (tail) ---\n{d.log_tail()}", file=sys.stderr)
+            d.stop()
         raise
-    rc = daemon.stop()
+    rcs = {name: d.stop() for name, d in daemons.items()}
 
-    rows = [
-        (
-            "latency p50, c=1 (ms)",
-            fmt_ms(percentile(lat_b, 50)),
-            fmt_ms(percentile(lat_t, 50)),
-            percentile(lat_t, 50) / percentile(lat_b, 50),
-        ),
-        (
-            "latency p99, c=1 (ms)",
-            fmt_ms(percentile(lat_b, 99)),
-            fmt_ms(percentile(lat_t, 99)),
-            percentile(lat_t, 99) / percentile(lat_b, 99),
-        ),
-        (f"throughput, c={c} (calls/s)", f"{tput_b:8.1f}", f"{tput_t:8.1f}", tput_t / tput_b),
-        (
-            "first output p50 (ms)",
-            fmt_ms(percentile(first_b, 50)),
-            fmt_ms(percentile(first_t, 50)),
-            percentile(first_t, 50) / percentile(first_b, 50),
-        ),
-        (
-            "first output max (ms)",
-            fmt_ms(max(first_b)),
-            fmt_ms(max(first_t)),
-            max(first_t) / max(first_b),
-        ),
+    metrics: list[tuple[str, str, Callable[[str], float], bool]] = [
+        ("p50", "latency p50, c=1 (ms)", lambda k: percentile(lat_of[k], 50), True),
+        ("p99", "latency p99, c=1 (ms)", lambda k: percentile(lat_of[k], 99), True),
+        ("tput", f"throughput, c={c} (calls/s)", lambda k: tput_of[k], False),
+        ("first", "first output p50 (ms)", lambda k: percentile(first_of[k], 50), True),
+        ("firstmax", "first output max (ms)", lambda k: max(first_of[k]), True),
     ]
+    cols = ["t", "a", "b", "c"]
+    ratio_cols = ["t", "a", "c"]
     print()
-    print(f"{'metric':30} {'baseline':>9} {'tooljail':>9} {'t/b':>7}")
-    for name, b, t, ratio in rows:
-        print(f"{name:30} {b:>9} {t:>9} {ratio:7.2f}")
-    print("(latency ratio < 1: tooljail faster; throughput ratio > 1: tooljail faster)")
+    print(
+        f"{'':28}"
+        + "".join(f" {'(' + k + ')':>10}" for k in cols)
+        + "".join(f" {k + '/b':>6}" for k in ratio_cols)
+    )
+    print(f"{'metric':28}" + "".join(f" {SIDES[k][0]:>10}" for k in cols))
+    ratios: dict[str, float] = {}
+    for key, label, value, is_ms in metrics:
+        cells, rcells = [], []
+        for k in cols:
+            if k in lat_of:
+                v = value(k)
+                cells.append(fmt_ms(v) if is_ms else f"{v:8.1f}")
+            else:
+                cells.append("-")
+        for k in ratio_cols:
+            if k in lat_of:
+                r = value(k) / value("b")
+                rcells.append(f"{r:6.2f}")
+                if k == "t":
+                    ratios[key] = r
+            else:
+                rcells.append("-")
+        print(
+            f"{label:28}"
+            + "".join(f" {x:>10}" for x in cells)
+            + "".join(f" {x:>6}" for x in rcells)
+        )
+    print(
+        "ratios are side / (b): latency < 1 means faster than python -c; "
+        "throughput > 1 means faster"
+    )
+    for k in cols:
+        print(f"  ({k}) {SIDES[k][1]}", end="")
+        if k == "a" and (n_a, m_a) != (n, m):
+            print(f"; fewer calls: {n_a} serial, {m_a} at c={c} (a sandbox start per call)", end="")
+        if k == "c" and k not in lat_of:
+            print(f"; skipped: {bw_skip}", end="")
+        print()
+
+    print("\ntargets (issue 3: ratio (t) tooljail / (b) python -c, in this run):")
+    for key, label, op, bound in TARGETS:
+        r = ratios[key]
+        met = r <= bound if op == "<=" else r >= bound
+        text = label.format(n=n, m=m, c=c, f=f)
+        print(f"  {text:42} {op} {bound:4.2f}  measured {r:5.2f}  {'MET' if met else 'MISSED'}")
+    if (n, m, c) != (200, 500, 8):
+        print("  (the issue's counts are 200 and 500 at concurrency 8; this run's differ)")
 
     if args.sweep_pool_sizes:
         sizes = [int(s) for s in args.sweep_pool_sizes.split(",") if s.strip()]
@@ -420,20 +606,18 @@ def main(argv: list[str] | None = None) -> int:
             d = Daemon(size)
             try:
                 with Client(d.target) as client:
-                    warm_up(client, d.target, args.warmup, c)
+                    for _ in range(args.warmup):
+                        baseline_call()
+                        tooljail_call(client)
                     lat = alternating(
                         {
-                            "b": lambda k: serial_latencies(baseline_call, k),
-                            "t": lambda k, cl=client: serial_latencies(
-                                lambda: tooljail_call(cl), k
-                            ),
+                            "b": (lambda k: serial_latencies(baseline_call, k), n),
+                            "t": (partial(serial_latencies, partial(tooljail_call, client)), n),
                         },
-                        n,
-                        serial_block,
+                        serial_rounds,
                     )
-                sb = [x for blk in lat["b"] for x in blk]
-                st = [x for blk in lat["t"] for x in blk]
-                tb, tt = throughput_pair(d.target, m, c, conc_block)
+                sb, st = flat(lat["b"]), flat(lat["t"])
+                tb, tt = throughput_pair(d.target, m, c, conc_rounds)
             finally:
                 d.stop()
             print(
@@ -445,11 +629,12 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     print(
-        f"\ndaemon exit code {rc}; total {time.monotonic() - t_start:.0f} s "
+        f"\ndaemon exit codes: (t) {rcs['t']}, (a) {rcs['a']}; "
+        f"total {time.monotonic() - t_start:.0f} s "
         f"({SETTLED[0]:.0f} s of it waiting for quiet CPUs between blocks)"
     )
-    if rc != 0:
-        print("warning: the daemon did not exit 0 on SIGTERM", file=sys.stderr)
+    if any(rc != 0 for rc in rcs.values()):
+        print("warning: a daemon did not exit 0 on SIGTERM", file=sys.stderr)
     return 0
 
 

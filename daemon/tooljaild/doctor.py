@@ -29,7 +29,6 @@ def check_host(
             "active" if sys.platform == "linux" else "missing",
             f"{platform.system()} {platform.release()} ({platform.machine()})",
         ),
-        Feature("sandbox python", "active", python or default_python()),
         Feature(
             "rlimits",
             "active",
@@ -42,6 +41,23 @@ def check_host(
         )
     except IsolationError:  # pragma: no cover - best-effort never raises
         raise
+    from tooljaild.sandbox.isolation import sandbox_python
+
+    configured = python or default_python()
+    try:
+        chosen = sandbox_python(configured, iso)
+        features.insert(
+            1,
+            Feature(
+                "sandbox python",
+                "active",
+                chosen
+                if chosen == configured
+                else f"{chosen} (the sandbox uid cannot reach {configured})",
+            ),
+        )
+    except IsolationError as exc:
+        features.insert(1, Feature("sandbox python", "missing", str(exc)))
     features += iso.features
     if os.geteuid() != 0:
         features.append(Feature("running as", "active", f"uid {os.geteuid()}", required=False))
