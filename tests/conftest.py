@@ -112,6 +112,31 @@ def host_dir(tmp_path: Path) -> Path:
     return shared
 
 
+def spawn_daemon(
+    base: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    listen: str | None = None,
+    pool_size: int = 2,
+) -> tuple[subprocess.Popen[bytes], str, Path]:
+    """Start `tooljail serve` in `base` (state dir, socket, log); do not wait for it.
+
+    Returns:
+        The process, its target address and `base` (made reachable by sandboxes).
+    """
+    base = _reachable(base)
+    target = listen or f"unix://{base}/tooljail.sock"
+    argv = [
+        sys.executable, "-m", "tooljaild", "serve", "--listen", target,
+        "--state-dir", str(base / "state"), "--pool-size", str(pool_size), *args,
+    ]  # fmt: skip
+    with open(base / "daemon.log", "wb") as log:
+        process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    return process, target, base
+
+
 @pytest.fixture
 def start_daemon(
     tmp_path_factory: pytest.TempPathFactory,
@@ -126,28 +151,12 @@ def start_daemon(
     def start(
         *args: str, env: dict[str, str] | None = None, listen: str | None = None, pool_size: int = 2
     ) -> RunningDaemon:
-        base = _reachable(tmp_path_factory.mktemp("daemon"))
-        target = listen or f"unix://{base}/tooljail.sock"
-        log_path = base / "daemon.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "tooljaild",
-            "serve",
-            "--listen",
-            target,
-            "--state-dir",
-            str(base / "state"),
-            "--pool-size",
-            str(pool_size),
-            *args,
-        ]
-        full_env = {**os.environ, **(env or {})}
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=full_env)
-        daemon = RunningDaemon(process, target, base / "state", log_path, list(args))
+        process, target, base = spawn_daemon(
+            tmp_path_factory.mktemp("daemon"), *args, env=env, listen=listen, pool_size=pool_size
+        )
+        daemon = RunningDaemon(process, target, base / "state", base / "daemon.log", list(args))
         started.append(daemon)
-        wait_serving(target, process, log_path)
+        wait_serving(target, process, daemon.log_path)
         return daemon
 
     yield start

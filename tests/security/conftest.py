@@ -12,8 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,16 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import RunningDaemon, wait_serving
-
-try:  # tests/conftest.py's way of letting the sandbox uid reach a 0700 pytest dir
-    from tests.conftest import _reachable
-except ImportError:  # a tree without it: nothing to open up
-
-    def _reachable(path: Path) -> Path:
-        return path
-
-
+from tests.conftest import RunningDaemon, spawn_daemon, wait_serving
 from tooljail import Client, Output, ToolResult
 
 MiB = 2**20
@@ -59,27 +48,9 @@ def launch_daemon(
     """Start `tooljail serve` exactly as tests/conftest.py's start_daemon does,
     with a fresh canary secret in its environment."""
     canary = "canary-" + uuid.uuid4().hex
-    base = _reachable(base)
-    target = f"unix://{base}/tooljail.sock"
-    log_path = base / "daemon.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "tooljaild",
-        "serve",
-        "--listen",
-        target,
-        "--state-dir",
-        str(base / "state"),
-        "--pool-size",
-        str(pool_size),
-        *args,
-    ]
     extra = {"TOOLJAIL_TEST_CANARY": canary, **(env or {})}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **extra}
-        )
+    process, target, base = spawn_daemon(base, *args, env=extra, pool_size=pool_size)
+    log_path = base / "daemon.log"
     daemon = SecurityDaemon(process, target, base / "state", log_path, list(args), canary, extra)
     try:
         wait_serving(target, process, log_path)
