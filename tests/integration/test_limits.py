@@ -41,3 +41,22 @@ def test_endless_output_is_stopped_at_the_output_limit(
     assert result.output_bytes > 20 * 1024**2
     assert result.duration_s < 30
     daemon.assert_serving()
+
+
+def test_a_file_past_the_file_size_limit_cannot_be_written(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    daemon = start_daemon(env={"TOOLJAIL_LIMITS__FSIZE_BYTES": str(1024**2)})
+    code = (
+        "with open('big.bin', 'wb') as f:\n"
+        "    f.write(b'x' * 1024**2)\n"
+        "    print('first MiB written', flush=True)\n"
+        "    f.write(b'x')\n"
+        "    f.flush()\n"
+    )
+    with Client(daemon.target) as client:
+        result = client.call("execute_python_code", {"code": code}, timeout=30)
+    assert result.status is CallStatus.ERROR, result
+    assert result.data["stdout"] == "first MiB written\n"
+    assert result.error is not None and "File too large" in result.error.message, result.error
+    daemon.assert_serving()
