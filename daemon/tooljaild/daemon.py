@@ -111,7 +111,7 @@ class Daemon:
         log.info(
             "isolation",
             extra={
-                "level": s.isolation,
+                "isolation": s.isolation,
                 "python": s.sandbox.python,
                 "features": {f.name: f.status for f in self.isolation.features},
             },

@@ -24,7 +24,8 @@ class JsonFormatter(logging.Formatter):
         }
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+                # An extra field never hides one of the four above.
+                entry[key if key not in entry else f"extra_{key}"] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)

@@ -203,7 +203,7 @@ def resolve(
             "isolation feature missing: %s: %s",
             f.name,
             f.detail,
-            extra={"feature": f.name, "level": level},
+            extra={"feature": f.name, "isolation": level},
         )
     return iso
 
