@@ -35,16 +35,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
 import io
 import json
 import os
 import resource
 import signal
 import sys
-import traceback
 import types
 from typing import Any
+
+# traceback, importlib.util, inspect and asyncio are imported where they are
+# needed: every sandbox in the pool pays for what is imported at start-up, and
+# most calls never raise, load a module or run a coroutine.
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
@@ -237,6 +239,8 @@ def _read_request() -> dict[str, Any]:
 
 def _error(exc: BaseException) -> dict[str, Any]:
     """The exception as the tool's author should see it: without the runner's frames."""
+    import traceback
+
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
@@ -250,6 +254,8 @@ def _install_tooljail_shim(tooldef_path: str) -> None:
     The SDK needs grpc and pydantic, which the sandbox interpreter may not
     have; the decorator itself is stdlib-only and is loaded from its file.
     """
+    import importlib.util
+
     spec = importlib.util.spec_from_file_location("tooljail._tooldef", tooldef_path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {tooldef_path}")
@@ -264,6 +270,8 @@ def _install_tooljail_shim(tooldef_path: str) -> None:
 
 
 def _load_module(path: str, name: str) -> types.ModuleType:
+    import importlib.util
+
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path}")
