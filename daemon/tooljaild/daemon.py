@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -22,7 +23,7 @@ from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.loader import load_registry
 from tooljaild.registry import Registry
-from tooljaild.sandbox.base import Sandbox
+from tooljaild.sandbox.base import Sandbox, SandboxError
 from tooljaild.sandbox.isolation import (
     Isolation,
     IsolationError,
@@ -32,7 +33,7 @@ from tooljaild.sandbox.isolation import (
 )
 from tooljaild.sandbox.isolation import resolve as resolve_isolation
 from tooljaild.sandbox.pool import SandboxPool
-from tooljaild.sandbox.process import SandboxContext
+from tooljaild.sandbox.process import SandboxContext, zygote_for
 from tooljaild.server import SERVICE_NAME, create_server
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,14 @@ class Daemon:
             isolation=self.isolation,
             shared_dirs=shared,
         )
+        if self.isolation.namespaces and s.sandbox.zygote:
+            zygote = zygote_for(s.sandbox, self.context, s.limits)
+            try:
+                await zygote.start()
+            except SandboxError as exc:
+                log.warning("no zygote, sandboxes start one by one: %s", exc)
+            else:
+                self.context = dataclasses.replace(self.context, zygote=zygote)
         log.info(
             "isolation",
             extra={
@@ -177,6 +186,8 @@ class Daemon:
             await self._server.stop(2.0)
         if self.pool is not None:
             await self.pool.close()
+        if self.context is not None and self.context.zygote is not None:
+            await self.context.zygote.close()
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()

@@ -95,3 +95,29 @@ def test_200_sequential_calls_each_get_a_fresh_sandbox(daemon: RunningDaemon) ->
             assert result.status == pb.STATUS_SUCCESS, result
             assert json.loads(result.data_json)["stdout"] == f"{i}\n"
     assert len(set(sandboxes)) == 200
+
+
+@pytest.mark.isolation
+def test_files_directories_are_visible_read_only_inside(
+    start_daemon: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "data.txt").write_text("shared\n")
+    files.chmod(0o777)  # writable on the host: only the sandbox's view is read-only
+    daemon = start_daemon("--files-dir", str(files))
+    code = (
+        f"print(open({str(files / 'data.txt')!r}).read(), end='')\n"
+        "try:\n"
+        f"    open({str(files / 'new.txt')!r}, 'w')\n"
+        "    print('written')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+    )
+    from tooljail import Client
+
+    with Client(daemon.target) as client:
+        result = client.call("execute_python_code", {"code": code})
+    assert result.ok, result
+    assert result.data["stdout"] == "shared\nrefused 30\n"  # EROFS
+    assert not (files / "new.txt").exists()

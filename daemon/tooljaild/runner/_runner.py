@@ -474,17 +474,21 @@ def _fcntl_dup_high(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
 
 
-def main() -> None:
+def run_sandbox(frames_fd: int, cgroup_fds: list[int]) -> None:
+    """Become a sandbox's keeper, with a worker waiting for its request. Never returns.
+
+    Args:
+        frames_fd: Where frames go (stdin, stdout and stderr are already the pipes).
+        cgroup_fds: The sandbox's cgroup.procs files, opened by the daemon.
+    """
     global _frame_fd
-    argv = sys.argv[1:]
-    options = dict(zip(argv[::2], argv[1::2], strict=False))
-    _frame_fd = int(options["--frames-fd"])
+    _frame_fd = frames_fd
     # Join the sandbox's cgroups before forking, so the worker and all it starts
     # are counted. The daemon opened their cgroup.procs files; writing "0" moves
     # the writer itself, which works from inside pid and user namespaces too.
-    for fd in filter(None, options.get("--cgroup-fds", "").split(",")):
-        os.write(int(fd), b"0")
-        os.close(int(fd))
+    for fd in cgroup_fds:
+        os.write(fd, b"0")
+        os.close(fd)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     # Text streams that flush at each newline, so streamed lines arrive as printed.
     sys.stdout = io.TextIOWrapper(
@@ -499,13 +503,20 @@ def main() -> None:
         errors="backslashreplace",
         line_buffering=True,
     )
-    sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
         _worker()
     else:
         os.close(0)
         _keeper(pid)
+    os._exit(0)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    cgroup_fds = [int(fd) for fd in options.get("--cgroup-fds", "").split(",") if fd]
+    run_sandbox(int(options["--frames-fd"]), cgroup_fds)
 
 
 if __name__ == "__main__":

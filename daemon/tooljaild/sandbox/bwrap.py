@@ -23,6 +23,8 @@ from pathlib import Path
 
 INSIDE_RUNNER_DIR = "/opt/tooljail"
 INSIDE_WORKSPACE = "/workspace"
+ZYGOTE_SHARED = "/.tooljail-shared"
+"""Where the zygote sees the shared directories a second time (see argv)."""
 INSIDE_UID = 1000
 INSIDE_GID = 1000
 
@@ -74,6 +76,9 @@ class BwrapSpec:
     seccomp_fd: int | None = None
     data_fds: tuple[int, int] | None = None
     """Pipes holding /etc/passwd and /etc/group for the sandbox (bwrap --file)."""
+    zygote: bool = False
+    """For the zygote: it may make nested user namespaces (one per sandbox it
+    forks), and each child applies the seccomp filter itself."""
 
     def argv(self, runner_args: list[str]) -> list[str]:
         args = [
@@ -87,7 +92,6 @@ class BwrapSpec:
             "--new-session",
             "--cap-drop",
             "ALL",
-            "--disable-userns",
             "--uid",
             str(INSIDE_UID),
             "--gid",
@@ -99,6 +103,8 @@ class BwrapSpec:
             "/usr",
             "/usr",
         ]
+        if not self.zygote:
+            args.append("--disable-userns")
         if not self.network:
             args.append("--unshare-net")
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
@@ -127,8 +133,12 @@ class BwrapSpec:
         if self.python_prefix is not None:
             fd, path = self.python_prefix
             args += ["--ro-bind-fd", str(fd), path]
-        for fd, path in self.extra_ro:
+        for i, (fd, path) in enumerate(self.extra_ro):
             args += ["--ro-bind-fd", str(fd), path]
+            if self.zygote:
+                # Its sandboxes mount fresh /tmp, /dev/shm and /workspace over the
+                # zygote's: they bind from here what lay below those again.
+                args += ["--ro-bind-fd", str(fd), f"{ZYGOTE_SHARED}/{i}"]
         args += [
             "--ro-bind-fd", str(self.runner_dir_fd), INSIDE_RUNNER_DIR,
             # Everything else is read-only: the root tmpfs bubblewrap built, /etc

@@ -280,7 +280,11 @@ def install_runner(state_dir: Path) -> Path:
     target = state_dir / "runner"
     target.mkdir(parents=True, exist_ok=True)
     target.chmod(0o755)
-    for source in (RUNNER_PATH, Path(tooljail._tooldef.__file__)):
+    for source in (
+        RUNNER_PATH,
+        RUNNER_PATH.with_name("_zygote.py"),
+        Path(tooljail._tooldef.__file__),
+    ):
         dest = target / source.name
         tmp = dest.with_suffix(".tmp")
         shutil.copyfile(source, tmp)

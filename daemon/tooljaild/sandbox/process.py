@@ -40,6 +40,7 @@ from tooljaild.sandbox.base import (
 )
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.isolation import Isolation
+from tooljaild.sandbox.zygote import Zygote, ZygoteChild
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class SandboxContext:
     isolation: Isolation
     shared_dirs: tuple[Path, ...] = ()
     """Tool and files directories: visible read-only, at the same paths, inside."""
+    zygote: Zygote | None = None
+    """When set (under namespaces), sandboxes are forked by it instead of started."""
 
 
 class ProcessSandboxConfig(BaseModel):
@@ -80,6 +83,9 @@ class ProcessSandboxConfig(BaseModel):
     """The bubblewrap binary: a path, or a name looked up on PATH."""
     user: str = "nobody"
     """The host user sandboxes run as when the daemon runs as root."""
+    zygote: bool = True
+    """Under namespaces, fork sandboxes from a warm zygote instead of starting
+    bubblewrap and an interpreter for each (much cheaper refills)."""
     start_timeout_s: float = Field(default=20.0, gt=0)
     """How long a new sandbox may take to say it is ready."""
 
@@ -166,6 +172,9 @@ class ProcessSandbox(Sandbox):
                 )
             except OSError as exc:
                 log.warning("no cgroup for %s: %s", self.id, exc)
+        if self.namespaced and self._context.zygote is not None:
+            await self._start_from_zygote(self._context.zygote)
+            return
         passed: list[int] = []  # descriptors the child inherits; closed here after the spawn
         try:
             read_fd, write_fd = os.pipe()
@@ -185,7 +194,6 @@ class ProcessSandbox(Sandbox):
                 env = self._base_env()
             if self._iso.uid is not None:
                 argv = [*_drop_privileges(self._iso.uid, self._iso.gid), *argv]
-            loop = asyncio.get_running_loop()
             try:
                 self._proc = await asyncio.create_subprocess_exec(
                     *argv,
@@ -205,6 +213,52 @@ class ProcessSandbox(Sandbox):
             for fd in passed:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        await self._await_ready(read_fd)
+
+    async def _start_from_zygote(self, zygote: Zygote) -> None:
+        loop = asyncio.get_running_loop()
+        theirs: list[int] = []
+        ours: list[int] = []
+        try:
+            stdin_r, stdin_w = os.pipe()
+            stdout_r, stdout_w = os.pipe()
+            stderr_r, stderr_w = os.pipe()
+            frames_r, frames_w = os.pipe()
+            theirs += [stdin_r, stdout_w, stderr_w, frames_w]
+            ours += [stdin_w, stdout_r, stderr_r, frames_r]
+            if self._cgroup is not None:
+                theirs += self._cgroup.open_procs()
+            params = {
+                "tmp_bytes": self._limits.tmp_bytes,
+                "workspace_bytes": self._limits.workspace_bytes,
+                "shared": zygote_shared(self._context),
+            }
+            pid = await zygote.spawn(self.id, params, theirs)
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        stdout = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+        stderr = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+        for reader, fd in ((stdout, stdout_r), (stderr, stderr_r)):
+            await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
+                os.fdopen(fd, "rb", buffering=0),
+            )
+        w_transport, w_protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(stdin_w, "wb", buffering=0)
+        )
+        stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+        self._proc = ZygoteChild(zygote, self.id, pid, stdin, stdout, stderr)  # type: ignore[assignment]
+        await self._await_ready(frames_r)
+
+    async def _await_ready(self, read_fd: int) -> None:
+        assert self._proc is not None
+        loop = asyncio.get_running_loop()
         self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
         protocol = asyncio.StreamReaderProtocol(self._frames, loop=loop)
         transport, _ = await loop.connect_read_pipe(
@@ -236,39 +290,7 @@ class ProcessSandbox(Sandbox):
         )
 
     def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
-        """Open what the sandbox binds (descriptors are appended to `passed` at once)."""
-        assert self._iso.bwrap is not None
-
-        def open_dir(path: Path | str) -> int:
-            fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            passed.append(fd)
-            return fd
-
-        prefix = bw.python_prefix(self._config.python)
-        seccomp_fd = None
-        if self._iso.seccomp:
-            from tooljaild.sandbox import seccomp
-
-            seccomp_fd = seccomp.filter_fd()
-            passed.append(seccomp_fd)
-        data = []
-        for text in (bw.PASSWD, bw.GROUP):
-            r, w = os.pipe()
-            passed.append(r)
-            os.write(w, text.encode())
-            os.close(w)
-            data.append(r)
-        return bw.BwrapSpec(
-            bwrap=self._iso.bwrap,
-            python=self._config.python,
-            runner_dir_fd=open_dir(self._context.runner_dir),
-            python_prefix=(open_dir(prefix), prefix) if prefix else None,
-            extra_ro=[(open_dir(d), str(d)) for d in self._context.shared_dirs if d.is_dir()],
-            tmp_bytes=self._limits.tmp_bytes,
-            workspace_bytes=self._limits.workspace_bytes,
-            seccomp_fd=seccomp_fd,
-            data_fds=(data[0], data[1]),
-        )
+        return build_bwrap_spec(self._config, self._context, self._limits, passed)
 
     async def _read_frame(self) -> dict[str, Any] | None:
         assert self._frames is not None
@@ -472,6 +494,80 @@ class ProcessSandbox(Sandbox):
         if self._frames_transport is not None:
             self._frames_transport.close()
         await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+
+
+def build_bwrap_spec(
+    config: ProcessSandboxConfig,
+    context: SandboxContext,
+    limits: Limits,
+    passed: list[int],
+    *,
+    zygote: bool = False,
+) -> bw.BwrapSpec:
+    """Open what a sandbox binds; every descriptor is appended to `passed` at once.
+
+    Args:
+        zygote: For the zygote: nested user namespaces allowed, no seccomp here
+            (each sandbox it forks applies the filter itself).
+    """
+    iso = context.isolation
+    assert iso.bwrap is not None
+
+    def open_dir(path: Path | str) -> int:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        passed.append(fd)
+        return fd
+
+    prefix = bw.python_prefix(config.python)
+    seccomp_fd = None
+    if iso.seccomp and not zygote:
+        from tooljaild.sandbox import seccomp
+
+        seccomp_fd = seccomp.filter_fd()
+        passed.append(seccomp_fd)
+    data = []
+    for text in (bw.PASSWD, bw.GROUP):
+        r, w = os.pipe()
+        passed.append(r)
+        os.write(w, text.encode())
+        os.close(w)
+        data.append(r)
+    return bw.BwrapSpec(
+        bwrap=iso.bwrap,
+        python=config.python,
+        runner_dir_fd=open_dir(context.runner_dir),
+        python_prefix=(open_dir(prefix), prefix) if prefix else None,
+        extra_ro=[(open_dir(d), str(d)) for d in context.shared_dirs if d.is_dir()],
+        tmp_bytes=limits.tmp_bytes,
+        workspace_bytes=limits.workspace_bytes,
+        seccomp_fd=seccomp_fd,
+        data_fds=(data[0], data[1]),
+        zygote=zygote,
+    )
+
+
+def zygote_shared(context: SandboxContext) -> list[tuple[str, str]]:
+    """(where the zygote sees it, where the tool must see it) for each shared directory.
+
+    The same order as the binds `build_bwrap_spec` makes (existing directories only).
+    """
+    dirs = [d for d in context.shared_dirs if d.is_dir()]
+    return [(f"{bw.ZYGOTE_SHARED}/{i}", str(d)) for i, d in enumerate(dirs)]
+
+
+def zygote_for(config: ProcessSandboxConfig, context: SandboxContext, limits: Limits) -> Zygote:
+    """A zygote that runs in the same bubblewrap sandbox a runner would."""
+
+    def make_argv(runner_args: list[str]) -> tuple[list[str], list[int]]:
+        passed: list[int] = []
+        spec = build_bwrap_spec(config, context, limits, passed, zygote=True)
+        argv = spec.argv(runner_args)
+        iso = context.isolation
+        if iso.uid is not None:
+            argv = [*_drop_privileges(iso.uid, iso.gid), *argv]
+        return argv, passed
+
+    return Zygote(make_argv)
 
 
 def _drop_privileges(uid: int, gid: int | None) -> list[str]:

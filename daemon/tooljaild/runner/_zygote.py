@@ -1,0 +1,232 @@
+"""The zygote: a warm interpreter that forks one fresh sandbox per request.
+
+Started once per daemon inside bubblewrap (read-only system, no network, no
+capabilities, the daemon's sandbox uid), as
+``python -I -B _zygote.py --control-fd C --seccomp-fd S``. Starting a sandbox is
+then a fork of this already-warm interpreter instead of bubblewrap plus a new
+interpreter: that is what lets the pool refill as fast as calls come.
+
+For each spawn request on the control socket (a JSON message with the child's
+stdin, stdout, stderr, frame pipe and cgroup descriptors attached), it forks a
+child that:
+
+1. joins the sandbox's cgroups (through the descriptors the daemon opened),
+2. unshares new user, mount, pid, ipc, uts and net namespaces (a nested user
+   namespace gives it the capabilities to set them up; it has none outside),
+3. forks the sandbox's pid 1, which mounts a fresh /proc, and size-capped
+   tmpfs on /tmp, /dev/shm and /workspace, sets no-new-privileges, the seccomp
+   filter, drops every capability, and becomes the runner's keeper.
+
+When pid 1 of a sandbox dies, the kernel kills everything in it; the first
+child holds pid 1 (which dies with it, PDEATHSIG) so that killing that one
+process ends the sandbox. Replies: {"id", "pid"} after the fork, {"id", "exit"}
+when the child has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _runner  # type: ignore[import-not-found]  # beside this file; path set above
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+PR_CAPBSET_DROP = 24
+PR_SET_PDEATHSIG = 1
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+SYS_CAPSET = 126  # x86_64; other arches are refused at start-up
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    _check(
+        libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _apply_seccomp(program: bytes) -> None:
+    count = len(program) // 8
+    buffer = ctypes.create_string_buffer(program)
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+    prog = SockFprog(count, ctypes.cast(buffer, ctypes.c_void_p))
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+
+
+def _drop_capabilities() -> None:
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+            break  # EINVAL: past the last capability this kernel knows
+    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+    data = bytes(24)  # two zeroed {effective, permitted, inheritable}
+    _check(libc.syscall(SYS_CAPSET, header, data), "capset")
+
+
+def _sandbox_pid1(params: dict[str, Any], seccomp: bytes, frames_fd: int) -> None:
+    """Inside the new namespaces: set up the sandbox, then be its keeper."""
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    for path, size in (
+        ("/tmp", params["tmp_bytes"]),
+        ("/dev/shm", params["tmp_bytes"]),
+        ("/workspace", params["workspace_bytes"]),
+    ):
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)},mode=1777")
+    # Tool and files directories that lay under a path just mounted afresh are
+    # bound again, read-only, from where the zygote keeps a second view of them.
+    fresh = ("/tmp/", "/dev/shm/", "/workspace/")
+    for source, target in params.get("shared", []):
+        if target.startswith(fresh):
+            os.makedirs(target, exist_ok=True)
+            _mount(source, target, None, MS_BIND | MS_REC, None)
+            _mount(
+                "none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None
+            )
+    os.chdir("/workspace")
+    _check(libc.sethostname(b"tooljail", 8), "sethostname")
+    _drop_capabilities()
+    _apply_seccomp(seccomp)
+    _runner.run_sandbox(frames_fd, [])
+
+
+def _child(params: dict[str, Any], fds: list[int], seccomp: bytes, control: int) -> None:
+    """The forked child: namespaces, then pid 1. Exits with pid 1's status."""
+    try:
+        # Should the zygote die, its sandboxes die with it (pid 1 follows us).
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        os.close(control)
+        stdin, stdout, stderr, frames, *cgroups = fds
+        for fd in cgroups:
+            os.write(fd, b"0")
+            os.close(fd)
+        os.dup2(stdin, 0)
+        os.dup2(stdout, 1)
+        os.dup2(stderr, 2)
+        for fd in (stdin, stdout, stderr):
+            if fd > 2:
+                os.close(fd)
+        uid, gid = os.getuid(), os.getgid()
+        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+        if not params.get("network"):
+            flags |= CLONE_NEWNET
+        _check(libc.unshare(flags), "unshare")
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+        pid = os.fork()
+        if pid == 0:
+            _sandbox_pid1(params, seccomp, frames)
+            os._exit(0)
+        os.close(frames)
+        for fd in (0, 1, 2):
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    except BaseException as exc:  # nothing of a failed setup may run a tool
+        try:
+            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+        finally:
+            os._exit(111)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    options = dict(zip(argv[::2], argv[1::2], strict=False))
+    control = int(options["--control-fd"])
+    with os.fdopen(int(options["--seccomp-fd"]), "rb") as f:
+        seccomp = f.read()
+    if os.uname().machine != "x86_64":
+        raise SystemExit("the zygote knows capset's number on x86_64 only")
+    sock = socket.socket(fileno=control)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    children: dict[int, str] = {}
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        watched: list[Any] = [sock, wake_r]
+        readable, _, _ = select.select(watched, [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+            while True:
+                try:
+                    pid, status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                ident = children.pop(pid, None)
+                if ident is not None:
+                    code = os.waitstatus_to_exitcode(status)
+                    sock.send(json.dumps({"id": ident, "exit": code}).encode())
+        if sock in readable:
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, 65536, 16)
+            except OSError:
+                return
+            if not message:
+                return  # the daemon is gone: so are we (and, with us, nothing else)
+            request = json.loads(message)
+            if request.get("op") == "kill":
+                target = next((p for p, i in children.items() if i == request["id"]), None)
+                if target is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(target, signal.SIGKILL)
+                continue
+            pid = os.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                os.close(wake_r)
+                os.close(wake_w)
+                _child(request, fds, seccomp, control)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = request["id"]
+            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    main()
