@@ -190,13 +190,7 @@ def main() -> None:
         readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-            while True:
-                try:
-                    pid, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
+            for pid, status in _runner._reap_all():
                 ident = children.pop(pid, None)
                 if ident is not None:
                     code = os.waitstatus_to_exitcode(status)
