@@ -16,6 +16,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tooljail import CallInfo, Client
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
@@ -54,6 +56,16 @@ class RunningDaemon:
             result = client.call("execute_python_code", {"code": "print('alive')"})
         assert result.ok, result
         assert result.data["stdout"] == "alive\n"
+
+
+def wait_finished(client: Client, call_id: str, timeout: float = 15.0) -> CallInfo:
+    """Poll GetCall until the call has ended (or `timeout` passed); its last info."""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = client.get_call(call_id)
+        if info.state.finished or time.monotonic() > deadline:
+            return info
+        time.sleep(0.05)
 
 
 def wait_serving(

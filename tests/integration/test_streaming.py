@@ -9,10 +9,9 @@ import textwrap
 import time
 import uuid
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, wait_finished
 from tooljail import (
     AsyncClient,
-    CallInfo,
     CallState,
     CallStatus,
     Client,
@@ -25,15 +24,6 @@ from tooljail import (
 TEN_SLOW_LINES = (
     "import time\nfor i in range(10):\n    print(i, repr(time.time()))\n    time.sleep(0.3)\n"
 )
-
-
-def wait_finished(client: Client, call_id: str, timeout: float = 15.0) -> CallInfo:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = client.get_call(call_id)
-        if info.state.finished or time.monotonic() > deadline:
-            return info
-        time.sleep(0.05)
 
 
 def test_each_printed_line_arrives_before_the_next_is_printed(daemon: RunningDaemon) -> None:

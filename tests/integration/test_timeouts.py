@@ -12,10 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, wait_finished
 from tooljail import (
     BadTimeoutError,
-    CallInfo,
     CallNotFoundError,
     CallState,
     CallStatus,
@@ -84,15 +83,6 @@ def live_processes_mentioning(text: str) -> list[psutil.Process]:
         if text in cmdline and proc.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(proc)
     return found
-
-
-def wait_finished(client: Client, call_id: str, timeout: float = 15.0) -> CallInfo:
-    deadline = time.monotonic() + timeout
-    while True:
-        info = client.get_call(call_id)
-        if info.state.finished or time.monotonic() > deadline:
-            return info
-        time.sleep(0.05)
 
 
 def wait_state(client: Client, call_id: str, state: CallState, timeout: float = 10.0) -> None:

@@ -8,6 +8,8 @@ another task; `run` then returns promptly with `killed=True`.
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,6 +108,17 @@ class RunOutcome:
     @property
     def ok(self) -> bool:
         return self.termination is Termination.RETURNED
+
+
+async def first_words(stream: asyncio.StreamReader | None, timeout_s: float = 1.0) -> str:
+    """What a process that failed to start wrote first (up to 4 KiB), for the error."""
+    if stream is None:
+        return ""
+    with contextlib.suppress(TimeoutError):
+        return (
+            (await asyncio.wait_for(stream.read(4096), timeout_s)).decode(errors="replace").strip()
+        )
+    return ""
 
 
 class SandboxError(Exception):

@@ -37,6 +37,7 @@ from tooljaild.sandbox.base import (
     Sandbox,
     SandboxError,
     Termination,
+    first_words,
 )
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.isolation import Isolation
@@ -270,15 +271,9 @@ class ProcessSandbox(Sandbox):
         except TimeoutError:
             ready = None
         if ready is None or ready.get("t") != "ready":
-            stderr = b""
-            if self._proc.stderr is not None:
-                with contextlib.suppress(TimeoutError):
-                    stderr = await asyncio.wait_for(self._proc.stderr.read(4096), 1.0)
+            said = await first_words(self._proc.stderr)
             await self.close()
-            raise SandboxError(
-                f"sandbox {self.id} did not start: "
-                + (stderr.decode(errors="replace").strip() or "no ready signal")
-            )
+            raise SandboxError(f"sandbox {self.id} did not start: {said or 'no ready signal'}")
         self._worker_pid = int(ready["worker"])
 
     def _cgroup_limits(self) -> CgroupLimits:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tooljaild.sandbox import bwrap as bw
-from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.base import SandboxError, first_words
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +89,9 @@ class Zygote:
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
         except (TimeoutError, SandboxError) as exc:
-            stderr = b""
-            if self._proc.stderr is not None:
-                with contextlib.suppress(TimeoutError):
-                    stderr = await asyncio.wait_for(self._proc.stderr.read(4096), 1.0)
+            said = await first_words(self._proc.stderr)
             await self.close()
-            raise SandboxError(
-                f"the zygote did not start: {stderr.decode(errors='replace').strip() or exc}"
-            ) from exc
+            raise SandboxError(f"the zygote did not start: {said or exc}") from exc
         log.info("zygote ready", extra={"pid": self._proc.pid})
 
     def _on_message(self) -> None:
