@@ -111,6 +111,7 @@ class ProcessSandbox(Sandbox):
         self._frames: asyncio.StreamReader | None = None
         self._frames_transport: asyncio.ReadTransport | None = None
         self._worker_pid: int | None = None
+        self._forked = False
         self._used = False
         self._killed = False
         self._closed = False
@@ -255,6 +256,7 @@ class ProcessSandbox(Sandbox):
         )
         stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
         self._proc = ZygoteChild(zygote, self.id, pid, stdin, stdout, stderr)  # type: ignore[assignment]
+        self._forked = True
         await self._await_ready(frames_r)
 
     async def _await_ready(self, read_fd: int) -> None:
@@ -318,6 +320,9 @@ class ProcessSandbox(Sandbox):
             "cwd": self.workdir,
             "env": {**self._base_env(), **request.env},
             "tooldef": self._runner_file("_tooldef.py"),
+            # Only the zygote's sandboxes have the keeper as pid 1 of their own
+            # pid namespace, which the worker's seal needs.
+            "seal": self._forked,
         }
         try:
             proc.stdin.write(json.dumps(message).encode() + b"\n")
@@ -368,6 +373,10 @@ class ProcessSandbox(Sandbox):
                 sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
             elif kind == "result" and result is None:
                 result = frame
+                if frame.get("sealed"):
+                    # The worker killed the rest of the tree before it wrote this:
+                    # the call is over; the keeper's exit frame would say no more.
+                    return result, None, yields
             elif kind == "exit":
                 return result, frame, yields
 
