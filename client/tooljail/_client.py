@@ -278,6 +278,16 @@ class _BaseClient:
         return None
 
     @classmethod
+    def _decode_result(cls, m: pb.Result) -> ToolResult:
+        if m.status == pb.STATUS_UNSPECIFIED:
+            # A Result with no status is no result at all.
+            raise cls._no_result_error()
+        try:
+            return result_from_proto(m)
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @classmethod
     def _decode_tools(cls, resp: pb.ListToolsResponse) -> list[ToolInfo]:
         try:
             return [tool_info_from_proto(t) for t in resp.tools]
@@ -437,13 +447,11 @@ class Client(_BaseClient):
             TransportError: When the RPC fails or ends without a result.
         """
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        result: ToolResult | None = None
-        for item in self._stream(request):
-            if isinstance(item, ToolResult):
-                result = item
-        if result is None:  # _stream raises first; this keeps the type checker honest
-            raise self._no_result_error()
-        return result
+        try:
+            reply = self._stub.Run(request, wait_for_ready=False)
+        except grpc.RpcError as e:
+            raise self._map_rpc_error(e) from e
+        return self._decode_result(reply)
 
     def stream(
         self,
@@ -606,13 +614,11 @@ class AsyncClient(_BaseClient):
         Cancelling the awaiting task cancels the RPC only, not the call on the daemon.
         """
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        result: ToolResult | None = None
-        async for item in self._stream(request):
-            if isinstance(item, ToolResult):
-                result = item
-        if result is None:  # _stream raises first; this keeps the type checker honest
-            raise self._no_result_error()
-        return result
+        try:
+            reply = await self._stub.Run(request, wait_for_ready=False)
+        except grpc.RpcError as e:
+            raise self._map_rpc_error(e) from e
+        return self._decode_result(reply)
 
     def stream(
         self,

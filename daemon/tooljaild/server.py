@@ -6,6 +6,7 @@ Nothing here decides anything about calls; errors are mapped once, in
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -75,6 +76,16 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         result = await call.caller_result
         yield pb.CallEvent(result=result_to_proto(result))
 
+    async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
+        try:
+            call = self._manager.submit(
+                request.tool, request.arguments_json, request.call_id, request.timeout_s
+            )
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        # A caller that goes away does not stop the call (as for Call).
+        return result_to_proto(await asyncio.shield(call.caller_result))
+
     async def GetCall(
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
@@ -94,8 +105,6 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
 
 
 async def _first_of(*futures: object) -> None:
-    import asyncio
-
     await asyncio.wait(
         [asyncio.ensure_future(f) for f in futures],  # type: ignore[call-overload]
         return_when=asyncio.FIRST_COMPLETED,

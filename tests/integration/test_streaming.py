@@ -3,6 +3,7 @@ and a caller that goes away does not take the call with it."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
@@ -176,3 +177,26 @@ def test_killing_the_client_mid_stream_leaves_the_call_running_to_its_end(
     lines = info.result.data["stdout"].splitlines()
     assert [int(line.split()[0]) for line in lines] == list(range(10))
     daemon.assert_serving()
+
+
+async def test_cancelling_an_awaited_call_leaves_it_running_to_its_end(
+    daemon: RunningDaemon,
+) -> None:
+    import asyncio
+
+    call_id = "abandoned-" + uuid.uuid4().hex
+    code = "import time\ntime.sleep(1)\nprint('done')\n"
+    async with AsyncClient(daemon.target) as client:
+        task = asyncio.create_task(
+            client.call("execute_python_code", {"code": code}, call_id=call_id)
+        )
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert (await client.get_call(call_id)).state is CallState.RUNNING
+    with Client(daemon.target) as sync_client:
+        info = wait_finished(sync_client, call_id)
+    assert info.state is CallState.SUCCEEDED, info
+    assert info.result is not None
+    assert info.result.data["stdout"] == "done\n"
