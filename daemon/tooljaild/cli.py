@@ -1,7 +1,8 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, doctor, demo.
+"""The `tooljail` command: serve, tools, call, get, cancel, doctor, images, demo.
 
-Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost);
-2 bad usage or a request the daemon refused; 3 no daemon answers.
+Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
+image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
+for `images`, no Docker engine) answers.
 """
 
 from __future__ import annotations
@@ -104,6 +105,24 @@ def _parser() -> argparse.ArgumentParser:
         help="the level to check for; strict exits 1 when a feature is missing",
     )
 
+    images = sub.add_parser("images", help="build and list the docker backend's sandbox images")
+    images_sub = images.add_subparsers(dest="images_command", required=True, metavar="ACTION")
+    build = images_sub.add_parser(
+        "build",
+        help="build sandbox images (offline too); does nothing for a current one",
+    )
+    build.add_argument("name", nargs="?", help="the image, e.g. python (default: every image)")
+    build.add_argument(
+        "--scientific",
+        action="store_true",
+        help="the variant with numpy, pandas, matplotlib, scipy",
+    )
+    build.add_argument(
+        "--force", action="store_true", help="build even when current, without the build cache"
+    )
+    listing = images_sub.add_parser("list", help="each image's tag, status and size")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+
     demo = sub.add_parser("demo", help="start a daemon, make one real tool call, stop it")
     demo.add_argument(
         "--code",
@@ -123,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "get": _get,
         "cancel": _cancel,
         "doctor": _doctor,
+        "images": _images,
         "demo": _demo,
     }[args.command]
     try:
@@ -375,18 +395,21 @@ def _cancel(args: argparse.Namespace) -> int:
 
 def _doctor(args: argparse.Namespace) -> int:
     from tooljaild.config import ConfigError, load_settings
-    from tooljaild.doctor import check_host, render, strict_ready
+    from tooljaild.doctor import check_docker, check_host, render, strict_ready
 
     try:
         settings = load_settings(args.config, isolation=args.isolation)
     except ConfigError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    features = check_host(
-        settings.isolation,
-        bwrap=settings.sandbox.bwrap,
-        sandbox_user=settings.sandbox.user,
-        python=settings.sandbox.python,
+    features = (
+        check_host(
+            settings.isolation,
+            bwrap=settings.sandbox.bwrap,
+            sandbox_user=settings.sandbox.user,
+            python=settings.sandbox.python,
+        )
+        + check_docker()
     )
     if args.json:
         print(json.dumps([f.__dict__ for f in features], indent=2))
@@ -395,6 +418,73 @@ def _doctor(args: argparse.Namespace) -> int:
     return (
         EXIT_TOOL_FAILED if settings.isolation == "strict" and strict_ready(features) else EXIT_OK
     )
+
+
+# ---------------------------------------------------------------------- images
+
+
+def _images(args: argparse.Namespace) -> int:
+    from docker.errors import DockerException
+
+    from tooljaild import images
+
+    specs: list[images.ImageSpec] = []
+    if args.images_command == "build":
+        try:
+            specs = [images.spec_for(args.name)] if args.name else list(images.IMAGES.values())
+            for spec in specs:  # raises for --scientific of an image without that variant
+                images.build_args(spec, scientific=args.scientific)
+        except images.ImageError as exc:
+            print(f"tooljail: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        client = images.connect()
+    except images.EngineUnavailableError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        if args.images_command == "list":
+            return _images_list(client, as_json=args.json)
+        for spec in specs:
+            images.build(
+                client,
+                spec.name,
+                scientific=args.scientific,
+                force=args.force,
+                log=lambda line: print(line, flush=True),
+            )
+    except images.ImageError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_TOOL_FAILED
+    except (DockerException, OSError) as exc:  # OSError: the connection broke
+        print(f"tooljail: the Docker engine failed: {exc}", file=sys.stderr)
+        return EXIT_TOOL_FAILED
+    finally:
+        client.close()
+    return EXIT_OK
+
+
+def _images_list(client: Any, *, as_json: bool) -> int:
+    """Every image and variant: its tag, current / stale / missing, and size."""
+    import dataclasses
+
+    from tooljaild import images
+
+    rows = [
+        images.image_status(client, name, scientific=scientific)
+        for name, spec in sorted(images.IMAGES.items())
+        for scientific in ((False, True) if spec.has_scientific else (False,))
+    ]
+    if as_json:
+        print(json.dumps([dataclasses.asdict(s) for s in rows], indent=2))
+        return EXIT_OK
+    print(f"{'name':10} {'variant':11} {'tag':32} {'status':8} size")
+    for s in rows:
+        size = f"{s.size / 1e6:.0f} MB" if s.size is not None else "-"
+        print(f"{s.name:10} {s.variant:11} {s.tag:32} {s.state.value:8} {size}")
+    if any(s.state is not images.State.CURRENT for s in rows):
+        print("\nbuild with: tooljail images build [NAME] [--scientific]")
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -64,6 +64,39 @@ def check_host(
     return features
 
 
+def check_docker() -> list[Feature]:
+    """The docker backend's needs: an engine that answers, and current sandbox images.
+
+    Neither is required by `strict` (that is about the process backend). Each
+    request to the engine times out after about 2 s, so a hung or absent engine
+    makes this slow by at most that much, and never makes it fail.
+    """
+    from docker.errors import DockerException
+
+    from tooljaild import images
+
+    where = os.environ.get("DOCKER_HOST", "the local socket")
+    no_images = Feature("sandbox images", "n/a", "need the Docker engine", required=False)
+    try:
+        client = images.connect(request_timeout=images.ENGINE_TIMEOUT_S)
+    except images.EngineUnavailableError as exc:
+        return [Feature("docker engine", "missing", str(exc), required=False), no_images]
+    try:
+        version = client.version()["Version"]
+        engine = Feature("docker engine", "active", f"Docker {version} at {where}", required=False)
+        statuses = [images.image_status(client, name) for name in sorted(images.IMAGES)]
+    except (DockerException, OSError, images.ImageError) as exc:
+        failed = f"the engine at {where} failed: {exc}"
+        return [Feature("docker engine", "missing", failed, required=False), no_images]
+    finally:
+        client.close()
+    detail = ", ".join(f"{s.name} {s.state.value} ({s.tag})" for s in statuses)
+    if all(s.state is images.State.CURRENT for s in statuses):
+        return [engine, Feature("sandbox images", "active", detail, required=False)]
+    detail += "; build with `tooljail images build`"
+    return [engine, Feature("sandbox images", "missing", detail, required=False)]
+
+
 def strict_ready(features: list[Feature]) -> list[Feature]:
     """The features whose absence makes `isolation = strict` refuse to start."""
     return [f for f in features if f.status == "missing" and f.required]
