@@ -539,9 +539,10 @@ class CallManager:
             if not oldest.state.finished:
                 break
             del self._calls[oldest_id]
-        for call in list(self._calls.values())[-1:]:
-            if call.state.finished:
-                self._with_events[call.call_id] = call
+        if self._calls:
+            newest = next(reversed(self._calls.values()))
+            if newest.state.finished:
+                self._with_events[newest.call_id] = newest
         while len(self._with_events) > KEPT_EVENT_LOGS:
             _, old = self._with_events.popitem(last=False)
             old.events.release()
