@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import io
 import json
 import os
@@ -94,11 +95,23 @@ def _write_frame(frame: dict[str, Any]) -> None:
         view = view[n:]
 
 
-def _prctl(option: int, value: int) -> bool:
+def _load_libc() -> ctypes.CDLL | None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(option, value, 0, 0, 0)) == 0
-    except (OSError, AttributeError):
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+# Loaded once, at start-up (in the zygote, before any fork): not per sandbox.
+_libc = _load_libc()
+
+
+def _prctl(option: int, value: int) -> bool:
+    if _libc is None:
+        return False
+    try:
+        return int(_libc.prctl(option, value, 0, 0, 0)) == 0
+    except AttributeError:
         return False
 
 
@@ -577,8 +590,6 @@ _WARM_REQUEST = json.dumps(
 
 
 def _fcntl_dup_high(fd: int) -> int:
-    import fcntl
-
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
 
 

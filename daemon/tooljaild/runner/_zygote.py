@@ -7,19 +7,20 @@ then a fork of this already-warm interpreter instead of bubblewrap plus a new
 interpreter: that is what lets the pool refill as fast as calls come.
 
 For each spawn request on the control socket (a JSON message with the child's
-stdin, stdout, stderr, frame pipe and cgroup descriptors attached), it forks a
-child that:
+stdin, stdout, stderr, frame pipe and cgroup descriptors attached), it clones
+a child into new user, mount, pid, ipc, uts and net namespaces (the nested user
+namespace gives it the capabilities to set them up; it has none outside). The
+child is the sandbox's pid 1. It:
 
 1. joins the sandbox's cgroups (through the descriptors the daemon opened),
-2. unshares new user, mount, pid, ipc, uts and net namespaces (a nested user
-   namespace gives it the capabilities to set them up; it has none outside),
-3. forks the sandbox's pid 1, which mounts a fresh /proc, and size-capped
-   tmpfs on /tmp, /dev/shm and /workspace, sets no-new-privileges, the seccomp
-   filter, drops every capability, and becomes the runner's keeper.
+2. maps its uid and gid into its user namespace,
+3. mounts a fresh /proc, and size-capped tmpfs on /tmp, /dev/shm and
+   /workspace, sets no-new-privileges and the seccomp filter, drops every
+   capability, and becomes the runner's keeper (which forks the worker).
 
-When pid 1 of a sandbox dies, the kernel kills everything in it; the first
-child holds pid 1 (which dies with it, PDEATHSIG) so that killing that one
-process ends the sandbox. Replies: {"id", "pid"} after the fork, {"id", "exit"}
+When pid 1 of a sandbox dies, the kernel kills everything in it, so killing that
+one process ends the sandbox; it dies with the zygote too (PDEATHSIG). Replies:
+{"id", "pid"} after the clone ({"id", "error"} when it failed), {"id", "exit"}
 when the child has ended.
 """
 
@@ -56,6 +57,7 @@ PR_CAPBSET_DROP = 24
 PR_SET_PDEATHSIG = 1
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYS_CAPSET = 126  # x86_64; other arches are refused at start-up
+SYS_CLONE = 56  # x86_64
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -79,16 +81,24 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
     )
 
 
-def _apply_seccomp(program: bytes) -> None:
-    count = len(program) // 8
-    buffer = ctypes.create_string_buffer(program)
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
-    class SockFprog(ctypes.Structure):
-        _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
-    prog = SockFprog(count, ctypes.cast(buffer, ctypes.c_void_p))
+class _Seccomp:
+    """The filter program, made ready for prctl once, in the zygote."""
+
+    def __init__(self, program: bytes) -> None:
+        self._buffer = ctypes.create_string_buffer(program)  # kept alive with the struct
+        self.prog = _SockFprog(len(program) // 8, ctypes.cast(self._buffer, ctypes.c_void_p))
+
+
+def _apply_seccomp(seccomp: _Seccomp) -> None:
     _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    _check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0), "seccomp")
+    _check(
+        libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(seccomp.prog), 0, 0),
+        "seccomp",
+    )
 
 
 def _drop_capabilities() -> None:
@@ -100,7 +110,7 @@ def _drop_capabilities() -> None:
     _check(libc.syscall(SYS_CAPSET, header, data), "capset")
 
 
-def _sandbox_pid1(params: dict[str, Any], seccomp: bytes, frames_fd: int) -> None:
+def _sandbox_pid1(params: dict[str, Any], seccomp: _Seccomp, frames_fd: int) -> None:
     """Inside the new namespaces: set up the sandbox, then be its keeper."""
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
@@ -128,12 +138,44 @@ def _sandbox_pid1(params: dict[str, Any], seccomp: bytes, frames_fd: int) -> Non
     _runner.run_sandbox(frames_fd, [])
 
 
-def _child(params: dict[str, Any], fds: list[int], seccomp: bytes, control: int) -> None:
-    """The forked child: namespaces, then pid 1. Exits with pid 1's status."""
+def _clone(flags: int) -> int:
+    """fork() into new namespaces in one step: the child is pid 1 of its pid namespace.
+
+    os.fork() takes no namespace flags, and unshare() then fork() costs a second
+    process per sandbox (its fork, its page faults, its exit). The raw clone
+    syscall skips glibc's and Python's after-fork bookkeeping, which this
+    single-threaded zygote does not need: no other thread can hold a lock, and
+    the child never calls raise() (whose cached thread id is stale after a raw
+    clone). The worker that runs tool code is a normal os.fork() of the child,
+    with all of that bookkeeping done.
+
+    Returns:
+        0 in the child; the child's pid in the parent.
+
+    Raises:
+        OSError: When the kernel refuses.
+    """
+    pid = int(
+        libc.syscall(
+            ctypes.c_long(SYS_CLONE),
+            ctypes.c_long(flags | signal.SIGCHLD),
+            ctypes.c_long(0),  # same stack (copied, as by fork)
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+            ctypes.c_long(0),
+        )
+    )
+    if pid < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"clone: {os.strerror(errno)}")
+    return pid
+
+
+def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp, ids: tuple[int, int]) -> None:
+    """The cloned child, pid 1 of its namespaces: set them up, then be the keeper."""
     try:
-        # Should the zygote die, its sandboxes die with it (pid 1 follows us).
+        # Should the zygote die, its sandboxes die with it.
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        os.close(control)
         stdin, stdout, stderr, frames, *cgroups = fds
         for fd in cgroups:
             os.write(fd, b"0")
@@ -144,31 +186,21 @@ def _child(params: dict[str, Any], fds: list[int], seccomp: bytes, control: int)
         for fd in (stdin, stdout, stderr):
             if fd > 2:
                 os.close(fd)
-        uid, gid = os.getuid(), os.getgid()
-        flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-        if not params.get("network"):
-            flags |= CLONE_NEWNET
-        _check(libc.unshare(flags), "unshare")
+        # Map our own uid and gid (as the zygote had them) into the new user namespace.
+        uid, gid = ids
         with open("/proc/self/setgroups", "w") as f:
             f.write("deny")
         with open("/proc/self/uid_map", "w") as f:
             f.write(f"{uid} {uid} 1")
         with open("/proc/self/gid_map", "w") as f:
             f.write(f"{gid} {gid} 1")
-        pid = os.fork()
-        if pid == 0:
-            _sandbox_pid1(params, seccomp, frames)
-            os._exit(0)
-        os.close(frames)
-        for fd in (0, 1, 2):
-            os.close(fd)
-        _, status = os.waitpid(pid, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+        _sandbox_pid1(params, seccomp, frames)
     except BaseException as exc:  # nothing of a failed setup may run a tool
         try:
             os.write(2, f"sandbox setup failed: {exc}\n".encode())
         finally:
             os._exit(111)
+    os._exit(0)
 
 
 def main() -> None:
@@ -176,7 +208,7 @@ def main() -> None:
     options = dict(zip(argv[::2], argv[1::2], strict=False))
     control = int(options["--control-fd"])
     with os.fdopen(int(options["--seccomp-fd"]), "rb") as f:
-        seccomp = f.read()
+        seccomp = _Seccomp(f.read())
     if os.uname().machine != "x86_64":
         raise SystemExit("the zygote knows capset's number on x86_64 only")
     sock = socket.socket(fileno=control)
@@ -185,6 +217,7 @@ def main() -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, str] = {}
+    ids = (os.getuid(), os.getgid())
     # Every sandbox is a fork of this process: keep the collector of each from
     # walking (and so copying, page by page) the objects they all inherit.
     gc.freeze()
@@ -213,13 +246,23 @@ def main() -> None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(target, signal.SIGKILL)
                 continue
-            pid = os.fork()
+            flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+            if not request.get("network"):
+                flags |= CLONE_NEWNET
+            try:
+                pid = _clone(flags)
+            except OSError as exc:
+                for fd in fds:
+                    os.close(fd)
+                sock.send(json.dumps({"id": request["id"], "error": str(exc)}).encode())
+                continue
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                _child(request, fds, seccomp, control)
+                os.close(control)
+                _child(request, fds, seccomp, ids)
             for fd in fds:
                 os.close(fd)
             children[pid] = request["id"]

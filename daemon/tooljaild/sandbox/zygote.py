@@ -113,6 +113,13 @@ class Zygote:
                 future = self._pending.pop(message["id"], None)
                 if future is not None and not future.done():
                     future.set_result(int(message["pid"]))
+            elif "error" in message:
+                future = self._pending.pop(message["id"], None)
+                self._exits.pop(message["id"], None)
+                if future is not None and not future.done():
+                    future.set_exception(
+                        SandboxError(f"the zygote cannot make a sandbox: {message['error']}")
+                    )
             elif "exit" in message:
                 done = self._exits.pop(message["id"], None)
                 if done is not None and not done.done():
