@@ -188,6 +188,8 @@ class Daemon:
             await self.pool.close()
         if self.context is not None and self.context.zygote is not None:
             await self.context.zygote.close()
+        if self.isolation is not None and self.isolation.tracker is not None:
+            await asyncio.to_thread(self.isolation.tracker.remove_spares)
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()

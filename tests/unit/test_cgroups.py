@@ -127,6 +127,40 @@ def test_memory_limit_oom_kills_the_sandbox(make_cgroup: Maker) -> None:
 
 
 @pytest.mark.isolation
+def test_a_released_cgroup_is_reused_empty_and_reports_only_its_new_users_oom(
+    make_cgroup: Maker, tracker: CgroupTracker
+) -> None:
+    limits = CgroupLimits(memory_bytes=64 * MiB, pids=32)
+    cg = make_cgroup("reuse", limits, "memory")
+    assert tracker.take_spare(limits) is None  # nothing given back yet
+    # The first user is OOM-killed and leaves a sleeping child behind.
+    with spawn(
+        cg, "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nb = b'x' * (200 << 20)"
+    ) as proc:
+        proc.wait(30)
+    assert cg.oom_killed()
+    left = cg.procs()
+    assert left, "the child should still sleep in the cgroup"
+    cg.release()
+    assert all(is_gone(pid) for pid in left)
+    assert cg.kill_all() and cg.kill_and_remove()  # given back: no longer this sandbox's
+    assert all(path.exists() for path in cg.paths)
+
+    again = tracker.take_spare(limits)
+    assert again is not None and again.paths == cg.paths
+    assert tracker.take_spare(limits) is None  # handed out once
+    assert again.procs() == []
+    assert not again.oom_killed()  # the first user's OOM kill is not this one's
+    code, out, _ = run(again, "print(open('/proc/self/cgroup').read())")
+    assert code == 0 and "/reuse" in out
+    # Other limits get another cgroup.
+    assert tracker.take_spare(CgroupLimits(memory_bytes=128 * MiB, pids=32)) is None
+    again.release()
+    tracker.remove_spares()
+    assert not any(path.exists() for path in cg.paths)
+
+
+@pytest.mark.isolation
 def test_pids_limit_stops_a_fork_bomb_and_kill_removes_everything(make_cgroup: Maker) -> None:
     cg = make_cgroup("forkbomb", CgroupLimits(memory_bytes=256 * MiB, pids=32), "pids")
     bomb = (
@@ -489,3 +523,20 @@ def test_v2_sweep_stale(v2: CgroupTracker, fake_rmdir: dict[Path, dict[str, str]
     assert proc.returncode == -signal.SIGKILL
     assert sorted(p.name for p in base.iterdir() if p.is_dir()) == ["not ours", "sbx-keep"]
     assert v2.sweep_stale(keep={"sbx-keep"}) == 0
+
+
+def test_v2_spares_are_bounded_and_the_rest_removed(
+    v2: CgroupTracker, fake_rmdir: dict[Path, dict[str, str]]
+) -> None:
+    v2.max_spares = 2
+    limits = CgroupLimits(pids=8)
+    made = [v2.create(f"sbx-{i}", limits) for i in range(3)]
+    for cg in made:
+        cg.release()  # an empty fake cgroup.procs: nothing left to kill
+    kept = [cg for cg in made if cg.paths[0].exists()]
+    assert len(kept) == 2
+    assert list(fake_rmdir) == [made[2].paths[0]]
+    taken = [v2.take_spare(limits) for _ in range(2)]
+    assert {cg.paths for cg in taken if cg is not None} == {cg.paths for cg in kept}
+    assert v2.take_spare(limits) is None
+    assert v2.take_spare(None) is None  # no limits is another kind of cgroup

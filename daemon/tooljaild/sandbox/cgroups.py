@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import signal
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -104,11 +105,25 @@ class CgroupTracker:
             limits with. Empty when the host only lets the daemon track and kill.
     """
 
-    def __init__(self, version: int, bases: Mapping[str, Path], controllers: frozenset[str]):
+    def __init__(
+        self,
+        version: int,
+        bases: Mapping[str, Path],
+        controllers: frozenset[str],
+        *,
+        max_spares: int = 16,
+    ):
         self.version = version
         self.controllers = controllers
         # role ("unified" on v2; "pids", "memory", "cpu", "freezer" on v1) -> base dir.
         self._bases = dict(bases)
+        # Emptied cgroups kept for reuse, by the limits they already carry, each
+        # with the OOM-kill count it had when it was given back.
+        self._spares: dict[CgroupLimits | None, list[tuple[dict[str, Path], int]]] = {}
+        self._spare_count = 0
+        self.max_spares = max_spares
+        """How many emptied cgroups are kept for reuse (the rest are removed)."""
+        self._lock = threading.Lock()
 
     @property
     def bases(self) -> tuple[Path, ...]:
@@ -216,6 +231,38 @@ class CgroupTracker:
         controllers = frozenset(role for role in LIMIT_CONTROLLERS if role in bases)
         return cls(1, bases, controllers)
 
+    def take_spare(self, limits: CgroupLimits | None = None) -> SandboxCgroup | None:
+        """A cgroup an earlier sandbox emptied and gave back, already limited so; or None.
+
+        Making and removing cgroups is most of what they cost (on v1, four
+        directories each way): the pool reuses them instead. Touches no file, so
+        it may be called from the event loop.
+        """
+        with self._lock:
+            spares = self._spares.get(limits)
+            if not spares:
+                return None
+            dirs, oom_base = spares.pop()
+            self._spare_count -= 1
+        return SandboxCgroup(self.version, dirs, tracker=self, limits=limits, oom_base=oom_base)
+
+    def _give_back(self, limits: CgroupLimits | None, dirs: dict[str, Path], oom_base: int) -> bool:
+        with self._lock:
+            if self._spare_count >= self.max_spares:
+                return False
+            self._spares.setdefault(limits, []).append((dirs, oom_base))
+            self._spare_count += 1
+            return True
+
+    def remove_spares(self) -> None:
+        """Remove the cgroups kept for reuse (at shutdown)."""
+        with self._lock:
+            spares = [dirs for kept in self._spares.values() for dirs, _ in kept]
+            self._spares.clear()
+            self._spare_count = 0
+        for dirs in spares:
+            SandboxCgroup(self.version, dirs).kill_and_remove()
+
     def create(self, sandbox_id: str, limits: CgroupLimits | None = None) -> SandboxCgroup:
         """Make (or reuse) the cgroup of one sandbox and set its limits.
 
@@ -249,7 +296,7 @@ class CgroupTracker:
                 with contextlib.suppress(OSError):
                     _rmdir(path)
             raise
-        return SandboxCgroup(self.version, dirs)
+        return SandboxCgroup(self.version, dirs, tracker=self, limits=limits)
 
     def _apply(self, dirs: Mapping[str, Path], limits: CgroupLimits) -> None:
         wanted = {
@@ -328,11 +375,24 @@ class SandboxCgroup:
             sandbox once it has joined all of them.
     """
 
-    def __init__(self, version: int, dirs: Mapping[str, Path]):
+    def __init__(
+        self,
+        version: int,
+        dirs: Mapping[str, Path],
+        *,
+        tracker: CgroupTracker | None = None,
+        limits: CgroupLimits | None = None,
+        oom_base: int = 0,
+    ):
         self.version = version
         order = [_UNIFIED, *_V1_ROLES]
         self._dirs = {role: dirs[role] for role in order if role in dirs}
         self.paths: tuple[Path, ...] = tuple(self._dirs.values())
+        self._tracker = tracker
+        self._limits = limits
+        self._oom_base = oom_base
+        # "active" -> "given back" (to the tracker, for another sandbox) or "removed".
+        self._state = "active"
 
     def __repr__(self) -> str:
         return f"SandboxCgroup(version={self.version}, paths={self.paths!r})"
@@ -373,6 +433,50 @@ class SandboxCgroup:
             found.update(_read_pids(path))
         return sorted(found)
 
+    def kill_all(self, timeout_s: float = 5.0) -> bool:
+        """SIGKILL every process in the sandbox's cgroups until none is left.
+
+        The same killing as `kill_and_remove`, without removing anything.
+
+        Returns:
+            True when the cgroups are empty.
+        """
+        if self._state == "given back":
+            return True  # another sandbox's now: not ours to touch
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while True:
+            pids = self.procs()
+            if not pids:
+                return True
+            self._kill(pids, deadline)
+            if time.monotonic() >= deadline:
+                log.warning("cgroup %s still busy after %.1fs", self.paths[0], timeout_s)
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def release(self, timeout_s: float = 5.0) -> None:
+        """The sandbox is over: kill what is left, then hand the cgroup back for reuse.
+
+        The tracker keeps a bounded number of emptied cgroups, limits and all; the
+        rest are removed. A cgroup is reused only once no process is left in it,
+        and its OOM-kill count is remembered so that the next sandbox reports
+        only its own. Calling it again, or after `kill_and_remove`, does nothing:
+        once given back, this object no longer touches the cgroup.
+        """
+        if self._state != "active":
+            return
+        tracker = self._tracker
+        if (
+            tracker is not None
+            and self.kill_all(timeout_s)
+            and tracker._give_back(self._limits, dict(self._dirs), self._oom_count())
+        ):
+            self._state = "given back"
+            return
+        self.kill_and_remove(timeout_s)
+
     def kill_and_remove(self, timeout_s: float = 5.0) -> bool:
         """SIGKILL every process in the sandbox's cgroups, then remove them.
 
@@ -389,6 +493,8 @@ class SandboxCgroup:
         Returns:
             True when every directory is gone.
         """
+        if self._state == "given back":
+            return True  # another sandbox's now: not ours to touch
         deadline = time.monotonic() + timeout_s
         remaining = list(self.paths)
         pause = 0.001
@@ -409,6 +515,7 @@ class SandboxCgroup:
                         continue
                     remaining.remove(path)
                 if not remaining:
+                    self._state = "removed"
                     return True
             if time.monotonic() >= deadline:
                 log.warning("cgroup %s still busy after %.1fs", self.paths[0], timeout_s)
@@ -471,24 +578,28 @@ class SandboxCgroup:
             return True  # Gone: nothing left to wait for.
 
     def oom_killed(self) -> bool:
-        """Whether the kernel killed a process of the sandbox for lack of memory.
+        """Whether the kernel killed a process of this sandbox for lack of memory.
 
         v2: `oom_kill` in `memory.events`. v1: `oom_kill` in `memory.oom_control`
         (Linux 4.13+), else whether the limit was ever hit (`memory.failcnt`).
-        False when the sandbox has no memory controller.
+        Counted since this sandbox got the cgroup (a reused one starts from the
+        count its last user left). False when there is no memory controller.
         """
+        return self._oom_count() > self._oom_base
+
+    def _oom_count(self) -> int:
         try:
             if self.version == 2:
-                return _read_keyed(self._dirs[_UNIFIED] / "memory.events").get("oom_kill", 0) > 0
+                return _read_keyed(self._dirs[_UNIFIED] / "memory.events").get("oom_kill", 0)
             mem = self._dirs.get("memory")
             if mem is None:
-                return False
+                return 0
             control = _read_keyed(mem / "memory.oom_control")
             if "oom_kill" in control:
-                return control["oom_kill"] > 0
-            return (_read_int(mem / "memory.failcnt") or 0) > 0
+                return control["oom_kill"]
+            return _read_int(mem / "memory.failcnt") or 0
         except OSError:
-            return False
+            return 0
 
     def memory_peak(self) -> int | None:
         """The most memory the sandbox used at once, in bytes; None if unknown.

@@ -168,12 +168,13 @@ class ProcessSandbox(Sandbox):
                 os.chown(self.workspace, self._iso.uid, self._iso.gid or self._iso.uid)
         tracker = self._iso.tracker if self._config.use_cgroups else None
         if tracker is not None:
-            try:
-                self._cgroup = await asyncio.to_thread(
-                    tracker.create, self.id, self._cgroup_limits()
-                )
-            except OSError as exc:
-                log.warning("no cgroup for %s: %s", self.id, exc)
+            limits = self._cgroup_limits()
+            self._cgroup = tracker.take_spare(limits)
+            if self._cgroup is None:
+                try:
+                    self._cgroup = await asyncio.to_thread(tracker.create, self.id, limits)
+                except OSError as exc:
+                    log.warning("no cgroup for %s: %s", self.id, exc)
         if self.namespaced and self._context.zygote is not None:
             await self._start_from_zygote(self._context.zygote)
             return
@@ -346,6 +347,10 @@ class ProcessSandbox(Sandbox):
                 if not done:
                     await self._kill_tree()
             result, exit_frame, yields = await frames_task
+            if result is not None and result.get("sealed"):
+                # Nothing is left to run in there: end the sandbox now, so that
+                # its keeper never wakes up to sweep an empty tree.
+                proc.kill()
             # Output still in flight drains; anything that keeps the pipes open
             # past this point escaped the keeper and is killed.
             _, pending = await asyncio.wait(pumps, timeout=2.0)
@@ -454,7 +459,7 @@ class ProcessSandbox(Sandbox):
                 proc.kill()
         if self._cgroup is not None:
             # Everything the tool started is in the cgroup, wherever it forked to.
-            await asyncio.to_thread(self._cgroup.kill_and_remove)
+            await asyncio.to_thread(self._cgroup.kill_all)
             return
         if self.namespaced:
             with contextlib.suppress(TimeoutError):
@@ -493,11 +498,18 @@ class ProcessSandbox(Sandbox):
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.feed_eof()
-        if self._cgroup is not None:
-            await asyncio.to_thread(self._cgroup.kill_and_remove)
         if self._frames_transport is not None:
             self._frames_transport.close()
-        await asyncio.to_thread(shutil.rmtree, self.workspace, True)
+        if self._cgroup is not None or not self.namespaced:
+            # One trip to a thread for both (under namespaces the workspace is a
+            # tmpfs inside the sandbox: nothing to remove on the host).
+            await asyncio.to_thread(self._remove_leftovers)
+
+    def _remove_leftovers(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.release()
+        if not self.namespaced:
+            shutil.rmtree(self.workspace, ignore_errors=True)
 
 
 def build_bwrap_spec(
