@@ -59,6 +59,10 @@ class Event:
     data: bytes
 
 
+_DROPPED = Event(0, StreamKind.NOTICE, b"")
+"""Stands in for a chunk dropped from the front until the list is compacted."""
+
+
 class EventLog:
     """The ordered output chunks of one call, bounded in bytes.
 
@@ -97,6 +101,8 @@ class EventLog:
         self._bytes += len(data)
         while self._bytes > self._max_bytes and len(self._events) - self._start > 1:
             self._bytes -= len(self._events[self._start].data)
+            # Free the chunk now, not at the next compaction below.
+            self._events[self._start] = _DROPPED
             self._start += 1
         if self._start > 1024 and self._start * 2 > len(self._events):
             del self._events[: self._start]

@@ -96,3 +96,20 @@ async def test_a_reader_behind_keeps_its_place_while_chunks_arrive() -> None:
     assert b"10 output chunks dropped" in notices[0].data
     # Every chunk is either read or counted in a notice: nothing vanishes.
     assert 6 + 10 + len(seqs) == 20
+
+
+async def test_chunks_dropped_from_the_front_are_freed_at_once() -> None:
+    import tracemalloc
+
+    log = EventLog(max_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(1000):  # 250 MiB through a 1 MiB log, in 256 KiB chunks
+            log.append(StreamKind.STDOUT, b"x" * (256 << 10))
+        held = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held < 4 << 20, f"the log holds {held >> 20} MiB"
+    assert log.last_seq == 1000
+    assert log.first_seq > 990
