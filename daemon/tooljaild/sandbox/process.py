@@ -37,9 +37,9 @@ from tooljaild.sandbox.base import (
     Sandbox,
     SandboxError,
     Termination,
-    first_words,
 )
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
+from tooljaild.sandbox.channels import Frame, FrameChannel, OutputChannel
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
 
@@ -107,9 +107,14 @@ class ProcessSandbox(Sandbox):
         self._iso = context.isolation
         self._limits = limits
         self._cgroup: SandboxCgroup | None = None
-        self._proc: asyncio.subprocess.Process | None = None
-        self._frames: asyncio.StreamReader | None = None
-        self._frames_transport: asyncio.ReadTransport | None = None
+        self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
+        self._exited: asyncio.Future[int] | None = None
+        """Done when the sandbox's first process (bubblewrap, or pid 1) has ended."""
+        self._stdin: asyncio.WriteTransport | None = None
+        self._stdout: OutputChannel | None = None
+        self._stderr: OutputChannel | None = None
+        self._frames: FrameChannel | None = None
+        self._transports: list[asyncio.BaseTransport] = []
         self._worker_pid: int | None = None
         self._forked = False
         self._used = False
@@ -175,68 +180,23 @@ class ProcessSandbox(Sandbox):
                     self._cgroup = await asyncio.to_thread(tracker.create, self.id, limits)
                 except OSError as exc:
                     log.warning("no cgroup for %s: %s", self.id, exc)
-        if self.namespaced and self._context.zygote is not None:
-            await self._start_from_zygote(self._context.zygote)
-            return
-        passed: list[int] = []  # descriptors the child inherits; closed here after the spawn
-        try:
-            read_fd, write_fd = os.pipe()
-            passed.append(write_fd)
-            runner_args = [self._runner_file("_runner.py"), "--frames-fd", str(write_fd)]
-            if self._cgroup is not None:
-                cgroup_fds = self._cgroup.open_procs()
-                passed += cgroup_fds
-                runner_args += ["--cgroup-fds", ",".join(map(str, cgroup_fds))]
-            if self.namespaced:
-                spec = self._bwrap_spec(passed)
-                argv = spec.argv(runner_args)
-                passed += spec.fds()
-                env: dict[str, str] = {}
-            else:
-                argv = [self._config.python, "-I", "-B", *runner_args]
-                env = self._base_env()
-            if self._iso.uid is not None:
-                argv = [*_drop_privileges(self._iso.uid, self._iso.gid), *argv]
-            try:
-                self._proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE,
-                    pass_fds=tuple(passed),
-                    start_new_session=True,
-                    env=env,
-                    cwd="/" if self.namespaced else self.workspace,
-                    limit=READ_CHUNK,
-                )
-            except OSError as exc:
-                os.close(read_fd)
-                raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
-        finally:
-            for fd in passed:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        await self._await_ready(read_fd)
-
-    async def _start_from_zygote(self, zygote: Zygote) -> None:
-        loop = asyncio.get_running_loop()
+        # The sandbox's ends ("theirs") are closed here once it has them.
         theirs: list[int] = []
         ours: list[int] = []
         try:
             stdin_r, stdin_w = os.pipe()
-            stdout_r, stdout_w = os.pipe()
-            stderr_r, stderr_w = os.pipe()
-            frames_r, frames_w = os.pipe()
-            theirs += [stdin_r, stdout_w, stderr_w, frames_w]
-            ours += [stdin_w, stdout_r, stderr_r, frames_r]
-            if self._cgroup is not None:
-                theirs += self._cgroup.open_procs()
-            params = {
-                "tmp_bytes": self._limits.tmp_bytes,
-                "workspace_bytes": self._limits.workspace_bytes,
-                "shared": zygote_shared(self._context),
-            }
-            pid = await zygote.spawn(self.id, params, theirs)
+            theirs.append(stdin_r)
+            ours.append(stdin_w)
+            for _ in range(3):  # stdout, stderr, frames: the sandbox writes, we read
+                r, w = os.pipe()
+                theirs.append(w)
+                ours.append(r)
+            if self.namespaced and self._context.zygote is not None:
+                if self._cgroup is not None:
+                    theirs += self._cgroup.open_procs()
+                await self._start_from_zygote(self._context.zygote, theirs)
+            else:
+                await self._start_process(theirs)
         except BaseException:
             for fd in ours:
                 os.close(fd)
@@ -245,36 +205,94 @@ class ProcessSandbox(Sandbox):
             for fd in theirs:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        stdout = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        stderr = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        for reader, fd in ((stdout, stdout_r), (stderr, stderr_r)):
-            await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
+        await self._connect(*ours)
+        await self._await_ready()
+
+    async def _start_process(self, theirs: list[int]) -> None:
+        """Start the runner as a process of its own (under bubblewrap when namespaced)."""
+        stdin_r, stdout_w, stderr_w, frames_w = theirs[:4]
+        runner_args = [self._runner_file("_runner.py"), "--frames-fd", str(frames_w)]
+        if self._cgroup is not None:
+            cgroup_fds = self._cgroup.open_procs()
+            theirs += cgroup_fds
+            runner_args += ["--cgroup-fds", ",".join(map(str, cgroup_fds))]
+        if self.namespaced:
+            spec = self._bwrap_spec(theirs)
+            argv = spec.argv(runner_args)
+            theirs += spec.fds()
+            env: dict[str, str] = {}
+        else:
+            argv = [self._config.python, "-I", "-B", *runner_args]
+            env = self._base_env()
+        if self._iso.uid is not None:
+            argv = [*_drop_privileges(self._iso.uid, self._iso.gid), *argv]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=stdin_r,
+                stdout=stdout_w,
+                stderr=stderr_w,
+                pass_fds=tuple(fd for fd in theirs if fd not in (stdin_r, stdout_w, stderr_w)),
+                start_new_session=True,
+                env=env,
+                cwd="/" if self.namespaced else self.workspace,
+            )
+        except OSError as exc:
+            raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
+        self._proc = proc
+        self._exited = asyncio.ensure_future(proc.wait())
+
+    async def _start_from_zygote(self, zygote: Zygote, theirs: list[int]) -> None:
+        params = {
+            "tmp_bytes": self._limits.tmp_bytes,
+            "workspace_bytes": self._limits.workspace_bytes,
+            "shared": zygote_shared(self._context),
+        }
+        pid = await zygote.spawn(self.id, params, theirs)
+        child = ZygoteChild(zygote, self.id, pid)
+        self._proc = child
+        self._exited = child.exited
+        self._forked = True
+
+    async def _connect(self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._stdout = OutputChannel(StreamKind.STDOUT)
+        self._stderr = OutputChannel(StreamKind.STDERR)
+        self._frames = FrameChannel(self._on_start_frame, MAX_FRAME_BYTES)
+        self._ready: asyncio.Future[Frame | None] = loop.create_future()
+        for protocol, fd in (
+            (self._stdout, stdout_r),
+            (self._stderr, stderr_r),
+            (self._frames, frames_r),
+        ):
+            transport, _ = await loop.connect_read_pipe(
+                lambda p=protocol: p,  # type: ignore[misc]
                 os.fdopen(fd, "rb", buffering=0),
             )
-        w_transport, w_protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, os.fdopen(stdin_w, "wb", buffering=0)
+            self._transports.append(transport)
+        stdin, _ = await loop.connect_write_pipe(
+            asyncio.Protocol, os.fdopen(stdin_w, "wb", buffering=0)
         )
-        stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
-        self._proc = ZygoteChild(zygote, self.id, pid, stdin, stdout, stderr)  # type: ignore[assignment]
-        self._forked = True
-        await self._await_ready(frames_r)
+        self._stdin = stdin
+        self._transports.append(stdin)
 
-    async def _await_ready(self, read_fd: int) -> None:
-        assert self._proc is not None
-        loop = asyncio.get_running_loop()
-        self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
-        protocol = asyncio.StreamReaderProtocol(self._frames, loop=loop)
-        transport, _ = await loop.connect_read_pipe(
-            lambda: protocol, os.fdopen(read_fd, "rb", buffering=0)
-        )
-        self._frames_transport = transport
+    def _on_start_frame(self, frame: Frame | None) -> None:
+        if not self._ready.done():
+            self._ready.set_result(frame)
+
+    async def _await_ready(self) -> None:
+        assert self._proc is not None and self._stderr is not None
         try:
-            ready = await asyncio.wait_for(self._read_frame(), self._config.start_timeout_s)
+            ready = await asyncio.wait_for(
+                asyncio.shield(self._ready), self._config.start_timeout_s
+            )
         except TimeoutError:
             ready = None
         if ready is None or ready.get("t") != "ready":
-            said = await first_words(self._proc.stderr)
+            # What it printed on its way down says why.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._stderr.closed), 1.0)
+            said = self._stderr.said()
             await self.close()
             raise SandboxError(f"sandbox {self.id} did not start: {said or 'no ready signal'}")
         self._worker_pid = int(ready["worker"])
@@ -290,30 +308,12 @@ class ProcessSandbox(Sandbox):
     def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
         return build_bwrap_spec(self._config, self._context, self._limits, passed)
 
-    async def _read_frame(self) -> dict[str, Any] | None:
-        assert self._frames is not None
-        while True:
-            try:
-                line = await self._frames.readline()
-            except ValueError:
-                # A line past the limit: not a frame the runner wrote. Skip it.
-                log.warning("sandbox %s sent an oversized frame", self.id)
-                continue
-            if not line:
-                return None
-            try:
-                frame = json.loads(line)
-            except ValueError:
-                continue  # tool code wrote junk into the frame pipe
-            if isinstance(frame, dict):
-                return frame
-
     async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
         if self._proc is None or self._used or self._closed:
             raise SandboxError(f"sandbox {self.id} is not ready for a request")
+        assert self._stdin and self._stdout and self._stderr and self._frames and self._exited
         self._used = True
         proc = self._proc
-        assert proc.stdin and proc.stdout and proc.stderr
         message = {
             "kind": request.kind,
             **request.payload,
@@ -325,65 +325,35 @@ class ProcessSandbox(Sandbox):
             # pid namespace, which the worker's seal needs.
             "seal": self._forked,
         }
-        try:
-            proc.stdin.write(json.dumps(message).encode() + b"\n")
-            await proc.stdin.drain()
-            proc.stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the runner died before reading: reported as runner_lost below
+        end = _CallEnd(sink)
+        self._frames.on_frame = end.on_frame
+        self._stdout.attach(sink)
+        self._stderr.attach(sink)
+        if not self._stdin.is_closing():
+            # A runner that died before reading is reported as runner_lost below.
+            self._stdin.write(json.dumps(message).encode() + b"\n")
+            self._stdin.close()
 
-        pumps = [
-            asyncio.create_task(_pump(proc.stdout, StreamKind.STDOUT, sink)),
-            asyncio.create_task(_pump(proc.stderr, StreamKind.STDERR, sink)),
-        ]
-        frames_task = asyncio.create_task(self._collect_frames(sink))
-        keeper_task = asyncio.create_task(proc.wait())
-        try:
-            await asyncio.wait({frames_task, keeper_task}, return_when=asyncio.FIRST_COMPLETED)
-            if not frames_task.done():
-                # The keeper is gone; its last frame, if it wrote one, is already
-                # in the pipe. Nothing left can report the tree's end: kill it.
-                done, _ = await asyncio.wait({frames_task}, timeout=0.5)
-                if not done:
-                    await self._kill_tree()
-            result, exit_frame, yields = await frames_task
-            if result is not None and result.get("sealed"):
-                # Nothing is left to run in there: end the sandbox now, so that
-                # its keeper never wakes up to sweep an empty tree.
-                proc.kill()
-            # Output still in flight drains; anything that keeps the pipes open
-            # past this point escaped the keeper and is killed.
-            _, pending = await asyncio.wait(pumps, timeout=2.0)
-            if pending:
+        either: set[asyncio.Future[Any]] = {end.done, self._exited}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if not end.done.done():
+            # The keeper is gone; its last frame, if it wrote one, is already
+            # in the pipe. Nothing left can report the tree's end: kill it.
+            done, _ = await asyncio.wait({end.done}, timeout=0.5)
+            if not done:
                 await self._kill_tree()
-                await asyncio.wait(pending, timeout=2.0)
-        finally:
-            for task in (*pumps, frames_task, keeper_task):
-                if not task.done():
-                    task.cancel()
-        return self._outcome(result, exit_frame, yields)
-
-    async def _collect_frames(
-        self, sink: OutputSink
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
-        result: dict[str, Any] | None = None
-        yields = 0
-        while True:
-            frame = await self._read_frame()
-            if frame is None:
-                return result, None, yields
-            kind = frame.get("t")
-            if kind == "yield":
-                yields += 1
-                sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
-            elif kind == "result" and result is None:
-                result = frame
-                if frame.get("sealed"):
-                    # The worker killed the rest of the tree before it wrote this:
-                    # the call is over; the keeper's exit frame would say no more.
-                    return result, None, yields
-            elif kind == "exit":
-                return result, frame, yields
+        if end.result is not None and end.result.get("sealed"):
+            # Nothing is left to run in there: end the sandbox now, so that
+            # its keeper never wakes up to sweep an empty tree.
+            proc.kill()
+        # Output still in flight drains; anything that keeps the pipes open
+        # past this point escaped the keeper and is killed.
+        pipes = {self._stdout.closed, self._stderr.closed}
+        _, pending = await asyncio.wait(pipes, timeout=2.0)
+        if pending:
+            await self._kill_tree()
+            await asyncio.wait(pending, timeout=2.0)
+        return self._outcome(end.result, end.exit_frame, end.yields)
 
     def _outcome(
         self, result: dict[str, Any] | None, exit_frame: dict[str, Any] | None, yields: int
@@ -483,23 +453,21 @@ class ProcessSandbox(Sandbox):
             return
         self._closed = True
         proc = self._proc
-        if proc is not None:
-            if proc.stdin is not None and not proc.stdin.is_closing():
-                proc.stdin.close()  # an unused runner exits on EOF
-            if proc.returncode is None:
-                try:
-                    await asyncio.wait_for(proc.wait(), 0.05 if self._used else 0.5)
-                except TimeoutError:
-                    await self._kill_tree()
-                    with contextlib.suppress(ProcessLookupError):
-                        proc.kill()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(proc.wait(), 5.0)
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.feed_eof()
-        if self._frames_transport is not None:
-            self._frames_transport.close()
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.close()  # an unused runner exits on EOF
+        if proc is not None and proc.returncode is None:
+            try:
+                await asyncio.wait_for(proc.wait(), 0.05 if self._used else 0.5)
+            except TimeoutError:
+                await self._kill_tree()
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5.0)
+        for transport in self._transports:
+            transport.close()
+        if self._exited is not None and not self._exited.done():
+            self._exited.cancel()
         if self._cgroup is not None or not self.namespaced:
             # One trip to a thread for both (under namespaces the workspace is a
             # tmpfs inside the sandbox: nothing to remove on the host).
@@ -510,6 +478,38 @@ class ProcessSandbox(Sandbox):
             self._cgroup.release()
         if not self.namespaced:
             shutil.rmtree(self.workspace, ignore_errors=True)
+
+
+class _CallEnd:
+    """Collects a call's frames: yielded values go to the sink, and `done` says when
+    the call is over (a sealed result, the keeper's exit frame, or end-of-file)."""
+
+    def __init__(self, sink: OutputSink) -> None:
+        self._sink = sink
+        self.result: Frame | None = None
+        self.exit_frame: Frame | None = None
+        self.yields = 0
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_frame(self, frame: Frame | None) -> None:
+        if self.done.done():
+            return
+        if frame is None:
+            self.done.set_result(None)
+            return
+        kind = frame.get("t")
+        if kind == "yield":
+            self.yields += 1
+            self._sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
+        elif kind == "result" and self.result is None:
+            self.result = frame
+            if frame.get("sealed"):
+                # The worker killed the rest of the tree before it wrote this:
+                # the call is over; the keeper's exit frame would say no more.
+                self.done.set_result(None)
+        elif kind == "exit":
+            self.exit_frame = frame
+            self.done.set_result(None)
 
 
 def build_bwrap_spec(

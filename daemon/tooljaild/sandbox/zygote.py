@@ -191,29 +191,19 @@ class Zygote:
 class ZygoteChild:
     """A sandbox made by the zygote, shaped like the asyncio process it replaces."""
 
-    def __init__(
-        self,
-        zygote: Zygote,
-        ident: str,
-        pid: int,
-        stdin: asyncio.StreamWriter,
-        stdout: asyncio.StreamReader,
-        stderr: asyncio.StreamReader,
-    ) -> None:
+    def __init__(self, zygote: Zygote, ident: str, pid: int) -> None:
         self._zygote = zygote
         self._ident = ident
         self.pid = pid
-        self.stdin = stdin
-        self.stdout = stdout
-        self.stderr = stderr
-        self._exit = zygote.exited(ident)
+        self.exited = zygote.exited(ident)
+        """Resolves with pid 1's exit code when the sandbox has ended."""
 
     @property
     def returncode(self) -> int | None:
-        return self._exit.result() if self._exit.done() else None
+        return self.exited.result() if self.exited.done() and not self.exited.cancelled() else None
 
     async def wait(self) -> int:
-        return await asyncio.shield(self._exit)
+        return await asyncio.shield(self.exited)
 
     def kill(self) -> None:
         self._zygote.kill(self._ident)
