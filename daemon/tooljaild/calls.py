@@ -21,7 +21,7 @@ import re
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,8 @@ class Call:
         self.done = asyncio.Event()
         self.stop_reason: str | None = None
         self._stop = asyncio.Event()
+        self.on_stop: Callable[[], None] | None = None
+        """Called by `request_stop` while the call runs: stops its sandbox."""
 
     def sink(self, stream: StreamKind, data: bytes) -> None:
         if stream is StreamKind.STDOUT:
@@ -119,6 +121,8 @@ class Call:
         if self.stop_reason is None:
             self.stop_reason = reason
         self._stop.set()
+        if self.on_stop is not None:
+            self.on_stop()
 
     def info(self) -> CallInfo:
         result = self.final
@@ -298,22 +302,26 @@ class CallManager:
             self._forget_old()
 
     async def _run_admitted(self, call: Call) -> None:
-        stop_wait = asyncio.create_task(call._stop.wait())
-        try:
-            slot = asyncio.create_task(self._slots.acquire())
-            await asyncio.wait({slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if self._slots.locked():
+            # Queued behind max_concurrent calls: wait for a slot, or for a stop.
+            stop_wait = asyncio.ensure_future(call._stop.wait())
+            slot = asyncio.ensure_future(self._slots.acquire())
+            try:
+                await asyncio.wait({slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
             if not slot.done():
                 slot.cancel()
                 self._finish(call, self._not_run(call, "the call was cancelled before it started"))
                 return
-            try:
-                await self._execute(call, stop_wait)
-            finally:
-                self._slots.release()
+        else:
+            await self._slots.acquire()  # a free slot: no wait, no task
+        try:
+            await self._execute(call)
         finally:
-            stop_wait.cancel()
+            self._slots.release()
 
-    async def _execute(self, call: Call, stop_wait: asyncio.Task[Any]) -> None:
+    async def _execute(self, call: Call) -> None:
         if call.stop_reason is not None:
             self._finish(call, self._not_run(call, "the call was cancelled before it started"))
             return
@@ -322,34 +330,46 @@ class CallManager:
         except SandboxError as exc:
             self._finish(call, self._sandbox_failed(call, str(exc)))
             return
+        loop = asyncio.get_running_loop()
+        reason: str | None = None
+        killing: asyncio.Future[None] | None = None
+        timers: list[asyncio.TimerHandle] = []
+
+        # The run is awaited right here; a timeout or a stop request kills the
+        # sandbox from a callback, and the run then ends with the tree.
+        def stop(why: str) -> None:
+            nonlocal reason, killing
+            if killing is None:
+                reason = why
+                killing = asyncio.ensure_future(sandbox.kill())
+
+        def on_timeout() -> None:
+            kill_after = call.tool.options.kill_after_s
+            if kill_after > call.timeout_s and call.stop_reason is None:
+                # The caller hears "timeout, still running" now; the call runs on
+                # detached until kill_after_s, and GetCall tells its real end.
+                call.caller_result.set_result(self._timeout_result(call, still_running=True))
+                timers.append(loop.call_later(kill_after - call.timeout_s, stop, "hard_timeout"))
+            else:
+                stop(call.stop_reason or "timeout")
+
         try:
             call.state = CallState.RUNNING
             call.started_at = time.monotonic()
             call.sandbox_id = sandbox.id
             call.started.set_result(sandbox.id)
-            run = asyncio.create_task(sandbox.run(self._request(call), call.sink))
-            await asyncio.wait(
-                {run, stop_wait}, timeout=call.timeout_s, return_when=asyncio.FIRST_COMPLETED
-            )
-            reason: str | None = None
-            if not run.done():
-                reason = call.stop_reason or "timeout"
-                kill_after = call.tool.options.kill_after_s
-                if reason == "timeout" and kill_after > call.timeout_s:
-                    # The caller hears "timeout, still running" now; the call runs on
-                    # detached until kill_after_s, and GetCall tells its real end.
-                    call.caller_result.set_result(self._timeout_result(call, still_running=True))
-                    await asyncio.wait(
-                        {run, stop_wait},
-                        timeout=kill_after - call.timeout_s,
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    reason = None if run.done() else (call.stop_reason or "hard_timeout")
-                if reason is not None:
-                    await sandbox.kill()
-            outcome = await run
+            timers.append(loop.call_later(call.timeout_s, on_timeout))
+            call.on_stop = lambda: stop(call.stop_reason or "cancelled")
+            if call.stop_reason is not None:
+                stop(call.stop_reason)
+            outcome = await sandbox.run(self._request(call), call.sink)
+            if killing is not None:
+                await killing
             self._finish(call, self._result(call, outcome, reason))
         finally:
+            call.on_stop = None
+            for timer in timers:
+                timer.cancel()
             self._pool.release(sandbox)
 
     def _limits_for(self, tool: Tool) -> Limits:
