@@ -634,8 +634,41 @@ def run_sandbox(frames_fd: int, cgroup_fds: list[int]) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     options = dict(zip(argv[::2], argv[1::2], strict=False))
+    if "--connect" in options:
+        connect_sandbox(options["--connect"])
     cgroup_fds = [int(fd) for fd in options.get("--cgroup-fds", "").split(",") if fd]
     run_sandbox(int(options["--frames-fd"]), cgroup_fds)
+
+
+def connect_sandbox(path: str, timeout_s: float = 60.0) -> None:
+    """Fetch the sandbox's pipes from the daemon over a Unix socket, then run_sandbox.
+
+    The start mode for containers (``_runner.py --connect PATH``), which cannot
+    inherit descriptors from the daemon: the daemon listens on PATH (a socket in
+    a directory bind-mounted into the container) before the container starts,
+    and answers the one connection with four descriptors (SCM_RIGHTS), in this
+    order: the request pipe's read end, the stdout and stderr pipes' write ends
+    and the frame pipe's write end. They become descriptors 0, 1, 2 and the
+    frame descriptor, exactly as a runner the daemon spawned would have them;
+    from there on nothing differs. Never returns.
+    """
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+        _, fds, _, _ = socket.recv_fds(sock, 16, 4, socket.MSG_CMSG_CLOEXEC)
+    if len(fds) != 4:
+        raise SystemExit(f"tooljail runner: expected 4 descriptors from {path}, got {len(fds)}")
+    # Above every standard descriptor first, so that no dup2 below overwrites
+    # a received one that happens to sit at 0, 1 or 2.
+    high = [_fcntl_dup_high(fd) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    for target, fd in enumerate(high[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    run_sandbox(high[3], [])
 
 
 if __name__ == "__main__":

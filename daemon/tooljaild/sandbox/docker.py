@@ -1,0 +1,889 @@
+"""The docker backend: each sandbox is a container with the runner already waiting inside.
+
+A sandbox is one container from a sandbox image (`tooljail images build
+python`), started by the pool's refill. Its command is the daemon's own
+stdlib-only runner, bind-mounted read-only at /opt/tooljail/runner, started as
+``python3 -I -B _runner.py --connect /run/tooljail/sandbox.sock``. The call
+path then goes through no `docker exec` and no container start: `run` writes
+one JSON line into a pipe the runner is already blocked on, and reads.
+
+The channel. A container cannot inherit the daemon's pipes, so the daemon
+hands them over: before the container starts it listens on a Unix socket in a
+per-sandbox host directory (``<state_dir>/docker/<sandbox id>/``, bind-mounted
+read-only at /run/tooljail, reachable by the sandbox uid only); the runner
+connects once and receives the request, stdout, stderr and frame pipes as
+descriptors (SCM_RIGHTS). The daemon checks that the peer is the container's
+first process (its cgroup names the container), then closes the socket and
+unlinks it. From there on the sandbox has exactly the process backend's plumbing
+(pipes, keeper and worker, frames), so the same asyncio logic reads it, and
+tool code sees the same kind of stdout.
+
+Hardened by default (docs/decisions.md has the why):
+- no network (``network_mode=none``) unless the config allows it;
+- read-only root; size-capped tmpfs /tmp and /workspace (nosuid, nodev) and
+  /dev/shm; the runner and the tool and files directories bound read-only;
+- uid 65534 (never root), every capability dropped, no-new-privileges, the
+  process backend's seccomp filter (`docker_seccomp`);
+- memory (swap included), pids and CPU limits of the whole container from
+  `Limits`; rlimits applied by the runner per call, as in the process backend;
+- a scrubbed environment (the runner replaces it with the request's);
+- no Docker socket inside; labels ``org.tooljail.sandbox=1``,
+  ``org.tooljail.daemon=<daemon id>``, ``org.tooljail.sandbox-id=<id>`` and
+  ``org.tooljail.state-dir=<dir>`` on every container, so leftovers are found.
+
+The runner's keeper is the container's pid 1: a subreaper already, and when it
+dies the kernel kills everything in the container's pid namespace. So no init
+is added, and the worker may "seal" its result (kill every other process of
+the sandbox before it reports), as under the zygote.
+
+The docker SDK blocks: every engine request runs on the engine's own thread
+pool (`DockerEngine.call`, in `docker_engine` with the leftover sweeps), so a
+slow engine never stalls the event loop or the daemon's other threads. The
+engine must share this host's file system (the channel and runner directories
+are bind mounts); a remote DOCKER_HOST is not supported by this backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from pydantic import BaseModel, Field, field_validator
+
+from tooljail._types import StreamKind, ToolError
+from tooljaild.sandbox.base import (
+    Limits,
+    OutputSink,
+    RunOutcome,
+    RunRequest,
+    Sandbox,
+    SandboxError,
+    Termination,
+)
+from tooljaild.sandbox.docker_engine import (
+    CHANNEL_SUBDIR,
+    LABEL_DAEMON,
+    LABEL_SANDBOX,
+    LABEL_SANDBOX_ID,
+    LABEL_STATE_DIR,
+    DockerEngine,
+    EngineUnavailableError,
+    ImageMissingError,
+    container_status,
+    explain,
+    image_missing_message,
+    is_connection_error,
+    kill_container,
+    new_daemon_id,
+    no_engine_message,
+    oom_killed_state,
+    remove_container,
+    remove_own_containers,
+    remove_stale_containers,
+)
+from tooljaild.sandbox.process import (
+    MAX_FRAME_BYTES,
+    READ_CHUNK,
+    SandboxContext,
+    _pump,
+    _signal_outcome,
+)
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "LABEL_DAEMON",
+    "LABEL_SANDBOX",
+    "LABEL_SANDBOX_ID",
+    "LABEL_STATE_DIR",
+    "DockerContext",
+    "DockerEngine",
+    "DockerSandbox",
+    "DockerSandboxConfig",
+    "EngineUnavailableError",
+    "ImageMissingError",
+    "new_daemon_id",
+    "remove_own_containers",
+    "remove_stale_containers",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_IMAGE = "tooljail/python:latest"
+INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
+INSIDE_CHANNEL_DIR = "/run/tooljail"
+INSIDE_WORKSPACE = "/workspace"
+SOCKET_NAME = "sandbox.sock"
+
+_STATUS_POLL_S = 0.5
+"""While waiting for the runner to connect: how often to ask whether the container died."""
+_DRAIN_S = 2.0
+"""How long output may keep flowing after the result before the container is killed."""
+
+
+# ---------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class DockerContext:
+    """What the daemon decided once, that every docker sandbox it builds shares."""
+
+    engine: DockerEngine
+    runner_dir: Path
+    """Host directory holding _runner.py and _tooldef.py (see isolation.install_runner)."""
+    state_dir: Path
+    """Channel directories live in `<state_dir>/docker/<sandbox id>/`."""
+    daemon_id: str
+    """Labels every container, so the daemon can tell its own from leftovers."""
+    shared_dirs: tuple[Path, ...] = ()
+    """Tool and files directories: visible read-only, at the same paths, inside."""
+
+    @property
+    def channel_root(self) -> Path:
+        return self.state_dir / CHANNEL_SUBDIR
+
+    @classmethod
+    def from_process_context(
+        cls, context: SandboxContext, *, engine: DockerEngine, state_dir: Path, daemon_id: str
+    ) -> DockerContext:
+        """The docker context that goes with the daemon's process-backend context."""
+        return cls(
+            engine=engine,
+            runner_dir=context.runner_dir,
+            state_dir=state_dir,
+            daemon_id=daemon_id,
+            shared_dirs=context.shared_dirs,
+        )
+
+
+class DockerSandboxConfig(BaseModel):
+    """Settings of the docker backend."""
+
+    kind: Literal["docker"] = "docker"
+    image: str = DEFAULT_IMAGE
+    """The sandbox image (`tooljail images build python` makes the default one)."""
+    docker_host: str | None = None
+    """The engine: "unix:///path" or "tcp://host:port"; None: DOCKER_HOST, else the
+    local socket. It must run on this host (sandboxes bind-mount local directories)."""
+    network: bool = False
+    """Give sandboxes the engine's default network; False: no network at all (none)."""
+    python: str = "/usr/bin/python3"
+    """The interpreter in the image that runs the runner and the tools."""
+    user: str = "65534:65534"
+    """uid:gid (numeric) the container runs as; never root."""
+    runtime: str | None = None
+    """An OCI runtime other than the engine's default (e.g. "runsc" for gVisor)."""
+    start_timeout_s: float = Field(default=30.0, gt=0)
+    """How long a new container may take until its runner says it is ready."""
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    """How long the engine may take to answer the first request."""
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """The bound on each engine request after that."""
+
+    @field_validator("user")
+    @classmethod
+    def _numeric_unprivileged(cls, v: str) -> str:
+        uid, _, gid = v.partition(":")
+        if not uid.isdigit() or not (gid or uid).isdigit():
+            raise ValueError("user must be numeric, uid:gid (e.g. 65534:65534)")
+        if int(uid) == 0 or int(gid or uid) == 0:
+            raise ValueError("sandboxes never run as root (uid or gid 0)")
+        return f"{int(uid)}:{int(gid or uid)}"
+
+    @property
+    def uid(self) -> int:
+        return int(self.user.split(":")[0])
+
+    @property
+    def gid(self) -> int:
+        return int(self.user.split(":")[1])
+
+    def engine(self) -> DockerEngine:
+        """A (not yet connected) engine for this config's docker_host and timeouts."""
+        return DockerEngine(
+            self.docker_host,
+            connect_timeout_s=self.connect_timeout_s,
+            request_timeout_s=self.request_timeout_s,
+        )
+
+    def build(self, context: DockerContext, limits: Limits | None = None) -> DockerSandbox:
+        return DockerSandbox(self, context, limits or Limits())
+
+
+# ---------------------------------------------------------------------- sandbox
+
+
+class _FramesProtocol(asyncio.StreamReaderProtocol):
+    """Notices when the frame pipe ends: nothing in the container can report any more."""
+
+    ended = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ended = True
+        super().connection_lost(exc)
+
+
+class DockerSandbox(Sandbox):
+    """A container whose runner (keeper + worker) waits for one request."""
+
+    def __init__(self, config: DockerSandboxConfig, context: DockerContext, limits: Limits) -> None:
+        self.id = "sbx-" + uuid.uuid4().hex[:12]
+        self.workspace = Path(INSIDE_WORKSPACE)
+        """The workspace as the tool sees it (a tmpfs inside the container)."""
+        self.container_name = f"tooljail-{self.id}"
+        self.container_id: str | None = None
+        self._config = config
+        self._context = context
+        self._engine = context.engine
+        self._limits = limits
+        self._channel = context.channel_root / self.id
+        self._listener: socket.socket | None = None
+        self._init_pid: int | None = None
+        self._pidfd: int | None = None
+        self._memory_cgroup: tuple[int, Path] | None = None
+        self._stdin: asyncio.StreamWriter | None = None
+        self._stdout: asyncio.StreamReader | None = None
+        self._stderr: asyncio.StreamReader | None = None
+        self._frames: asyncio.StreamReader | None = None
+        self._frames_protocol: _FramesProtocol | None = None
+        self._transports: list[asyncio.BaseTransport] = []
+        self._files: list[Any] = []
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._start_called = False
+        self._create_sent = False
+        self._ready = False
+        self._used = False
+        self._killed = False
+        self._closed = False
+
+    @property
+    def alive(self) -> bool:
+        return (
+            self._ready
+            and not self._used
+            and not self._closed
+            and not (self._frames_protocol is not None and self._frames_protocol.ended)
+        )
+
+    @property
+    def init_pid(self) -> int | None:
+        """The host pid of the container's first process (the runner's keeper)."""
+        return self._init_pid
+
+    def _base_env(self) -> dict[str, str]:
+        return {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": INSIDE_WORKSPACE,
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONIOENCODING": "utf-8",
+        }
+
+    # ------------------------------------------------------------------ start
+
+    async def start(self) -> None:
+        if self._start_called:
+            raise SandboxError(f"sandbox {self.id} was already started")
+        self._start_called = True
+        try:
+            await self._start()
+        except SandboxError:
+            await self.close()
+            raise
+        except Exception as exc:
+            # Never leave a container (or its directory) behind, whatever failed;
+            # and say it as a SandboxError, as the interface promises.
+            await self.close()
+            if is_connection_error(exc):
+                raise EngineUnavailableError(no_engine_message(self._engine.where, exc)) from exc
+            raise SandboxError(f"sandbox {self.id} could not start: {explain(exc)}") from exc
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._config.start_timeout_s
+        client = await self._engine.client()
+        # A few quick local file-system calls, made here rather than on a thread
+        # so that a cancelled start cannot leave a listening socket behind.
+        self._listener = self._open_channel()
+        self._create_sent = True
+        self.container_id = await self._tracked(self._create_and_start, client)
+        conn = await self._accept(client, deadline)
+        with conn:
+            ours = self._hand_over(conn)
+        self._listener.close()
+        self._listener = None
+        with contextlib.suppress(OSError):
+            (self._channel / SOCKET_NAME).unlink()
+        await self._connect_pipes(*ours)
+        try:
+            ready = await asyncio.wait_for(self._read_frame(), max(0.1, deadline - loop.time()))
+        except TimeoutError:
+            ready = None
+        if ready is None or ready.get("t") != "ready":
+            raise SandboxError(
+                f"sandbox {self.id}: the runner in container {self.container_name} did not "
+                f"say it was ready: {await self._logs(client) or 'no output'}"
+            )
+        self._ready = True
+
+    def _open_channel(self) -> socket.socket:
+        """Make the channel directory and listen in it."""
+        root = self._context.channel_root
+        root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self._channel.mkdir(mode=0o700)
+        uid, gid = self._config.uid, self._config.gid
+        if os.geteuid() == 0:
+            # Only the sandbox uid (and root) may reach the socket.
+            os.chown(self._channel, uid, gid)
+            socket_mode = 0o600
+        else:
+            # A daemon in the docker group cannot give the directory away: let
+            # anyone pass through it; _accept checks who connected.
+            self._channel.chmod(0o711)
+            socket_mode = 0o666
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            # Bound through a descriptor of the directory: a state directory deep
+            # enough would make the full path longer than sun_path's 108 bytes.
+            dir_fd = os.open(self._channel, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
+            finally:
+                os.close(dir_fd)
+            path = self._channel / SOCKET_NAME
+            os.chmod(path, socket_mode)
+            if os.geteuid() == 0:
+                os.chown(path, uid, gid)
+            listener.listen(4)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        return listener
+
+    def _container_spec(self) -> dict[str, Any]:
+        """The arguments of the engine's create request (and its host config)."""
+        cfg, lim = self._config, self._limits
+        tmpfs_opts = "rw,exec,nosuid,nodev"
+        mounts = [
+            _bind(self._context.runner_dir, INSIDE_RUNNER_DIR),
+            _bind(self._channel, INSIDE_CHANNEL_DIR),
+            *(_bind(d, str(d)) for d in self._context.shared_dirs if d.is_dir()),
+        ]
+        host_config: dict[str, Any] = {
+            "network_mode": "bridge" if cfg.network else "none",
+            "read_only": True,
+            "tmpfs": {
+                "/tmp": f"{tmpfs_opts},size={lim.tmp_bytes},mode=1777",
+                INSIDE_WORKSPACE: f"{tmpfs_opts},size={lim.workspace_bytes},"
+                f"uid={cfg.uid},gid={cfg.gid},mode=0700",
+            },
+            "shm_size": lim.tmp_bytes,
+            "mounts": mounts,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges", f"seccomp={_seccomp_profile()}"],
+            "ipc_mode": "private",
+            "init": False,
+            "log_config": {"Type": "json-file", "Config": {"max-size": "1m", "max-file": "1"}},
+        }
+        if lim.sandbox_memory_bytes:
+            host_config["mem_limit"] = lim.sandbox_memory_bytes
+            # The same value: no swap beyond the memory limit.
+            host_config["memswap_limit"] = lim.sandbox_memory_bytes
+        if lim.sandbox_pids:
+            host_config["pids_limit"] = lim.sandbox_pids
+        if lim.cpus:
+            host_config["nano_cpus"] = round(lim.cpus * 1e9)
+        if cfg.runtime:
+            host_config["runtime"] = cfg.runtime
+        socket_path = f"{INSIDE_CHANNEL_DIR}/{SOCKET_NAME}"
+        return {
+            "image": cfg.image,
+            "name": self.container_name,
+            "entrypoint": [
+                cfg.python,
+                "-I",
+                "-B",
+                f"{INSIDE_RUNNER_DIR}/_runner.py",
+                "--connect",
+                socket_path,
+            ],
+            "command": [],
+            "user": cfg.user,
+            "working_dir": INSIDE_WORKSPACE,
+            "environment": {},
+            "hostname": "tooljail",
+            "network_disabled": not cfg.network,
+            "stdin_open": False,
+            "tty": False,
+            "labels": {
+                LABEL_SANDBOX: "1",
+                LABEL_DAEMON: self._context.daemon_id,
+                LABEL_SANDBOX_ID: self.id,
+                LABEL_STATE_DIR: str(self._context.state_dir),
+            },
+            "host_config": host_config,
+        }
+
+    def _create_and_start(self, client: DockerClient) -> str:
+        """Create and start the container; its id. Blocks (two engine requests)."""
+        from docker.errors import APIError, ImageNotFound, NotFound
+
+        spec = self._container_spec()
+        host_config = client.api.create_host_config(**spec.pop("host_config"))
+        try:
+            created = client.api.create_container(**spec, host_config=host_config)
+        except (ImageNotFound, NotFound) as exc:
+            raise ImageMissingError(image_missing_message(self._config.image, exc)) from None
+        except APIError as exc:
+            raise SandboxError(
+                f"the Docker engine refused to create a sandbox container: {explain(exc)}"
+            ) from None
+        except OSError as exc:  # requests' connection errors and timeouts
+            raise EngineUnavailableError(no_engine_message(self._engine.where, exc)) from None
+        container_id: str = created["Id"]
+        try:
+            client.api.start(container_id)
+        except APIError as exc:
+            raise SandboxError(
+                f"the Docker engine could not start sandbox container {self.container_name}: "
+                f"{explain(exc)}"
+            ) from None
+        except OSError as exc:
+            raise EngineUnavailableError(no_engine_message(self._engine.where, exc)) from None
+        return container_id
+
+    async def _accept(self, client: DockerClient, deadline: float) -> socket.socket:
+        """The runner's connection, once it has proved it is this container's."""
+        loop = asyncio.get_running_loop()
+        assert self._listener is not None and self.container_id is not None
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise SandboxError(
+                    f"sandbox {self.id}: the runner in container {self.container_name} did not "
+                    f"connect within {self._config.start_timeout_s:g} s: "
+                    f"{await self._logs(client) or 'no output'}"
+                )
+            try:
+                conn, _ = await asyncio.wait_for(
+                    loop.sock_accept(self._listener), min(remaining, _STATUS_POLL_S)
+                )
+            except TimeoutError:
+                status = await self._engine.call(container_status, client, self.container_id)
+                if status not in ("created", "running", "restarting"):
+                    raise SandboxError(
+                        f"sandbox {self.id}: container {self.container_name} ended ({status}) "
+                        f"before its runner connected: {await self._logs(client) or 'no output'}"
+                    ) from None
+                continue
+            pid = self._peer_pid(conn)
+            if pid is None:
+                conn.close()
+                continue
+            self._init_pid = pid
+            self._memory_cgroup = _memory_cgroup(pid)
+            with contextlib.suppress(OSError):
+                self._pidfd = os.pidfd_open(pid)
+            return conn
+
+    def _peer_pid(self, conn: socket.socket) -> int | None:
+        """The peer's host pid if it runs in this sandbox's container, else None."""
+        assert self.container_id is not None
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        pid = int(struct.unpack("3i", creds)[0])
+        try:
+            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            cgroups = None
+        if cgroups is not None and self.container_id not in cgroups:
+            log.warning(
+                "sandbox %s: a process (pid %d) not in its container connected to its channel",
+                self.id,
+                pid,
+            )
+            return None
+        return pid
+
+    def _hand_over(self, conn: socket.socket) -> tuple[int, int, int, int]:
+        """Send the runner its ends of the four pipes; return ours."""
+        theirs: list[int] = []
+        ours: list[int] = []
+        try:
+            for _ in range(4):
+                r, w = os.pipe2(os.O_CLOEXEC)
+                ours.append(r)
+                theirs.append(w)
+            # The request pipe goes the other way: the runner reads, we write.
+            ours[0], theirs[0] = theirs[0], ours[0]
+            # One byte and four descriptors into a fresh socket: never blocks.
+            socket.send_fds(conn, [b"\0"], theirs)
+        except BaseException:
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+        return ours[0], ours[1], ours[2], ours[3]
+
+    async def _connect_pipes(
+        self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        # Owned by the sandbox at once: `close` closes them, whatever is attached.
+        files = [os.fdopen(stdin_w, "wb", buffering=0)]
+        files += [os.fdopen(fd, "rb", buffering=0) for fd in (stdout_r, stderr_r, frames_r)]
+        self._files = files
+        self._stdout = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+        self._stderr = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
+        for reader, file in ((self._stdout, files[1]), (self._stderr, files[2])):
+            transport, _ = await loop.connect_read_pipe(
+                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
+                file,
+            )
+            self._transports.append(transport)
+        self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
+        self._frames_protocol = _FramesProtocol(self._frames, loop=loop)
+        protocol = self._frames_protocol
+        transport, _ = await loop.connect_read_pipe(lambda: protocol, files[3])
+        self._transports.append(transport)
+        w_transport, w_protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, files[0]
+        )
+        self._transports.append(w_transport)
+        self._stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
+
+    async def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run an engine request that makes something; `close` waits for it.
+
+        A task cancelled while a container is being created must not leak it:
+        the request finishes on its thread anyway, and `close` waits for it
+        before it removes the container.
+        """
+        future = asyncio.ensure_future(self._engine.call(fn, *args))
+        self._pending.add(future)
+        future.add_done_callback(_settled)
+        future.add_done_callback(self._pending.discard)
+        return await asyncio.shield(future)
+
+    async def _logs(self, client: DockerClient) -> str:
+        """The container's own output (the runner's, before it got its pipes), for errors."""
+        if self.container_id is None:
+            return ""
+        try:
+            data: bytes = await asyncio.wait_for(
+                self._engine.call(client.api.logs, self.container_id, tail=20), 5.0
+            )
+        except Exception:  # only for an error message
+            return ""
+        return data.decode(errors="replace").strip()
+
+    # ------------------------------------------------------------------ run
+
+    async def _read_frame(self) -> dict[str, Any] | None:
+        assert self._frames is not None
+        while True:
+            try:
+                line = await self._frames.readline()
+            except ValueError:
+                log.warning("sandbox %s sent an oversized frame", self.id)
+                continue
+            if not line:
+                return None
+            try:
+                frame = json.loads(line)
+            except ValueError:
+                continue  # tool code wrote junk into the frame pipe
+            if isinstance(frame, dict):
+                return frame
+
+    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
+        if not self._ready or self._used or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not ready for a request")
+        self._used = True
+        stdin, stdout, stderr = self._stdin, self._stdout, self._stderr
+        assert stdin is not None and stdout is not None and stderr is not None
+        message = {
+            "kind": request.kind,
+            **request.payload,
+            "limits": request.limits.rlimits(),
+            "cwd": INSIDE_WORKSPACE,
+            "env": {**self._base_env(), **request.env},
+            "tooldef": f"{INSIDE_RUNNER_DIR}/_tooldef.py",
+            # The keeper is pid 1 of the container's own pid namespace: the
+            # worker may end every other process itself and report last.
+            "seal": True,
+        }
+        try:
+            stdin.write(json.dumps(message).encode() + b"\n")
+            await stdin.drain()
+            stdin.close()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the runner died before reading: reported as runner_lost below
+
+        pumps = [
+            asyncio.create_task(_pump(stdout, StreamKind.STDOUT, sink)),
+            asyncio.create_task(_pump(stderr, StreamKind.STDERR, sink)),
+        ]
+        frames_task = asyncio.create_task(self._collect_frames(sink))
+        try:
+            # The frame pipe ends when every process that holds it is gone: the
+            # keeper (pid 1), so the whole container, at the latest.
+            result, exit_frame, yields = await frames_task
+            _, pending = await asyncio.wait(pumps, timeout=_DRAIN_S)
+            if pending:
+                # Something escaped the seal and keeps the pipes open: end it all.
+                await self._kill_container()
+                await asyncio.wait(pending, timeout=_DRAIN_S)
+        finally:
+            for task in (*pumps, frames_task):
+                if not task.done():
+                    task.cancel()
+        oom = False
+        if (
+            result is None
+            and not self._killed
+            and exit_frame is not None
+            and exit_frame.get("signal") == signal.SIGKILL
+        ):
+            oom = await self._oom_killed()
+        return self._outcome(result, exit_frame, yields, oom)
+
+    async def _collect_frames(
+        self, sink: OutputSink
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
+        result: dict[str, Any] | None = None
+        yields = 0
+        while True:
+            frame = await self._read_frame()
+            if frame is None:
+                return result, None, yields
+            kind = frame.get("t")
+            if kind == "yield":
+                yields += 1
+                sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
+            elif kind == "result" and result is None:
+                result = frame
+                if frame.get("sealed"):
+                    return result, None, yields
+            elif kind == "exit":
+                return result, frame, yields
+
+    def _outcome(
+        self,
+        result: dict[str, Any] | None,
+        exit_frame: dict[str, Any] | None,
+        yields: int,
+        oom: bool,
+    ) -> RunOutcome:
+        sig = exit_frame.get("signal") if exit_frame else None
+        code = exit_frame.get("code") if exit_frame else None
+        if self._killed:
+            return RunOutcome(Termination.KILLED, exit_code=code, signal=sig, yields=yields)
+        if result is not None:
+            exit_code = int(result.get("exit_code", 0))
+            if result.get("ok"):
+                return RunOutcome(
+                    Termination.RETURNED,
+                    value_kind=result.get("kind", "none"),
+                    value=result.get("value"),
+                    exit_code=exit_code,
+                    yields=yields,
+                )
+            err = result.get("error") or {}
+            error = ToolError(
+                type=str(err.get("type", "Error")),
+                message=str(err.get("message", "")),
+                traceback=str(err.get("traceback", "")),
+            )
+            termination = Termination.EXITED if error.type == "ExitCode" else Termination.RAISED
+            return RunOutcome(termination, error=error, exit_code=exit_code, yields=yields)
+        if oom:
+            return RunOutcome(
+                Termination.OUT_OF_MEMORY,
+                signal=int(signal.SIGKILL),
+                yields=yields,
+                error=ToolError(
+                    type="OutOfMemory",
+                    message="the sandbox used up its memory "
+                    f"({self._limits.sandbox_memory_bytes} bytes, all its processes "
+                    "together) and the kernel killed the tool",
+                ),
+            )
+        if sig:
+            return _signal_outcome(int(sig), yields)
+        if code is not None:
+            return RunOutcome(
+                Termination.EXITED,
+                exit_code=int(code),
+                yields=yields,
+                error=ToolError(
+                    type="ExitCode",
+                    message=f"the process exited with code {code} before the tool returned",
+                ),
+            )
+        return RunOutcome(
+            Termination.RUNNER_LOST,
+            yields=yields,
+            error=ToolError(
+                type="RunnerLost",
+                message="the sandbox's runner ended without reporting the tool's outcome "
+                "(the tool may have killed it, or the container was stopped)",
+            ),
+        )
+
+    async def _oom_killed(self) -> bool:
+        """Whether the kernel killed a process of this container for lack of memory.
+
+        The container's memory cgroup says so while it exists (v1:
+        `memory.oom_control`, v2: `memory.events`, `oom_kill`); the keeper exits
+        right after its last frame and the runtime then removes the cgroup, so
+        when it is gone the engine's record (`State.OOMKilled`, set when the
+        container ends) decides.
+        """
+        if self._memory_cgroup is not None:
+            count = await asyncio.to_thread(_oom_count, *self._memory_cgroup)
+            if count is not None:
+                return count > 0
+        if self.container_id is None:
+            return False
+        try:
+            client = await self._engine.client()
+            return await self._engine.call(oom_killed_state, client, self.container_id)
+        except Exception as exc:  # the outcome is then a plain SIGKILL
+            log.warning("sandbox %s: cannot tell whether it ran out of memory: %s", self.id, exc)
+            return False
+
+    # ------------------------------------------------------------------ end
+
+    async def kill(self) -> None:
+        self._killed = True
+        await self._kill_container()
+
+    async def _kill_container(self) -> None:
+        """SIGKILL the container's pid 1: the kernel then kills all of its pid namespace."""
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                return  # already gone, and with it everything in the container
+            except OSError:
+                pass  # not ours to signal (a daemon that is not root): ask the engine
+        if self.container_id is None:
+            return
+        try:
+            client = await self._engine.client()
+            await self._engine.call(kill_container, client, self.container_id)
+        except Exception as exc:  # kill must not raise; close removes it anyway
+            log.warning("sandbox %s: cannot kill its container: %s", self.id, exc)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._stdin is not None and not self._stdin.is_closing():
+            self._stdin.close()  # an unused runner exits on EOF
+        for transport in self._transports:
+            transport.close()
+        for file in self._files:
+            file.close()
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._pending:
+            # A create request still on its thread: its container must be removed too.
+            await asyncio.wait(set(self._pending), timeout=self._engine.request_timeout_s)
+        if self._create_sent:
+            try:
+                client = await self._engine.client()
+                await self._engine.call(
+                    remove_container, client, self.container_id or self.container_name
+                )
+            except Exception as exc:  # close must finish; the sweep catches it
+                log.warning("sandbox %s: cannot remove its container: %s", self.id, exc)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        await asyncio.to_thread(shutil.rmtree, self._channel, True)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _settled(future: asyncio.Future[Any]) -> None:
+    """Mark the future's exception as seen: whoever awaited it may have been cancelled."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _bind(source: Path, target: str) -> Any:
+    from docker.types import Mount
+
+    return Mount(target=target, source=str(source), type="bind", read_only=True)
+
+
+@functools.cache
+def _seccomp_profile() -> str:
+    from tooljaild.sandbox.docker_seccomp import profile_json
+
+    return profile_json()
+
+
+def _memory_cgroup(pid: int) -> tuple[int, Path] | None:
+    """(cgroup version, directory) of the process's memory cgroup, seen from this host."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    unified: str | None = None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            unified = path
+        elif "memory" in controllers.split(","):
+            directory = Path("/sys/fs/cgroup") / controllers / path.lstrip("/")
+            return (1, directory) if directory.is_dir() else None
+    if unified is not None:
+        directory = Path("/sys/fs/cgroup") / unified.lstrip("/")
+        if (directory / "memory.events").exists():
+            return 2, directory
+    return None
+
+
+def _oom_count(version: int, directory: Path) -> int | None:
+    """OOM kills in the cgroup so far; None when it is gone or says nothing."""
+    name = "memory.events" if version == 2 else "memory.oom_control"
+    try:
+        text = (directory / name).read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return None
