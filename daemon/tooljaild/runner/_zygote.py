@@ -6,15 +6,15 @@ capabilities, the daemon's sandbox uid), as
 then a fork of this already-warm interpreter instead of bubblewrap plus a new
 interpreter: that is what lets the pool refill as fast as calls come.
 
-For each spawn request on the control socket (a JSON message with the child's
-stdin, stdout, stderr, frame pipe and cgroup descriptors attached), it clones
-a child into new user, mount, pid, ipc, uts and net namespaces (the nested user
-namespace gives it the capabilities to set them up; it has none outside). The
-child is the sandbox's pid 1. It:
+At start-up it moves into a user namespace of its own (same uid), which gives
+it the capabilities to make namespaces inside it and none outside. For each
+spawn request on the control socket (a JSON message with the child's stdin,
+stdout, stderr, frame pipe and cgroup descriptors attached), it clones a child
+into new mount, pid, ipc, uts and net namespaces. The child is the sandbox's
+pid 1. It:
 
 1. joins the sandbox's cgroups (through the descriptors the daemon opened),
-2. maps its uid and gid into its user namespace,
-3. mounts a fresh /proc, and size-capped tmpfs on /tmp, /dev/shm and
+2. mounts a fresh /proc, and size-capped tmpfs on /tmp, /dev/shm and
    /workspace, sets no-new-privileges and the seccomp filter, drops every
    capability, and becomes the runner's keeper (which forks the worker).
 
@@ -138,6 +138,26 @@ def _sandbox_pid1(params: dict[str, Any], seccomp: _Seccomp, frames_fd: int) -> 
     _runner.run_sandbox(frames_fd, [])
 
 
+def _own_user_namespace() -> None:
+    """Move into a user namespace of our own, as the same uid and gid.
+
+    Its creator holds every capability in it, and the namespaces each sandbox
+    gets (mount, pid, net, ipc, uts) are made by clone() as its children: so
+    no sandbox needs a user namespace (and uid and gid maps) of its own. The
+    capabilities stop at this namespace's edge: nothing outside it is ours to
+    change. Each sandbox's pid 1 drops them all before any tool code runs.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    _check(libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+
+
 def _clone(flags: int) -> int:
     """fork() into new namespaces in one step: the child is pid 1 of its pid namespace.
 
@@ -171,7 +191,7 @@ def _clone(flags: int) -> int:
     return pid
 
 
-def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp, ids: tuple[int, int]) -> None:
+def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp) -> None:
     """The cloned child, pid 1 of its namespaces: set them up, then be the keeper."""
     try:
         # Should the zygote die, its sandboxes die with it.
@@ -186,14 +206,6 @@ def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp, ids: tuple
         for fd in (stdin, stdout, stderr):
             if fd > 2:
                 os.close(fd)
-        # Map our own uid and gid (as the zygote had them) into the new user namespace.
-        uid, gid = ids
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
         _sandbox_pid1(params, seccomp, frames)
     except BaseException as exc:  # nothing of a failed setup may run a tool
         try:
@@ -211,13 +223,13 @@ def main() -> None:
         seccomp = _Seccomp(f.read())
     if os.uname().machine != "x86_64":
         raise SystemExit("the zygote knows capset's number on x86_64 only")
+    _own_user_namespace()
     sock = socket.socket(fileno=control)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: dict[int, str] = {}
-    ids = (os.getuid(), os.getgid())
     # Every sandbox is a fork of this process: keep the collector of each from
     # walking (and so copying, page by page) the objects they all inherit.
     gc.freeze()
@@ -246,7 +258,7 @@ def main() -> None:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(target, signal.SIGKILL)
                 continue
-            flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
             if not request.get("network"):
                 flags |= CLONE_NEWNET
             try:
@@ -262,7 +274,7 @@ def main() -> None:
                 os.close(wake_r)
                 os.close(wake_w)
                 os.close(control)
-                _child(request, fds, seccomp, ids)
+                _child(request, fds, seccomp)
             for fd in fds:
                 os.close(fd)
             children[pid] = request["id"]
