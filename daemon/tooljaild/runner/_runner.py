@@ -47,6 +47,7 @@ import signal
 import sys
 import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 # traceback, importlib.util, inspect and asyncio are imported where they are
@@ -593,12 +594,21 @@ def _fcntl_dup_high(fd: int) -> int:
     return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 64)
 
 
-def run_sandbox(frames_fd: int, cgroup_fds: list[int]) -> None:
+def run_sandbox(
+    frames_fd: int,
+    cgroup_fds: list[int],
+    *,
+    worker_setup: Callable[[], None] | None = None,
+    keeper_setup: Callable[[], None] | None = None,
+) -> None:
     """Become a sandbox's keeper, with a worker waiting for its request. Never returns.
 
     Args:
         frames_fd: Where frames go (stdin, stdout and stderr are already the pipes).
         cgroup_fds: The sandbox's cgroup.procs files, opened by the daemon.
+        worker_setup: Run by the worker first (the zygote's mounts and filters):
+            when it raises, the worker reports it on stderr and exits 111.
+        keeper_setup: Run by the keeper once the worker is forked.
     """
     global _frame_fd
     _frame_fd = frames_fd
@@ -609,7 +619,28 @@ def run_sandbox(frames_fd: int, cgroup_fds: list[int]) -> None:
         os.write(fd, b"0")
         os.close(fd)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    # Text streams that flush at each newline, so streamed lines arrive as printed.
+    # Fork first, then set up: every page either process writes after a fork is
+    # copied for it, so whatever only the worker needs is done only there.
+    pid = os.fork()
+    if pid == 0:
+        if worker_setup is not None:
+            try:
+                worker_setup()
+            except BaseException as exc:  # nothing of a failed setup may run a tool
+                os.write(2, f"sandbox setup failed: {exc}\n".encode())
+                os._exit(111)
+        _text_streams()
+        _worker()
+    else:
+        if keeper_setup is not None:
+            keeper_setup()
+        os.close(0)
+        _keeper(pid)
+    os._exit(0)
+
+
+def _text_streams() -> None:
+    """Text streams that flush at each newline, so streamed lines arrive as printed."""
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False),
         encoding="utf-8",
@@ -622,13 +653,6 @@ def run_sandbox(frames_fd: int, cgroup_fds: list[int]) -> None:
         errors="backslashreplace",
         line_buffering=True,
     )
-    pid = os.fork()
-    if pid == 0:
-        _worker()
-    else:
-        os.close(0)
-        _keeper(pid)
-    os._exit(0)
 
 
 def main() -> None:

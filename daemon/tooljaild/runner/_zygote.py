@@ -14,9 +14,10 @@ into new mount, pid, ipc, uts and net namespaces. The child is the sandbox's
 pid 1. It:
 
 1. joins the sandbox's cgroups (through the descriptors the daemon opened),
-2. mounts a fresh /proc, and size-capped tmpfs on /tmp, /dev/shm and
-   /workspace, sets no-new-privileges and the seccomp filter, drops every
-   capability, and becomes the runner's keeper (which forks the worker).
+2. becomes the runner's keeper: it forks the worker, drops its own
+   capabilities and waits. The worker mounts a fresh /proc, and size-capped
+   tmpfs on /tmp, /dev/shm and /workspace, drops every capability, sets
+   no-new-privileges and the seccomp filter, and only then waits for its call.
 
 When pid 1 of a sandbox dies, the kernel kills everything in it, so killing that
 one process ends the sandbox; it dies with the zygote too (PDEATHSIG). Replies:
@@ -101,18 +102,28 @@ def _apply_seccomp(seccomp: _Seccomp) -> None:
     )
 
 
-def _drop_capabilities() -> None:
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
-            break  # EINVAL: past the last capability this kernel knows
-    header = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
-    data = bytes(24)  # two zeroed {effective, permitted, inheritable}
-    _check(libc.syscall(SYS_CAPSET, header, data), "capset")
+_CAP_HEADER = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
+_NO_CAPS = bytes(24)  # two zeroed {effective, permitted, inheritable}
 
 
-def _sandbox_pid1(params: dict[str, Any], seccomp: _Seccomp, frames_fd: int) -> None:
-    """Inside the new namespaces: set up the sandbox, then be its keeper."""
-    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+def _drop_capabilities(*, bounding: bool = True) -> None:
+    """Drop every capability (and, with `bounding`, every one an exec could bring back)."""
+    if bounding:
+        for cap in range(64):
+            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+                break  # EINVAL: past the last capability this kernel knows
+    _check(libc.syscall(SYS_CAPSET, _CAP_HEADER, _NO_CAPS), "capset")
+
+
+def _keeper_setup() -> None:
+    # The keeper never execs and runs no tool code: its capabilities go, and
+    # no-new-privileges keeps them gone.
+    _drop_capabilities(bounding=False)
+    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
+    """In the worker, before anything else: mounts, hostname, capabilities, seccomp."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     for path, size in (
@@ -135,7 +146,6 @@ def _sandbox_pid1(params: dict[str, Any], seccomp: _Seccomp, frames_fd: int) -> 
     _check(libc.sethostname(b"tooljail", 8), "sethostname")
     _drop_capabilities()
     _apply_seccomp(seccomp)
-    _runner.run_sandbox(frames_fd, [])
 
 
 def _own_user_namespace() -> None:
@@ -192,9 +202,9 @@ def _clone(flags: int) -> int:
 
 
 def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp) -> None:
-    """The cloned child, pid 1 of its namespaces: set them up, then be the keeper."""
+    """The cloned child, pid 1 of its namespaces: the keeper, with a worker that sets up."""
     try:
-        # Should the zygote die, its sandboxes die with it.
+        # Should the zygote die, its sandboxes die with it (the worker follows pid 1).
         libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         stdin, stdout, stderr, frames, *cgroups = fds
         for fd in cgroups:
@@ -206,7 +216,13 @@ def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp) -> None:
         for fd in (stdin, stdout, stderr):
             if fd > 2:
                 os.close(fd)
-        _sandbox_pid1(params, seccomp, frames)
+        # As little as possible here, in pid 1: the worker does the setup.
+        _runner.run_sandbox(
+            frames,
+            [],
+            worker_setup=lambda: _setup_sandbox(params, seccomp),
+            keeper_setup=_keeper_setup,
+        )
     except BaseException as exc:  # nothing of a failed setup may run a tool
         try:
             os.write(2, f"sandbox setup failed: {exc}\n".encode())
