@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -158,6 +159,26 @@ def test_a_released_cgroup_is_reused_empty_and_reports_only_its_new_users_oom(
     again.release()
     tracker.remove_spares()
     assert not any(path.exists() for path in cg.paths)
+
+
+@pytest.mark.isolation
+def test_release_if_empty_gives_back_only_an_empty_cgroup(
+    make_cgroup: Maker, tracker: CgroupTracker
+) -> None:
+    limits = CgroupLimits(pids=16)
+    cg = make_cgroup("quick", limits, "pids")
+    with spawn(cg, "import time\ntime.sleep(60)") as proc:
+        deadline = time.monotonic() + 10
+        while not cg.procs() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not cg.release_if_empty()  # someone is still in there
+        proc.kill()
+        proc.wait(10)
+    assert cg.release_if_empty()
+    assert cg.release_if_empty()  # done already: nothing more to do
+    again = tracker.take_spare(limits)
+    assert again is not None and again.paths == cg.paths
+    again.kill_and_remove()
 
 
 @pytest.mark.isolation

@@ -456,6 +456,26 @@ class SandboxCgroup:
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 
+    def release_if_empty(self) -> bool:
+        """Give the cgroup back at once if no process is left in it; never waits.
+
+        One read: every process of a sandbox joins the first of `paths` (pids
+        on v1) before any other, so when that one is empty, all are. For the
+        event loop's common case (a sandbox that ended cleanly); otherwise call
+        `release` from a thread.
+
+        Returns:
+            True when the cgroup was given back (or removed): nothing left to do.
+        """
+        if self._state != "active":
+            return True
+        if self._tracker is None or _read_pids(self.paths[0]):
+            return False
+        if self._tracker._give_back(self._limits, dict(self._dirs), self._oom_count()):
+            self._state = "given back"
+            return True
+        return False
+
     def release(self, timeout_s: float = 5.0) -> None:
         """The sandbox is over: kill what is left, then hand the cgroup back for reuse.
 

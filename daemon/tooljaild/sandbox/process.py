@@ -468,6 +468,8 @@ class ProcessSandbox(Sandbox):
             transport.close()
         if self._exited is not None and not self._exited.done():
             self._exited.cancel()
+        if self._cgroup is not None and self._cgroup.release_if_empty():
+            self._cgroup = None  # given back without a wait: the common case
         if self._cgroup is not None or not self.namespaced:
             # One trip to a thread for both (under namespaces the workspace is a
             # tmpfs inside the sandbox: nothing to remove on the host).
