@@ -20,8 +20,8 @@ import logging
 import re
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,14 @@ from tooljail._types import (
 from tooljaild.config import Settings
 from tooljaild.output import Event, EventLog, HeadTail
 from tooljaild.registry import Registry, Tool, validate_arguments
-from tooljaild.sandbox.base import Limits, RunOutcome, RunRequest, SandboxError, Termination
+from tooljaild.sandbox.base import (
+    Limits,
+    RunOutcome,
+    RunRequest,
+    Sandbox,
+    SandboxError,
+    Termination,
+)
 from tooljaild.sandbox.pool import SandboxPool
 
 log = logging.getLogger(__name__)
@@ -139,13 +146,23 @@ class Call:
 class CallManager:
     """Admits, runs, times out, cancels and remembers calls."""
 
-    def __init__(self, settings: Settings, registry: Registry, pool: SandboxPool) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        pool: SandboxPool | Callable[[Tool], SandboxPool],
+    ) -> None:
+        """
+        Args:
+            pool: Where every call's sandbox comes from; or, per tool, the pool of
+                its sandbox profile (`PoolSet.pool_for`).
+        """
         self._settings = settings
         self._registry = registry
-        self._pool = pool
+        self._pool_for = (lambda _tool: pool) if isinstance(pool, SandboxPool) else pool
         self._calls: OrderedDict[str, Call] = OrderedDict()
         self._with_events: OrderedDict[str, Call] = OrderedDict()
-        self._slots = asyncio.Semaphore(settings.max_concurrent)
+        self._slots = _Slots(settings.max_concurrent)
         self._active = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self.draining = False
@@ -206,9 +223,10 @@ class CallManager:
         call = Call(
             call_id, tool, arguments, fingerprint, timeout, self._settings, self._limits_for(tool)
         )
+        begun = self._begin_now(call)
         self._calls[call_id] = call
         self._active += 1
-        task = asyncio.create_task(self._run(call), name=f"call-{call_id}")
+        task = asyncio.create_task(self._run(call, begun), name=f"call-{call_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return call
@@ -290,9 +308,44 @@ class CallManager:
 
     # ------------------------------------------------------------------ running
 
-    async def _run(self, call: Call) -> None:
+    def _begin_now(self, call: Call) -> _Begun | None:
+        """Start the call before `submit` returns, when nothing has to wait.
+
+        With a free slot and a ready sandbox, the request goes into the
+        sandbox's pipe right here: the tool starts while the RPC handler is
+        still answering, a task switch earlier than from the call's own task.
+        """
+        if not self._slots.try_take():
+            return None
+        sandbox = self._pool_for(call.tool).try_acquire()
+        if sandbox is None:
+            self._slots.give()
+            return None
         try:
-            await self._run_admitted(call)
+            waiter = sandbox.begin(self._request(call), call.sink)
+        except SandboxError:
+            # Broke down while it waited: the call's own task gets another.
+            self._pool_for(call.tool).release(sandbox)
+            self._slots.give()
+            return None
+        self._mark_running(call, sandbox)
+        return sandbox, waiter
+
+    def _mark_running(self, call: Call, sandbox: Sandbox) -> None:
+        call.state = CallState.RUNNING
+        call.started_at = time.monotonic()
+        call.sandbox_id = sandbox.id
+        call.started.set_result(sandbox.id)
+
+    async def _run(self, call: Call, begun: _Begun | None = None) -> None:
+        try:
+            if begun is not None:
+                try:
+                    await self._see_through(call, *begun)
+                finally:
+                    self._slots.give()
+            else:
+                await self._run_admitted(call)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
             self._finish(call, self._internal_error(call, exc))
@@ -302,10 +355,10 @@ class CallManager:
             self._forget_old()
 
     async def _run_admitted(self, call: Call) -> None:
-        if self._slots.locked():
+        if not self._slots.try_take():
             # Queued behind max_concurrent calls: wait for a slot, or for a stop.
             stop_wait = asyncio.ensure_future(call._stop.wait())
-            slot = asyncio.ensure_future(self._slots.acquire())
+            slot = asyncio.ensure_future(self._slots.take())
             try:
                 await asyncio.wait({slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -314,22 +367,32 @@ class CallManager:
                 slot.cancel()
                 self._finish(call, self._not_run(call, "the call was cancelled before it started"))
                 return
-        else:
-            await self._slots.acquire()  # a free slot: no wait, no task
         try:
             await self._execute(call)
         finally:
-            self._slots.release()
+            self._slots.give()
 
     async def _execute(self, call: Call) -> None:
         if call.stop_reason is not None:
             self._finish(call, self._not_run(call, "the call was cancelled before it started"))
             return
         try:
-            sandbox = await self._pool.acquire()
+            sandbox = await self._pool_for(call.tool).acquire()
         except SandboxError as exc:
             self._finish(call, self._sandbox_failed(call, str(exc)))
             return
+        try:
+            waiter = sandbox.begin(self._request(call), call.sink)
+        except BaseException:
+            self._pool_for(call.tool).release(sandbox)
+            raise
+        self._mark_running(call, sandbox)
+        await self._see_through(call, sandbox, waiter)
+
+    async def _see_through(
+        self, call: Call, sandbox: Sandbox, waiter: Coroutine[Any, Any, RunOutcome]
+    ) -> None:
+        """Wait for a started call's end; a timeout or a stop kills its sandbox."""
         loop = asyncio.get_running_loop()
         reason: str | None = None
         killing: asyncio.Future[None] | None = None
@@ -354,15 +417,11 @@ class CallManager:
                 stop(call.stop_reason or "timeout")
 
         try:
-            call.state = CallState.RUNNING
-            call.started_at = time.monotonic()
-            call.sandbox_id = sandbox.id
-            call.started.set_result(sandbox.id)
             timers.append(loop.call_later(call.timeout_s, on_timeout))
             call.on_stop = lambda: stop(call.stop_reason or "cancelled")
             if call.stop_reason is not None:
                 stop(call.stop_reason)
-            outcome = await sandbox.run(self._request(call), call.sink)
+            outcome = await waiter
             if killing is not None:
                 await killing
             self._finish(call, self._result(call, outcome, reason))
@@ -370,7 +429,7 @@ class CallManager:
             call.on_stop = None
             for timer in timers:
                 timer.cancel()
-            self._pool.release(sandbox)
+            self._pool_for(call.tool).release(sandbox)
 
     def _limits_for(self, tool: Tool) -> Limits:
         limits = self._settings.limits
@@ -655,3 +714,47 @@ def _envelope(value: Any) -> dict[str, Any] | None:
         "message": "" if message is None else str(message),
         "error": error,
     }
+
+
+_Begun = tuple[Sandbox, Coroutine[Any, Any, RunOutcome]]
+"""A call started in `submit`: its sandbox, and what waits for its outcome."""
+
+
+class _Slots:
+    """At most `n` calls run at once; the others wait in arrival order.
+
+    asyncio.Semaphore cannot be taken without awaiting, which `submit` must not.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot just as the wait was cancelled: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            raise
+
+    def give(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes straight to the next in line
+                return
+        self._free += 1

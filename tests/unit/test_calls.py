@@ -355,3 +355,31 @@ async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
     assert result.error is not None and result.error.type == "OutputLimit"
     assert "10000 bytes" in result.message
     assert h.sandboxes[0].killed
+
+
+async def test_slots_serve_waiters_in_order_and_pass_on_a_cancelled_hand_over() -> None:
+    from tooljaild.calls import _Slots
+
+    slots = _Slots(1)
+    assert slots.try_take()
+    assert not slots.try_take()
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        await slots.take()
+        order.append(name)
+
+    first, second, third = (asyncio.create_task(wait(n)) for n in ("first", "second", "third"))
+    await asyncio.sleep(0)
+    slots.give()  # handed to "first"...
+    first.cancel()  # ...which is cancelled before it runs: the slot goes to "second"
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert order == ["second"]
+    assert first.cancelled()
+    await second
+    slots.give()
+    await third
+    assert order == ["second", "third"]
+    slots.give()
+    assert slots.try_take()  # free again, and nobody is waiting

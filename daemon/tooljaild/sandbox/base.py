@@ -11,7 +11,7 @@ import abc
 import asyncio
 import contextlib
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -149,6 +149,17 @@ class Sandbox(abc.ABC):
         Raises:
             SandboxError: When the sandbox itself fails (not started, used twice).
         """
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
+        """Send the request now, where the backend can without waiting; return
+        what waits for the outcome (as `run` would).
+
+        The default sends nothing early: it returns `run`'s coroutine.
+
+        Raises:
+            SandboxError: As `run` (at once, where the backend checks early).
+        """
+        return self.run(request, sink)
 
     @abc.abstractmethod
     async def kill(self) -> None:

@@ -92,17 +92,12 @@ class SandboxPool:
         Raises:
             SandboxError: When no sandbox can be started, or the pool is closed.
         """
-        self._last_used = time.monotonic()
-        self._target = self._size
         while True:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed: the daemon is stopping")
-            while self._ready:
-                _, sandbox = self._ready.popleft()
-                if sandbox.alive:
-                    self._refill()
-                    return sandbox
-                self._spawn(sandbox.close())
+            ready = self.try_acquire()
+            if ready is not None:
+                return ready
             self._refill()
             if self._starting == 0:
                 break
@@ -121,6 +116,18 @@ class SandboxPool:
             raise
         self.started_total += 1
         return sandbox
+
+    def try_acquire(self) -> Sandbox | None:
+        """A ready sandbox at once, without waiting; None when none is ready."""
+        self._last_used = time.monotonic()
+        self._target = self._size
+        while self._ready and not self._closed:
+            _, sandbox = self._ready.popleft()
+            if sandbox.alive:
+                self._refill()
+                return sandbox
+            self._spawn(sandbox.close())
+        return None
 
     def release(self, sandbox: Sandbox) -> None:
         """Destroy a used sandbox in the background."""

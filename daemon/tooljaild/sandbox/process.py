@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -309,11 +310,14 @@ class ProcessSandbox(Sandbox):
         return build_bwrap_spec(self._config, self._context, self._limits, passed)
 
     async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
+        return await self.begin(request, sink)
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
+        """Write the request into the runner's pipe now; return what waits for the end."""
         if self._proc is None or self._used or self._closed:
             raise SandboxError(f"sandbox {self.id} is not ready for a request")
-        assert self._stdin and self._stdout and self._stderr and self._frames and self._exited
+        assert self._stdin and self._stdout and self._stderr and self._frames
         self._used = True
-        proc = self._proc
         message = {
             "kind": request.kind,
             **request.payload,
@@ -330,10 +334,14 @@ class ProcessSandbox(Sandbox):
         self._stdout.attach(sink)
         self._stderr.attach(sink)
         if not self._stdin.is_closing():
-            # A runner that died before reading is reported as runner_lost below.
+            # A runner that died before reading is reported as runner_lost later.
             self._stdin.write(json.dumps(message).encode() + b"\n")
             self._stdin.close()
+        return self._run_to_end(end)
 
+    async def _run_to_end(self, end: _CallEnd) -> RunOutcome:
+        assert self._proc and self._stdout and self._stderr and self._exited
+        proc = self._proc
         either: set[asyncio.Future[Any]] = {end.done, self._exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if not end.done.done():
