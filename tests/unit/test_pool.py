@@ -102,3 +102,30 @@ async def test_acquire_after_close_is_refused() -> None:
     await pool.close()
     with pytest.raises(SandboxError, match="closed"):
         await pool.acquire()
+
+
+async def test_a_sandbox_is_replaced_after_its_call_unless_the_pool_runs_low() -> None:
+    from tooljaild.sandbox import pool as pool_module
+
+    made, make = counting(delay=0)
+    pool = SandboxPool(make, 4)  # type: ignore[arg-type]
+    pool.start()
+    assert await pool.wait_ready(timeout_s=5)
+    box = await pool.acquire()  # three left: the replacement waits for the call
+    await asyncio.sleep(pool_module.AFTER_CALL_S)
+    assert len(made) == 4
+    pool.release(box)  # the call is over: replaced a moment later
+    assert await pool.wait_ready(timeout_s=5)
+    assert len(made) == 5
+    # A call that outlasts REFILL_LATER_S does not keep the pool short.
+    long_call = await pool.acquire()
+    await asyncio.sleep(pool_module.REFILL_LATER_S * 2)
+    assert pool.ready_count == 4 and len(made) == 6
+    # Running low (under half left), the pool refills at once.
+    taken = [await pool.acquire() for _ in range(3)]
+    assert pool.ready_count == 1
+    await asyncio.sleep(0.01)
+    assert len(made) > 6
+    for sandbox in (long_call, *taken):
+        pool.release(sandbox)
+    await pool.close()

@@ -21,6 +21,13 @@ from tooljaild.sandbox.base import Sandbox, SandboxError
 
 log = logging.getLogger(__name__)
 
+AFTER_CALL_S = 0.005
+"""How long after a call ends its sandbox is destroyed and replaced: long
+enough for the call's result to leave the daemon before the work starts."""
+REFILL_LATER_S = 0.05
+"""While half the pool or more is still ready, a sandbox taken is replaced when
+its call ends, or after this long, whichever comes first."""
+
 
 class SandboxPool:
     """Keeps up to `size` started sandboxes ready.
@@ -56,6 +63,7 @@ class SandboxPool:
         self._closed = False
         self._changed = asyncio.Event()
         self._last_error = ""
+        self._backing_off = 0
         self.started_total = 0
         self.start_failures = 0
 
@@ -124,14 +132,28 @@ class SandboxPool:
         while self._ready and not self._closed:
             _, sandbox = self._ready.popleft()
             if sandbox.alive:
-                self._refill()
+                if len(self._ready) < max(1, self._size // 2):
+                    self._refill()  # running low: at once
+                else:
+                    # Otherwise after the call (see release), or after a while
+                    # if it runs long: starting a sandbox competes with the call
+                    # for the CPUs while its caller waits.
+                    asyncio.get_running_loop().call_later(REFILL_LATER_S, self._refill)
                 return sandbox
             self._spawn(sandbox.close())
         return None
 
     def release(self, sandbox: Sandbox) -> None:
-        """Destroy a used sandbox in the background."""
-        self._spawn(sandbox.close())
+        """Destroy a used sandbox in the background, and start its replacement."""
+        # A moment later: the call's result goes out first. (A task at once, so
+        # that close() waits for it.)
+        self._spawn(self._close_later(sandbox))
+        asyncio.get_running_loop().call_later(AFTER_CALL_S, self._refill)
+
+    async def _close_later(self, sandbox: Sandbox) -> None:
+        if not self._closed:
+            await asyncio.sleep(AFTER_CALL_S)
+        await sandbox.close()
 
     def _refill(self) -> None:
         if self._closed:
@@ -164,8 +186,15 @@ class SandboxPool:
             log.error("sandbox start failed: %s", exc)
             await sandbox.close()
             # Back off so that a broken interpreter does not become a fork loop.
-            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self.start_failures, 6)))
-            self._refill()
+            # Only the last failed start to wake refills: if each did, every
+            # round of failures would start more retries than the one before.
+            self._backing_off += 1
+            try:
+                await asyncio.sleep(min(5.0, 0.1 * 2 ** min(self.start_failures, 6)))
+            finally:
+                self._backing_off -= 1
+            if self._backing_off == 0:
+                self._refill()
             return
         except BaseException:
             self._starting -= 1
