@@ -15,9 +15,13 @@ that is also a `ValueError` (wrong value) before anything is sent.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
+import random
+import time
+import uuid
 from collections.abc import AsyncGenerator, Callable, Generator
 from pathlib import Path
 from types import TracebackType
@@ -96,10 +100,51 @@ class _BaseClient:
 
     _target: str
     _timeout: float | None
+    _retries: int
 
-    def __init__(self, target: str | None = None, *, timeout: float | None = None) -> None:
+    def __init__(
+        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+    ) -> None:
         self._target = self._normalize_target(default_target() if target is None else target)
         self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
+        if isinstance(retries, bool) or not isinstance(retries, int):
+            raise TypeError(f"retries must be an int, got {retries!r}")
+        if retries < 0:
+            raise InvalidRequestError(f"retries must be 0 or more, got {retries}")
+        self._retries = retries
+
+    @staticmethod
+    def _check_seq(from_seq: int) -> int:
+        if isinstance(from_seq, bool) or not isinstance(from_seq, int):
+            raise TypeError(f"from_seq must be an int, got {from_seq!r}")
+        if from_seq < 0:
+            raise InvalidRequestError(f"from_seq must be 0 or more, got {from_seq}")
+        return from_seq
+
+    # --- retries ---
+
+    @staticmethod
+    def _new_call_id() -> str:
+        """An id for a call the caller gave none: retries send the same one."""
+        return uuid.uuid4().hex
+
+    def _should_retry(self, error: TooljailError, attempt: int) -> bool:
+        """Whether to send the same call again after `error` (attempt 0 is the first).
+
+        Only when the daemon could not be reached or dropped the connection
+        (UNAVAILABLE): the call id makes the retry join the call the daemon may
+        already run, never start a second one.
+        """
+        return (
+            attempt < self._retries
+            and isinstance(error, TransportError)
+            and error.status == "UNAVAILABLE"
+        )
+
+    @staticmethod
+    def _backoff_s(attempt: int) -> float:
+        """0.1 s, 0.3 s, 0.9 s, ... (at most 3 s), each with up to 25% jitter."""
+        return min(3.0, 0.1 * float(3**attempt)) * (1 + random.random() / 4)
 
     @property
     def target(self) -> str:
@@ -247,7 +292,7 @@ class _BaseClient:
         return pb.CallRequest(
             tool=self._check_tool(tool),
             arguments_json=self._encode_args(args),
-            call_id=self._check_call_id(call_id, required=False),
+            call_id=self._check_call_id(call_id, required=False) or self._new_call_id(),
             # 0 on the wire means "the tool's default timeout".
             timeout_s=checked_timeout or 0.0,
         )
@@ -351,6 +396,12 @@ class Client(_BaseClient):
         timeout: The deadline in seconds of each unary RPC (`list_tools`,
             `get_call`, `cancel`, ...). None means no deadline. It does not bound
             `call`/`stream`, which last as long as the tool's own timeout.
+        retries: How many times `call`, `stream` and `attach` try again when the
+            daemon cannot be reached or the connection drops (UNAVAILABLE), with
+            backoff (0.1 s, 0.3 s, 0.9 s, ...). Every try carries the same call
+            id (the SDK makes one when none is given), so the daemon joins the
+            call it already runs instead of running it twice; a broken stream
+            resumes with `attach` after the last chunk received.
 
     Raises:
         TypeError: When an argument has the wrong type.
@@ -358,8 +409,10 @@ class Client(_BaseClient):
             a positive number.
     """
 
-    def __init__(self, target: str | None = None, *, timeout: float | None = None) -> None:
-        super().__init__(target, timeout=timeout)
+    def __init__(
+        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+    ) -> None:
+        super().__init__(target, timeout=timeout, retries=retries)
         # Plaintext: the default target is a Unix socket guarded by file modes.
         self._channel = grpc.insecure_channel(self._target, options=self._channel_options())
         self._stub = _new_stub(self._channel)
@@ -430,7 +483,7 @@ class Client(_BaseClient):
             timeout: The call's timeout in seconds, within the tool's bounds.
                 None means the tool's default. Sent to the daemon, which enforces it.
             call_id: An idempotency key: the same id and arguments return the
-                stored outcome instead of running again. None: the daemon makes one.
+                stored outcome instead of running again. None: the SDK makes one.
 
         Returns:
             The call's one final result.
@@ -447,11 +500,16 @@ class Client(_BaseClient):
             TransportError: When the RPC fails or ends without a result.
         """
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        try:
-            reply = self._stub.Run(request, wait_for_ready=False)
-        except grpc.RpcError as e:
-            raise self._map_rpc_error(e) from e
-        return self._decode_result(reply)
+        attempt = 0
+        while True:
+            try:
+                return self._decode_result(self._stub.Run(request, wait_for_ready=False))
+            except grpc.RpcError as e:
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            time.sleep(self._backoff_s(attempt))
+            attempt += 1
 
     def stream(
         self,
@@ -474,7 +532,7 @@ class Client(_BaseClient):
             tool: The tool's name.
             args: The tool's arguments (a JSON-serialisable dict); None means {}.
             timeout: The call's timeout in seconds; None means the tool's default.
-            call_id: An idempotency key; None lets the daemon make one.
+            call_id: An idempotency key; None lets the SDK make one.
 
         Returns:
             An iterator of `Output` chunks in order, and the `ToolResult` last.
@@ -486,31 +544,63 @@ class Client(_BaseClient):
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
         return self._stream(request)
 
+    def attach(
+        self, call_id: str, *, from_seq: int = 0
+    ) -> Generator[Output | ToolResult, None, None]:
+        """Follows a call the daemon knows: its output from `from_seq` on, then its result.
+
+        For a caller that lost its stream: pass the last `Output.seq` it saw + 1,
+        and nothing is missing and nothing comes twice (while the daemon still
+        keeps the chunks; an `Output` of stream NOTICE says when some are gone).
+        It follows the call to its real end, past a timeout its caller heard.
+
+        Raises:
+            CallNotFoundError: When the daemon does not know the call.
+            TooljailError: As for `stream`.
+        """
+        request = pb.AttachRequest(
+            call_id=self._check_call_id(call_id, required=True),
+            from_seq=self._check_seq(from_seq),
+        )
+        return self._follow(lambda: self._stub.Attach(request, wait_for_ready=False), request)
+
     def _stream(self, request: pb.CallRequest) -> Generator[Output | ToolResult, None, None]:
-        rpc = self._stub.Call(request, wait_for_ready=False)
-        result: ToolResult | None = None
-        try:
-            for event in rpc:
-                if result is not None:
-                    # Nothing may follow the Result; read on only to reach the status.
-                    continue
-                item = self._decode_event(event)
-                if item is None:
-                    continue
-                if isinstance(item, ToolResult):
-                    result = item
-                yield item
-        except grpc.RpcError as e:
-            # Once the result is in, the call's outcome is known: a failure while
-            # reading the final status changes nothing for the caller.
-            if result is None:
-                raise self._map_rpc_error(e) from e
-        finally:
-            # Left early (caller closed us, or an error): stop the RPC. Not after the
-            # result, so the daemon's handler finishes (e.g. journals) undisturbed.
-            if result is None:
-                rpc.cancel()
-        if result is None:
+        return self._follow(lambda: self._stub.Call(request, wait_for_ready=False), request)
+
+    def _follow(
+        self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
+    ) -> Generator[Output | ToolResult, None, None]:
+        """The events of one call; a dropped connection is resumed where it broke."""
+        progress = _Progress(request)
+        attempt = 0
+        rpc = start()
+        while True:
+            try:
+                for event in rpc:
+                    if progress.result is not None:
+                        # Nothing may follow the Result; read on only to reach the status.
+                        continue
+                    item = progress.take(self._decode_event(event))
+                    if item is not None:
+                        yield item
+                break
+            except grpc.RpcError as e:
+                # Once the result is in, the call's outcome is known: a failure while
+                # reading the final status changes nothing for the caller.
+                if progress.result is not None:
+                    break
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            finally:
+                # Left early (caller closed us, or an error): stop the RPC. Not after
+                # the result, so the daemon's handler finishes undisturbed.
+                if progress.result is None:
+                    rpc.cancel()
+            time.sleep(self._backoff_s(attempt))
+            attempt += 1
+            rpc = progress.resume(self._stub, start)
+        if progress.result is None:
             raise self._no_result_error()
 
     def get_call(self, call_id: str) -> CallInfo:
@@ -553,6 +643,7 @@ class AsyncClient(_BaseClient):
     Args:
         target: As for `Client`.
         timeout: As for `Client`: the deadline of each unary RPC; None means none.
+        retries: As for `Client`.
 
     Raises:
         TypeError: When an argument has the wrong type.
@@ -560,8 +651,10 @@ class AsyncClient(_BaseClient):
             a positive number.
     """
 
-    def __init__(self, target: str | None = None, *, timeout: float | None = None) -> None:
-        super().__init__(target, timeout=timeout)
+    def __init__(
+        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+    ) -> None:
+        super().__init__(target, timeout=timeout, retries=retries)
         self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options())
         self._stub = _new_stub(self._channel)
 
@@ -614,11 +707,16 @@ class AsyncClient(_BaseClient):
         Cancelling the awaiting task cancels the RPC only, not the call on the daemon.
         """
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        try:
-            reply = await self._stub.Run(request, wait_for_ready=False)
-        except grpc.RpcError as e:
-            raise self._map_rpc_error(e) from e
-        return self._decode_result(reply)
+        attempt = 0
+        while True:
+            try:
+                return self._decode_result(await self._stub.Run(request, wait_for_ready=False))
+            except grpc.RpcError as e:
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
 
     def stream(
         self,
@@ -638,28 +736,48 @@ class AsyncClient(_BaseClient):
         request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
         return self._stream(request)
 
-    async def _stream(self, request: pb.CallRequest) -> AsyncGenerator[Output | ToolResult, None]:
-        rpc = self._stub.Call(request, wait_for_ready=False)
-        result: ToolResult | None = None
-        try:
-            async for event in rpc:
-                if result is not None:
-                    # Nothing may follow the Result; read on only to reach the status.
-                    continue
-                item = self._decode_event(event)
-                if item is None:
-                    continue
-                if isinstance(item, ToolResult):
-                    result = item
-                yield item
-        except grpc.RpcError as e:
-            # The outcome is known once the result is in (see Client._stream).
-            if result is None:
-                raise self._map_rpc_error(e) from e
-        finally:
-            if result is None:
-                rpc.cancel()
-        if result is None:
+    def attach(
+        self, call_id: str, *, from_seq: int = 0
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """Follows a call the daemon knows. See `Client.attach`."""
+        request = pb.AttachRequest(
+            call_id=self._check_call_id(call_id, required=True),
+            from_seq=self._check_seq(from_seq),
+        )
+        return self._follow(lambda: self._stub.Attach(request, wait_for_ready=False), request)
+
+    def _stream(self, request: pb.CallRequest) -> AsyncGenerator[Output | ToolResult, None]:
+        return self._follow(lambda: self._stub.Call(request, wait_for_ready=False), request)
+
+    async def _follow(
+        self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """The events of one call; a dropped connection is resumed where it broke."""
+        progress = _Progress(request)
+        attempt = 0
+        rpc = start()
+        while True:
+            try:
+                async for event in rpc:
+                    if progress.result is not None:
+                        continue  # nothing may follow the Result (see Client._follow)
+                    item = progress.take(self._decode_event(event))
+                    if item is not None:
+                        yield item
+                break
+            except grpc.RpcError as e:
+                if progress.result is not None:
+                    break
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            finally:
+                if progress.result is None:
+                    rpc.cancel()
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
+            rpc = progress.resume(self._stub, start)
+        if progress.result is None:
             raise self._no_result_error()
 
     async def get_call(self, call_id: str) -> CallInfo:
@@ -673,3 +791,44 @@ class AsyncClient(_BaseClient):
         request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
         resp: pb.CancelResponse = await self._unary(self._stub.Cancel, request)
         return self._decode_cancel(resp)
+
+
+class _Progress:
+    """How far a caller got in one call's events, to resume it after a drop."""
+
+    def __init__(self, request: pb.CallRequest | pb.AttachRequest) -> None:
+        self._request = request
+        self._last_seq = (
+            max(0, request.from_seq - 1) if isinstance(request, pb.AttachRequest) else 0
+        )
+        self._seen = False
+        self.result: ToolResult | None = None
+
+    def take(self, item: Output | ToolResult | None) -> Output | ToolResult | None:
+        """Note an event; return it unless it is one the caller already has."""
+        if item is None:
+            self._seen = True  # Started: the daemon has the call
+            return None
+        self._seen = True
+        if isinstance(item, ToolResult):
+            self.result = item
+            return item
+        if item.seq:
+            if item.seq <= self._last_seq:
+                return None  # replayed after a resume: the caller has it
+            self._last_seq = item.seq
+        return item
+
+    def resume(self, stub: Any, start: Callable[[], Any]) -> Any:
+        """The RPC that picks up where the broken one stopped.
+
+        Before the daemon was seen to have the call, the same request again
+        (its call id makes the daemon join a call it already runs); after,
+        Attach from the chunk after the last one the caller got.
+        """
+        if not self._seen and isinstance(self._request, pb.CallRequest):
+            return start()
+        call_id = self._request.call_id
+        return stub.Attach(
+            pb.AttachRequest(call_id=call_id, from_seq=self._last_seq + 1), wait_for_ready=False
+        )

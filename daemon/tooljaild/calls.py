@@ -183,8 +183,11 @@ class CallManager:
     ) -> Call:
         """Admit a call, or return the call already admitted under the same id.
 
+        A known id is answered even while the daemon drains: a client retrying
+        after a dropped connection re-attaches to its call.
+
         Raises:
-            ShuttingDownError: The daemon is draining.
+            ShuttingDownError: The daemon is draining (and the id is not known).
             ToolNotFoundError: No such tool.
             InvalidRequestError: The arguments are not JSON, or the call id is malformed.
             InvalidArgumentsError: The arguments do not fit the tool's schema.
@@ -192,8 +195,6 @@ class CallManager:
             CallIdConflictError: The id belongs to a call with other arguments.
             OverloadedError: The queue is full.
         """
-        if self.draining:
-            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         tool = self._registry.get(tool_name)
         arguments = self._parse_arguments(tool, arguments_json)
         timeout = self._timeout_for(tool, timeout_s)
@@ -213,6 +214,8 @@ class CallManager:
                 return existing
         else:
             call_id = uuid.uuid4().hex
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         limit = self._settings.max_concurrent + self._settings.max_queue
         if self._active >= limit:
             raise OverloadedError(

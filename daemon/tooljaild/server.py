@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -86,6 +87,31 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         # A caller that goes away does not stop the call (as for Call).
         return result_to_proto(await asyncio.shield(call.caller_result))
 
+    async def Attach(
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CallEvent]:
+        try:
+            call = self._manager.get(request.call_id)
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        await _first_of(call.started, call.done.wait())
+        if call.started.done() and not call.started.cancelled():
+            yield pb.CallEvent(
+                started=pb.Started(
+                    call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name
+                )
+            )
+        # To the call's real end: past a timeout its caller already heard, too.
+        async for event in call.events.follow(max(1, request.from_seq)):
+            yield pb.CallEvent(
+                output=pb.Output(
+                    seq=event.seq, stream=stream_kind_to_proto(event.stream), data=event.data
+                )
+            )
+        await call.done.wait()
+        assert call.final is not None
+        yield pb.CallEvent(result=result_to_proto(call.final))
+
     async def GetCall(
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
@@ -104,11 +130,20 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         return pb.CancelResponse(state=call_state_to_proto(state))
 
 
-async def _first_of(*futures: object) -> None:
-    await asyncio.wait(
-        [asyncio.ensure_future(f) for f in futures],  # type: ignore[call-overload]
-        return_when=asyncio.FIRST_COMPLETED,
-    )
+async def _first_of(*waitables: asyncio.Future[Any] | Coroutine[Any, Any, Any]) -> None:
+    """Wait until one is done. Only tasks made here for coroutines are cancelled after."""
+    if any(isinstance(w, asyncio.Future) and w.done() for w in waitables):
+        for w in waitables:
+            if not isinstance(w, asyncio.Future):
+                w.close()  # never started: nothing to cancel
+        return
+    made = [asyncio.ensure_future(w) for w in waitables if not isinstance(w, asyncio.Future)]
+    futures = [w for w in waitables if isinstance(w, asyncio.Future)]
+    try:
+        await asyncio.wait([*futures, *made], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in made:
+            task.cancel()
 
 
 def create_server(

@@ -155,9 +155,12 @@ def test_request_is_built_from_checked_arguments(base: _BaseClient) -> None:
 def test_request_defaults(base: _BaseClient) -> None:
     req = base._build_call_request("t", None, timeout=None, call_id=None)
     assert req.arguments_json == "{}"
-    # 0 and "" on the wire mean "the tool's default" and "generate an id".
+    # 0 on the wire means "the tool's default"; the SDK makes each call an id
+    # of its own (so that a retry is the same call), a new one per request.
     assert req.timeout_s == 0.0
-    assert req.call_id == ""
+    assert len(req.call_id) == 32
+    assert base._build_call_request("t", None, timeout=None, call_id=None).call_id != req.call_id
+    assert base._build_call_request("t", None, timeout=None, call_id="mine").call_id == "mine"
 
 
 @pytest.mark.parametrize("tool", [None, 3, b"t"])

@@ -92,6 +92,7 @@ async def _abort(context: grpc.aio.ServicerContext, name: str) -> None:
 class CannedRunner(tooljail_pb2_grpc.ToolRunnerServicer):
     def __init__(self) -> None:
         self.requests: list[pb.CallRequest] = []
+        self.attaches: list[pb.AttachRequest] = []
         self.cancelled = asyncio.Event()
 
     async def ListTools(self, request, context):
@@ -119,8 +120,15 @@ class CannedRunner(tooljail_pb2_grpc.ToolRunnerServicer):
         tool = request.tool
         if tool in _ERRORS:
             await _abort(context, tool)
+        if tool.startswith("flaky") and self.requests.count(request) <= int(tool[-1]):
+            # The first N tries of the same call fail as a dropped connection would.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
+        if tool == "dropped":
+            yield pb.CallEvent(started=pb.Started(call_id=request.call_id, sandbox_id="s1"))
+            yield _out(1, pb.STREAM_KIND_STDOUT, b"line 1\n")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "connection reset")
         yield pb.CallEvent(started=pb.Started(call_id=request.call_id, sandbox_id="s1", tool=tool))
-        if tool == "echo":
+        if tool == "echo" or tool.startswith("flaky"):
             yield _out(1, pb.STREAM_KIND_STDOUT, b"a\n")
             yield _out(2, pb.STREAM_KIND_STDERR, b"warn\xc3\n")
             yield _out(3, pb.STREAM_KIND_YIELD, b'{"k": 1}')
@@ -150,6 +158,16 @@ class CannedRunner(tooljail_pb2_grpc.ToolRunnerServicer):
                 self.cancelled.set()
                 raise
             yield _result(request)
+
+    async def Attach(self, request, context):
+        # The "dropped" call's later chunks, from any sequence number: from 1 it
+        # replays what the first stream already sent.
+        self.attaches.append(request)
+        if request.call_id == "unknown":
+            await _abort(context, "missing")
+        for seq in range(max(1, request.from_seq), 4):
+            yield _out(seq, pb.STREAM_KIND_STDOUT, f"line {seq}\n".encode())
+        yield _result(pb.CallRequest(call_id=request.call_id, tool="dropped"))
 
     async def Run(self, request, context):
         # The same canned calls, answered with their Result alone; a call that
@@ -221,11 +239,13 @@ async def test_async_stream_yields_outputs_in_order_then_result(server) -> None:
 
 
 async def test_async_call_returns_the_result(server) -> None:
-    _, target = server
+    servicer, target = server
     async with AsyncClient(target) as client:
         result = await client.call("echo", {"x": "y"})
     assert result.ok
-    assert result.call_id == "generated-1"
+    # Without a call id the SDK makes one, so that a retry is the same call.
+    assert len(result.call_id) == 32
+    assert servicer.requests[-1].call_id == result.call_id
     assert result.data == {"x": "y"}
 
 
@@ -456,3 +476,50 @@ async def test_sync_no_daemon(tmp_path: Path) -> None:
 
     with pytest.raises(DaemonUnavailableError, match="tooljail serve"):
         await asyncio.to_thread(run)
+
+
+# --- retries and attach ---
+
+
+async def test_a_dropped_connection_is_retried_as_the_same_call(server) -> None:
+    servicer, target = server
+    async with AsyncClient(target) as client:
+        result = await client.call("flaky2", {"x": "1"})
+    assert result.ok
+    ids = {r.call_id for r in servicer.requests}
+    assert len(servicer.requests) == 3 and len(ids) == 1  # three tries, one call id
+
+
+async def test_retries_stop_at_the_limit(server) -> None:
+    servicer, target = server
+    async with AsyncClient(target, retries=1) as client:
+        with pytest.raises(DaemonUnavailableError):
+            await client.call("flaky5")
+    assert len(servicer.requests) == 2
+
+
+async def test_a_stream_that_drops_resumes_through_attach_without_gaps_or_repeats(
+    server,
+) -> None:
+    servicer, target = server
+
+    def run() -> list[Output | ToolResult]:
+        with Client(target) as client:
+            return list(client.stream("dropped", call_id="d1"))
+
+    items = await asyncio.to_thread(run)
+    assert [i.data for i in items if isinstance(i, Output)] == ["line 1\n", "line 2\n", "line 3\n"]
+    assert isinstance(items[-1], ToolResult)
+    assert [(a.call_id, a.from_seq) for a in servicer.attaches] == [("d1", 2)]
+
+
+async def test_attach_replays_from_the_asked_chunk_and_refuses_unknown_calls(server) -> None:
+    _, target = server
+    async with AsyncClient(target) as client:
+        items = [i async for i in client.attach("d2", from_seq=2)]
+        assert [i.data for i in items if isinstance(i, Output)] == ["line 2\n", "line 3\n"]
+        assert isinstance(items[-1], ToolResult)
+        with pytest.raises(ToolNotFoundError):  # the canned daemon's NOT_FOUND detail
+            [i async for i in client.attach("unknown")]
+        with pytest.raises(InvalidRequestError):
+            client.attach("d2", from_seq=-1)

@@ -193,6 +193,14 @@ class Result(_message.Message):
     output_bytes: int
     def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ...) -> None: ...
 
+class AttachRequest(_message.Message):
+    __slots__ = ("call_id", "from_seq")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SEQ_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    from_seq: int
+    def __init__(self, call_id: _Optional[str] = ..., from_seq: _Optional[int] = ...) -> None: ...
+
 class GetCallRequest(_message.Message):
     __slots__ = ("call_id",)
     CALL_ID_FIELD_NUMBER: _ClassVar[int]

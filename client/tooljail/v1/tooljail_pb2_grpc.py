@@ -50,6 +50,11 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.CallRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.Result.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/Attach',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.AttachRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CallEvent.FromString,
+                _registered_method=True)
         self.GetCall = channel.unary_unary(
                 '/tooljail.v1.ToolRunner/GetCall',
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.GetCallRequest.SerializeToString,
@@ -93,6 +98,16 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request, context):
+        """Follows a call the daemon knows, from output chunk `from_seq` on: what the
+        caller missed (while the daemon still keeps it; a NOTICE chunk says when
+        the start is gone), then live, then the call's final `Result`. For a
+        caller that lost its stream. Ending it does not cancel the call.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetCall(self, request, context):
         """The state and, once known, the outcome of a call the daemon remembers.
         """
@@ -124,6 +139,11 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.Run,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CallRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.Result.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.AttachRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.CallEvent.SerializeToString,
             ),
             'GetCall': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCall,
@@ -218,6 +238,33 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/Run',
             tooljail_dot_v1_dot_tooljail__pb2.CallRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.Result.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/Attach',
+            tooljail_dot_v1_dot_tooljail__pb2.AttachRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.CallEvent.FromString,
             options,
             channel_credentials,
             insecure,
