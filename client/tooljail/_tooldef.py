@@ -87,6 +87,7 @@ def tool(
     idempotent: bool | None = None,
     streaming: bool | None = None,
     limits: dict[str, Any] | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -101,6 +102,7 @@ def tool(
     idempotent: bool | None = None,
     streaming: bool | None = None,
     limits: dict[str, Any] | None = None,
+    sandbox: dict[str, Any] | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a function as a tool, inferring its input schema from its signature.
 
@@ -119,6 +121,8 @@ def tool(
         streaming: Whether output is streamed; defaults to True for generator and
             async-generator functions.
         limits: Sandbox limit overrides, passed through to the sandbox layer.
+        sandbox: Where calls run, e.g. `{"backend": "docker", "image": "python",
+            "network": False}`; keys left out follow the daemon's defaults.
 
     Returns:
         The function itself, or a decorator when called with options only.
@@ -135,6 +139,7 @@ def tool(
             ("idempotent", idempotent),
             ("streaming", streaming),
             ("limits", limits),
+            ("sandbox", sandbox),
         )
         if value is not None
     }

@@ -2,7 +2,7 @@
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
-for `images`, no Docker engine) answers.
+for `images` and `serve --backend docker`, no Docker engine) answers.
 """
 
 from __future__ import annotations
@@ -44,6 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--state-dir", type=Path, help="where state and workspaces live")
     serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
+    serve.add_argument(
+        "--backend",
+        choices=["process", "docker"],
+        help="where tools run unless their sandbox profile says otherwise: process "
+        "(default) or docker (containers of docker.image; needs a Docker engine)",
+    )
     serve.add_argument("--max-concurrent", type=int, help="calls running at once")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(
@@ -170,6 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_concurrent=args.max_concurrent,
             log_level=args.log_level,
             isolation=args.isolation,
+            backend=args.backend,
         )
     except ConfigError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
@@ -179,7 +186,7 @@ def _serve(args: argparse.Namespace) -> int:
         asyncio.run(Daemon(settings).serve_until_signalled())
     except DaemonError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_UNAVAILABLE if exc.unavailable else EXIT_USAGE
     return EXIT_OK
 
 
@@ -402,14 +409,13 @@ def _doctor(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    features = (
-        check_host(
-            settings.isolation,
-            bwrap=settings.sandbox.bwrap,
-            sandbox_user=settings.sandbox.user,
-            python=settings.sandbox.python,
-        )
-        + check_docker()
+    features = check_host(
+        settings.isolation,
+        bwrap=settings.sandbox.bwrap,
+        sandbox_user=settings.sandbox.user,
+        python=settings.sandbox.python,
+    ) + check_docker(
+        settings.docker.docker_host, backend=settings.backend, image=settings.docker.image
     )
     if args.json:
         print(json.dumps([f.__dict__ for f in features], indent=2))

@@ -1,8 +1,17 @@
 """Assembling the daemon: settings -> sandboxes, tools, calls, server; and its life.
 
-`Daemon.start` makes everything ready (the pool warm before the socket says
+`Daemon.start` makes everything ready (the pools warm before the socket says
 SERVING); `Daemon.stop` drains: it refuses new calls, lets running calls finish
 within the grace period, stops the rest and answers their callers.
+
+Backends. Each tool runs in its sandbox profile's pool (`tooljaild.pools`): the
+daemon's default backend (`backend`, `serve --backend`) unless the tool names
+another. The Docker engine is connected only when some profile uses it; when it
+first answers, the daemon removes the sandbox containers earlier runs with the
+same state directory left behind (a crash), and at shutdown it removes its own.
+With `backend = "docker"` the daemon refuses to start while no engine answers or
+the image is missing; with the process default it starts anyway, and each call
+of a docker-backed tool fails, saying why, until the engine answers.
 """
 
 from __future__ import annotations
@@ -14,7 +23,9 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -22,8 +33,18 @@ from grpc_health.v1 import health_pb2
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.loader import load_registry
+from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import Registry
 from tooljaild.sandbox.base import Sandbox, SandboxError
+from tooljaild.sandbox.docker import (
+    DockerContext,
+    DockerEngine,
+    EngineUnavailableError,
+    new_daemon_id,
+    remove_own_containers,
+    remove_stale_containers,
+)
+from tooljaild.sandbox.docker_engine import explain, image_missing_message
 from tooljaild.sandbox.isolation import (
     Isolation,
     IsolationError,
@@ -40,7 +61,17 @@ log = logging.getLogger(__name__)
 
 
 class DaemonError(Exception):
-    """The daemon cannot start; the message says why and what to do."""
+    """The daemon cannot start; the message says why and what to do.
+
+    Args:
+        message: Why, and what to do.
+        unavailable: Something it needs does not answer (the Docker engine),
+            rather than being misconfigured: `serve` then exits 3, not 2.
+    """
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 class Daemon:
@@ -51,15 +82,89 @@ class Daemon:
         self.port = 0
         self.isolation: Isolation | None = None
         self.context: SandboxContext | None = None
-        self.pool: SandboxPool | None = None
+        self.pools: PoolSet | None = None
         self.manager: CallManager | None = None
+        self.daemon_id = new_daemon_id()
+        """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
+        self.docker_context: DockerContext | None = None
+        self._engine: DockerEngine | None = None
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
         self._socket_path: Path | None = None
 
+    @property
+    def pool(self) -> SandboxPool | None:
+        """The default profile's pool (the built-ins')."""
+        return None if self.pools is None else self.pools.pool(self.pools.default)
+
+    def _factory(self, profile: Profile) -> Callable[[], Sandbox]:
+        """What makes one sandbox of `profile` (for its pool)."""
+        s = self.settings
+        limits = profile.sandbox_limits(s.limits)
+        if profile.backend == "docker":
+            update = {"image": profile.image, "network": profile.network}
+            config = s.docker.model_copy(update=update)
+            context = self.docker_context
+            assert context is not None
+            return lambda: config.build(context, limits)
+
+        def process_sandbox() -> Sandbox:
+            # Read at each build: start() may still swap the python or add the zygote.
+            assert self.context is not None
+            return s.sandbox.build(self.context, limits)
+
+        return process_sandbox
+
     def _new_sandbox(self) -> Sandbox:
-        assert self.context is not None
-        return self.settings.sandbox.build(self.context, self.settings.limits)
+        """A sandbox of the default profile (to describe the user tools)."""
+        assert self.pools is not None
+        return self._factory(self.pools.default)()
+
+    def _sweep(self, client: Any) -> None:
+        """Remove containers of earlier runs (a crash); on an engine thread, once."""
+        assert self.docker_context is not None
+        removed = remove_stale_containers(
+            client, self.daemon_id, state_dir=self.docker_context.state_dir
+        )
+        if removed:
+            log.info("removed %d sandbox containers left by an earlier run", removed)
+
+    async def _engine_check(self, images: list[str]) -> dict[str, str]:
+        """Connect to the engine (which sweeps leftovers) and look for `images`.
+
+        Returns:
+            Why each image cannot be used now (no engine, or not in it); {}: all can.
+        """
+        assert self._engine is not None
+        try:
+            client = await self._engine.client()
+        except EngineUnavailableError as exc:
+            return dict.fromkeys(images, str(exc))
+        from docker.errors import DockerException, ImageNotFound
+
+        problems: dict[str, str] = {}
+        for image in images:
+            try:
+                await self._engine.call(client.images.get, image)
+            except ImageNotFound as exc:
+                problems[image] = image_missing_message(image, exc)
+            except (DockerException, OSError) as exc:
+                where = self._engine.where
+                problems[image] = f"the Docker engine at {where} failed: {explain(exc)}"
+        return problems
+
+    async def _start_zygote(self) -> None:
+        s = self.settings
+        assert self.context is not None and self.isolation is not None
+        if not (self.isolation.namespaces and s.sandbox.zygote) or self.context.zygote:
+            return
+        zygote = zygote_for(s.sandbox, self.context, s.limits)
+        try:
+            await zygote.start()
+        except SandboxError as exc:
+            log.warning("no zygote, sandboxes start one by one: %s", exc)
+        else:
+            self.context = dataclasses.replace(self.context, zygote=zygote)
 
     async def start(self) -> None:
         """Start serving.
@@ -109,18 +214,32 @@ class Daemon:
             isolation=self.isolation,
             shared_dirs=shared,
         )
-        if self.isolation.namespaces and s.sandbox.zygote:
-            zygote = zygote_for(s.sandbox, self.context, s.limits)
-            try:
-                await zygote.start()
-            except SandboxError as exc:
-                log.warning("no zygote, sandboxes start one by one: %s", exc)
-            else:
-                self.context = dataclasses.replace(self.context, zygote=zygote)
+        # The engine connects on first use (never, when no profile is docker's).
+        self._engine = s.docker.engine(on_connect=self._sweep)
+        self.docker_context = DockerContext.from_process_context(
+            self.context,
+            engine=self._engine,
+            state_dir=s.state_dir.resolve(),
+            daemon_id=self.daemon_id,
+        )
+        self.pools = PoolSet(s, self._factory)
+        if s.backend == "process":
+            await self._start_zygote()
+        else:
+            problem = (await self._engine_check([s.docker.image])).get(s.docker.image)
+            if problem is not None:
+                unavailable = not self._engine.connected
+                self._engine.close()
+                raise DaemonError(
+                    f"the default backend is docker, but {problem}; or serve with "
+                    '--backend process (backend = "process")',
+                    unavailable=unavailable,
+                )
         log.info(
             "isolation",
             extra={
                 "isolation": s.isolation,
+                "backend": s.backend,
                 "python": s.sandbox.python,
                 "features": {f.name: f.status for f in self.isolation.features},
             },
@@ -132,15 +251,14 @@ class Daemon:
                 d.message,
                 extra={"code": d.code, "file": d.file, "tool": d.tool},
             )
-        self.pool = SandboxPool(self._new_sandbox, s.pool_size, idle_ttl_s=s.pool_idle_ttl_s)
-        self.pool.start()
-        self.manager = CallManager(s, registry, self.pool)
+        warm = await self._start_pools(registry)
+        self.manager = CallManager(s, registry, self.pools.pool_for)
         try:
             server, self.port, health = create_server(
                 self.manager, s.listen, max_request_bytes=s.max_request_bytes
             )
         except RuntimeError as exc:
-            await self.pool.close()
+            await self._close_sandboxes()
             raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
         self._server, self._health = server, health
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
@@ -148,8 +266,12 @@ class Daemon:
         await server.start()
         if self._socket_path is not None:
             os.chmod(self._socket_path, 0o660)
-        if not await self.pool.wait_ready(timeout_s=30.0):
-            log.warning("the sandbox pool is not full after 30s; serving anyway")
+        late = await self.pools.wait_ready(warm, timeout_s=30.0)
+        if late:
+            log.warning(
+                "sandbox pools not full after 30s; serving anyway: %s",
+                "; ".join(p.describe() for p in late),
+            )
         for name in (SERVICE_NAME, ""):
             await health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -162,6 +284,59 @@ class Daemon:
             },
         )
         _sd_notify("READY=1")
+
+    async def _start_pools(self, registry: Registry) -> list[Profile]:
+        """Start the pools of the default profile and of every served tool's profile.
+
+        A docker profile's pool starts only when the engine answers and has its
+        image; otherwise the pool is made at the tool's first call, which then
+        fails saying why (and the pool keeps trying, with its back-off).
+
+        Returns:
+            The profiles whose pools were started.
+        """
+        assert self.pools is not None
+        profiles = self.pools.profiles(registry.tools())
+        if self.settings.backend != "process" and any(p.backend == "process" for p in profiles):
+            await self._start_zygote()
+        images = sorted({p.image for p in profiles if p.backend == "docker" and p.image})
+        problems = await self._engine_check(images) if images else {}
+        for image, problem in problems.items():
+            names = [t.name for t in registry.tools() if self.pools.profile_for(t).image == image]
+            log.warning(
+                "docker-backed tools will fail until this is fixed: %s",
+                problem,
+                extra={"tools": names},
+            )
+        started = [p for p in profiles if p.image not in problems]
+        for profile in started:
+            self.pools.pool(profile)
+        return started
+
+    async def _close_sandboxes(self) -> None:
+        """Close every pool, then remove whatever container of ours is left."""
+        if self.pools is not None:
+            await self.pools.close()
+        engine = self._engine
+        if engine is None:
+            return
+        if engine.connected:
+            try:
+                client = await engine.client()
+                removed = await asyncio.wait_for(
+                    engine.call(
+                        remove_own_containers,
+                        client,
+                        self.daemon_id,
+                        state_dir=self.docker_context.state_dir if self.docker_context else None,
+                    ),
+                    engine.request_timeout_s,
+                )
+                if removed:
+                    log.info("removed %d sandbox containers at shutdown", removed)
+            except Exception as exc:  # the next start sweeps them
+                log.warning("cannot remove this daemon's containers: %s", explain(exc))
+        engine.close()
 
     async def _load_tools(self) -> Registry:
         if not self.settings.tools_dirs:
@@ -184,8 +359,7 @@ class Daemon:
         if self._server is not None:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)
-        if self.pool is not None:
-            await self.pool.close()
+        await self._close_sandboxes()
         if self.context is not None and self.context.zygote is not None:
             await self.context.zygote.close()
         if self.isolation is not None and self.isolation.tracker is not None:

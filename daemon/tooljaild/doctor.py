@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from typing import Any
 
 from tooljaild.sandbox.isolation import Feature, Level, resolve
 from tooljaild.sandbox.process import default_python
@@ -64,37 +65,89 @@ def check_host(
     return features
 
 
-def check_docker() -> list[Feature]:
+def check_docker(
+    docker_host: str | None = None, *, backend: str | None = None, image: str | None = None
+) -> list[Feature]:
     """The docker backend's needs: an engine that answers, and current sandbox images.
 
     Neither is required by `strict` (that is about the process backend). Each
     request to the engine times out after about 2 s, so a hung or absent engine
     makes this slow by at most that much, and never makes it fail.
+
+    Args:
+        docker_host: The engine (the config's `docker.docker_host`); None:
+            DOCKER_HOST, else the local socket.
+        backend: The daemon's default backend; when given, a "default backend"
+            row says it, and what `serve` does without an engine.
+        image: The configured `docker.image`; when given, a "docker image" row
+            says whether the engine has it.
     """
     from docker.errors import DockerException
 
     from tooljaild import images
+    from tooljaild.sandbox.docker_engine import (
+        DEFAULT_DOCKER_HOST,
+        EngineUnavailableError,
+        connect_client,
+    )
 
-    where = os.environ.get("DOCKER_HOST", "the local socket")
-    no_images = Feature("sandbox images", "n/a", "need the Docker engine", required=False)
+    where = docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    head: list[Feature] = []
+    if backend is not None:
+        head.append(
+            Feature(
+                "default backend",
+                "active",
+                backend if backend != "docker" else f"docker ({image or 'its default image'})",
+                required=False,
+            )
+        )
+    consequence = (
+        "; `serve` refuses to start with backend docker, and docker-backed tools fail"
+        if backend == "docker"
+        else "; docker-backed tools fail until it answers (process-backed ones work)"
+        if backend is not None
+        else ""
+    )
+    no_images = [Feature("sandbox images", "n/a", "need the Docker engine", required=False)]
+    if image is not None:
+        no_images.append(Feature("docker image", "n/a", "needs the Docker engine", required=False))
     try:
-        client = images.connect(request_timeout=images.ENGINE_TIMEOUT_S)
-    except images.EngineUnavailableError as exc:
-        return [Feature("docker engine", "missing", str(exc), required=False), no_images]
+        client = connect_client(
+            docker_host, timeout=images.ENGINE_TIMEOUT_S, request_timeout=images.ENGINE_TIMEOUT_S
+        )
+    except EngineUnavailableError as exc:
+        missing = Feature("docker engine", "missing", f"{exc}{consequence}", required=False)
+        return [*head, missing, *no_images]
     try:
         version = client.version()["Version"]
         engine = Feature("docker engine", "active", f"Docker {version} at {where}", required=False)
         statuses = [images.image_status(client, name) for name in sorted(images.IMAGES)]
+        configured = _image_feature(client, image) if image is not None else None
     except (DockerException, OSError, images.ImageError) as exc:
-        failed = f"the engine at {where} failed: {exc}"
-        return [Feature("docker engine", "missing", failed, required=False), no_images]
+        failed = f"the engine at {where} failed: {exc}{consequence}"
+        return [*head, Feature("docker engine", "missing", failed, required=False), *no_images]
     finally:
         client.close()
     detail = ", ".join(f"{s.name} {s.state.value} ({s.tag})" for s in statuses)
+    tail = [configured] if configured is not None else []
     if all(s.state is images.State.CURRENT for s in statuses):
-        return [engine, Feature("sandbox images", "active", detail, required=False)]
+        return [*head, engine, Feature("sandbox images", "active", detail, required=False), *tail]
     detail += "; build with `tooljail images build`"
-    return [engine, Feature("sandbox images", "missing", detail, required=False)]
+    return [*head, engine, Feature("sandbox images", "missing", detail, required=False), *tail]
+
+
+def _image_feature(client: Any, image: str) -> Feature:
+    """Whether the engine has the configured image. Blocks (one request)."""
+    from docker.errors import ImageNotFound
+
+    from tooljaild.sandbox.docker_engine import image_missing_message
+
+    try:
+        found = client.images.get(image)
+    except ImageNotFound as exc:
+        return Feature("docker image", "missing", image_missing_message(image, exc), required=False)
+    return Feature("docker image", "active", f"{image} ({found.short_id})", required=False)
 
 
 def strict_ready(features: list[Feature]) -> list[Feature]:

@@ -33,6 +33,7 @@ from tooljaild.sandbox.base import Limits
 __all__ = [
     "BUILTIN_TOOLS",
     "Registry",
+    "SandboxProfile",
     "Tool",
     "ToolOptions",
     "build_user_tools",
@@ -45,6 +46,44 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MAX_KILL_AFTER_S = 86400.0
+
+
+class SandboxProfile(BaseModel):
+    """Where a tool's calls run (`@tool(sandbox={...})`). Unset keys follow the daemon.
+
+    Unknown keys and values are rejected, to catch typos. `image` and
+    `network=True` belong to the docker backend, so they need `backend="docker"`
+    (the process backend never has a network).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    backend: Literal["process", "docker"] | None = None
+    """The backend; None: the daemon's default (`serve --backend`)."""
+    image: str | None = None
+    """The docker image: a sandbox image's name ("python") or a full reference
+    with a "/"; None: the daemon's `docker.image`."""
+    network: bool | None = None
+    """Give the container the engine's default network; None: the daemon's
+    `docker.network` (off unless configured)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> SandboxProfile:
+        if self.image is not None:
+            if self.backend != "docker":
+                raise ValueError(
+                    "image is a docker setting: add backend='docker' "
+                    f"(got backend={self.backend!r})"
+                )
+            # Same rule as the config's docker.image; raises ValueError with the fix.
+            from tooljaild.sandbox.docker import image_reference
+
+            image_reference(self.image)
+        if self.network and self.backend != "docker":
+            raise ValueError(
+                "network=True needs backend='docker': the process backend has no network"
+            )
+        return self
 
 
 class ToolOptions(BaseModel):
@@ -65,6 +104,8 @@ class ToolOptions(BaseModel):
     """Whether the call's output is streamed while it runs."""
     limits: dict[str, Any] = Field(default_factory=dict)
     """Sandbox limit overrides (from `@tool(limits=...)`), read by the sandbox layer."""
+    sandbox: SandboxProfile = Field(default_factory=SandboxProfile)
+    """Which backend (and image, network) runs the calls (from `@tool(sandbox=...)`)."""
 
     @model_validator(mode="after")
     def _check_bounds(self) -> ToolOptions:
@@ -522,7 +563,11 @@ def _readable(exc: ValidationError) -> str:
         where = ".".join(str(part) for part in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = f"unknown option (known: {', '.join(ToolOptions.model_fields)})"
+            known = SandboxProfile if err["loc"][:1] == ("sandbox",) else ToolOptions
+            what = "sandbox key" if known is SandboxProfile else "option"
+            message = f"unknown {what} (known: {', '.join(known.model_fields)})"
+        elif err["type"] == "model_type" and err["loc"] == ("sandbox",):
+            message = "must be a dict, e.g. {'backend': 'docker', 'image': 'python'}"
         parts.append(f"{where}: {message}" if where else message)
     return "; ".join(parts)
 

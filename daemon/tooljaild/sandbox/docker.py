@@ -51,6 +51,7 @@ import functools
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tooljail._types import StreamKind, ToolError
 from tooljaild.sandbox.base import (
@@ -117,6 +118,7 @@ __all__ = [
     "DockerSandboxConfig",
     "EngineUnavailableError",
     "ImageMissingError",
+    "image_reference",
     "new_daemon_id",
     "remove_own_containers",
     "remove_stale_containers",
@@ -127,6 +129,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 DEFAULT_IMAGE = "tooljail/python:latest"
+TOOLJAIL_REPOSITORY = "tooljail"
+"""Where `tooljail images build NAME` tags its images: `tooljail/NAME:latest`."""
+_IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]{0,254}$", re.IGNORECASE)
 INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
 INSIDE_CHANNEL_DIR = "/run/tooljail"
 INSIDE_WORKSPACE = "/workspace"
@@ -139,6 +144,34 @@ _DRAIN_S = 2.0
 
 
 # ---------------------------------------------------------------------- config
+
+
+def image_reference(image: str) -> str:
+    """The full image reference a config or tool profile means by `image`.
+
+    A name without "/" names one of tooljail's sandbox images (`tooljail images
+    build NAME`): "python" is "tooljail/python:latest", "python:scientific" is
+    "tooljail/python:scientific". Anything with a "/" is a full reference, used
+    as given ("tooljail/python:latest", "docker.io/library/python:3.12",
+    "registry.example.com/team/tools@sha256:...").
+
+    Raises:
+        ValueError: When `image` cannot be an image reference.
+    """
+    image = image.strip()
+    if not _IMAGE_REFERENCE.match(image) or image.endswith((":", "@", "/")):
+        raise ValueError(
+            f"{image!r} is not an image: use a sandbox image's name (python) or a full "
+            "reference with a '/' (docker.io/library/python:3.12)"
+        )
+    if "/" in image:
+        return image
+    name, _, tag = image.partition(":")
+    if "@" in image:
+        raise ValueError(
+            f"{image!r}: an image digest needs the full reference (tooljail/NAME@sha256:...)"
+        )
+    return f"{TOOLJAIL_REPOSITORY}/{name}:{tag or 'latest'}"
 
 
 @dataclass(frozen=True)
@@ -174,11 +207,15 @@ class DockerContext:
 
 
 class DockerSandboxConfig(BaseModel):
-    """Settings of the docker backend."""
+    """Settings of the docker backend. Unknown keys are rejected, to catch typos."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["docker"] = "docker"
     image: str = DEFAULT_IMAGE
-    """The sandbox image (`tooljail images build python` makes the default one)."""
+    """The sandbox image: a sandbox image's name ("python" is tooljail/python:latest,
+    made by `tooljail images build python`), or a full reference with a "/"
+    ("docker.io/library/python:3.12"); see `image_reference`."""
     docker_host: str | None = None
     """The engine: "unix:///path" or "tcp://host:port"; None: DOCKER_HOST, else the
     local socket. It must run on this host (sandboxes bind-mount local directories)."""
@@ -196,6 +233,11 @@ class DockerSandboxConfig(BaseModel):
     """How long the engine may take to answer the first request."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """The bound on each engine request after that."""
+
+    @field_validator("image")
+    @classmethod
+    def _full_reference(cls, v: str) -> str:
+        return image_reference(v)
 
     @field_validator("user")
     @classmethod
@@ -215,12 +257,17 @@ class DockerSandboxConfig(BaseModel):
     def gid(self) -> int:
         return int(self.user.split(":")[1])
 
-    def engine(self) -> DockerEngine:
-        """A (not yet connected) engine for this config's docker_host and timeouts."""
+    def engine(self, on_connect: Callable[[DockerClient], object] | None = None) -> DockerEngine:
+        """A (not yet connected) engine for this config's docker_host and timeouts.
+
+        Args:
+            on_connect: Run once when the engine first answers (see `DockerEngine`).
+        """
         return DockerEngine(
             self.docker_host,
             connect_timeout_s=self.connect_timeout_s,
             request_timeout_s=self.request_timeout_s,
+            on_connect=on_connect,
         )
 
     def build(self, context: DockerContext, limits: Limits | None = None) -> DockerSandbox:

@@ -42,6 +42,7 @@ __all__ = [
     "DockerEngine",
     "EngineUnavailableError",
     "ImageMissingError",
+    "connect_client",
     "new_daemon_id",
     "remove_own_containers",
     "remove_stale_containers",
@@ -99,6 +100,7 @@ class DockerEngine:
         connect_timeout_s: float = 3.0,
         request_timeout_s: float = 60.0,
         max_workers: int = 16,
+        on_connect: Callable[[DockerClient], object] | None = None,
     ) -> None:
         """
         Args:
@@ -107,10 +109,14 @@ class DockerEngine:
             connect_timeout_s: How long the engine may take to answer the first request.
             request_timeout_s: The bound on each later request.
             max_workers: Engine requests in flight at once (threads of its pool).
+            on_connect: Called once (on an engine thread) with the client when the
+                engine first answers, before any other request gets the client:
+                the daemon sweeps up leftovers there. What it raises is logged.
         """
         self.docker_host = docker_host
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
+        self._on_connect = on_connect
         self._client: DockerClient | None = None
         self._lock = threading.Lock()
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -133,10 +139,23 @@ class DockerEngine:
             if self._closed:
                 raise EngineUnavailableError("the Docker engine connection was closed")
             if self._client is None:
-                self._client = _connect(
+                client = _connect(
                     self.docker_host, self.where, self.connect_timeout_s, self.request_timeout_s
                 )
+                if self._on_connect is not None:
+                    # Under the lock: no sandbox gets the client (and makes a
+                    # container) before this has run.
+                    try:
+                        self._on_connect(client)
+                    except Exception as exc:  # a failed sweep must not cost the engine
+                        log.warning("after connecting to the Docker engine: %s", explain(exc))
+                self._client = client
             return self._client
+
+    @property
+    def connected(self) -> bool:
+        """Whether the engine has answered (and the connection is open)."""
+        return self._client is not None
 
     async def call(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a blocking function (an SDK request) on the engine's threads.
@@ -167,6 +186,19 @@ class DockerEngine:
         self._executor.shutdown(wait=False, cancel_futures=True)
         if client is not None:
             client.close()
+
+
+def connect_client(
+    docker_host: str | None = None, *, timeout: float = 3.0, request_timeout: float = 60.0
+) -> DockerClient:
+    """A connected client of the engine at `docker_host` (None: DOCKER_HOST, else the
+    local socket), without a `DockerEngine` around it (for `doctor`). Blocks.
+
+    Raises:
+        EngineUnavailableError: No engine answered within `timeout`.
+    """
+    where = docker_host or os.environ.get("DOCKER_HOST") or DEFAULT_DOCKER_HOST
+    return _connect(docker_host, where, timeout, request_timeout)
 
 
 def _connect(
@@ -208,7 +240,7 @@ def no_engine_message(where: str, exc: BaseException) -> str:
     why = text.splitlines()[0] if text else type(exc).__name__
     return (
         f"no Docker engine answers at {where} ({why}): start it (`systemctl start docker`, "
-        "or `dockerd &` as root), or point DOCKER_HOST (sandbox.docker_host) at one"
+        "or `dockerd &` as root), or point DOCKER_HOST (docker.docker_host) at one"
     )
 
 

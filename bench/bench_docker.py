@@ -1,0 +1,465 @@
+"""The docker backend with its warm pool vs. `docker run --rm` and `docker exec`, per call.
+
+    .venv/bin/python bench/bench_docker.py           # full run (N=60, M=96, ~2 min)
+    .venv/bin/python bench/bench_docker.py --quick   # smoke test (N=15, M=24)
+
+Three sides, all measured in the same run (issue 4, section 8), all running
+`print(1)` with python3 in the same image, under the same limits:
+
+tooljail (t): `execute_python_code("print(1)")` through a daemon this script
+starts with `--backend docker` (`python -m tooljaild serve`, private Unix
+socket, warm pool of containers) and stops (SIGTERM).
+docker run (r): `docker run --rm <limits> IMAGE python3 -c 'print(1)'` per call:
+a fresh container per call, as without a pool.
+docker exec (e): `docker exec CID python3 -c 'print(1)'` into one container
+started once (same image and limits), as with a warm container but no runner
+waiting in it.
+
+The limits and hardening of (r) and (e) are those the daemon gives its
+containers: memory (swap included), pids, CPUs, no network, read-only root with
+a size-capped tmpfs /tmp, uid 65534, every capability dropped, no-new-privileges
+and the daemon's own seccomp profile.
+
+Measured as bench_calls.py does: alternating blocks (t r e, e r t, ...) with a
+pause until the CPUs are quiet before each block, so that machine noise falls on
+every side and no side's background work (the pool refilling, containers being
+removed) is billed to another. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tooljail import Client
+from tooljaild.sandbox.base import Limits
+from tooljaild.sandbox.docker import DEFAULT_IMAGE
+from tooljaild.sandbox.docker_seccomp import profile_json
+
+CODE = "print(1)"
+DEFAULT_POOL_SIZE = 4
+SETTLED = [0.0]  # seconds spent waiting for quiet CPUs between blocks
+LABEL = "org.tooljail.bench"  # on (r) and (e) containers, so a crashed run can be swept
+
+
+# --------------------------------------------------------------------------- helpers
+# (the same as bench_calls.py's, kept here so that each benchmark stands alone)
+
+
+def percentile(samples: list[float], p: float) -> float:
+    """Nearest-rank percentile (p99 of 40 samples is the maximum)."""
+    s = sorted(samples)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+def _cpu_times() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields), idle
+
+
+def settle(max_wait: float = 5.0, window: float = 0.1, busy_below: float = 0.2) -> float:
+    """Wait until the CPUs are quiet (the pool refilled, containers removed)."""
+    start = time.monotonic()
+    while time.monotonic() - start < max_wait:
+        total0, idle0 = _cpu_times()
+        time.sleep(window)
+        total1, idle1 = _cpu_times()
+        dt = total1 - total0
+        if dt <= 0 or 1 - (idle1 - idle0) / dt < busy_below:
+            break
+    waited = time.monotonic() - start
+    SETTLED[0] += waited
+    return waited
+
+
+def serial_latencies(call: Callable[[], None], n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def paced_latencies(call: Callable[[], None], n: int) -> list[float]:
+    """One call at a time, the CPUs quiet before each: as an agent calls between turns.
+
+    For tooljail that means a ready container waits for every call (the pool has
+    refilled); back-to-back calls (`serial_latencies`) outrun the refill instead.
+    """
+    out = []
+    for _ in range(n):
+        settle(max_wait=2.0, window=0.05)
+        t0 = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+Caller = Callable[[], tuple[Callable[[], None], Callable[[], None]]]
+
+
+def concurrent_run(make_call: Caller, m: int, concurrency: int) -> float:
+    """Seconds for `m` calls over `concurrency` threads; each thread gets its own caller."""
+    remaining = [m]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    callers = [make_call() for _ in range(concurrency)]
+    barrier = threading.Barrier(concurrency + 1)
+
+    def worker(call: Callable[[], None]) -> None:
+        barrier.wait()
+        while True:
+            with lock:
+                if remaining[0] <= 0 or errors:
+                    return
+                remaining[0] -= 1
+            try:
+                call()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c, _ in callers]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for _, close in callers:
+        close()
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def alternating(
+    sides: dict[str, tuple[Callable[[int], Any], int]], rounds: int
+) -> dict[str, list[Any]]:
+    """Run each side's total in `rounds` blocks, order t r e, e r t, ...; settle before each."""
+    results: dict[str, list[Any]] = {name: [] for name in sides}
+    names = list(sides)
+    for rnd in range(rounds):
+        order = names if rnd % 2 == 0 else names[::-1]
+        for name in order:
+            run, total = sides[name]
+            size = total // rounds + (1 if rnd < total % rounds else 0)
+            if size > 0:
+                settle()
+                results[name].append(run(size))
+    return results
+
+
+def flat(blocks: list[list[float]]) -> list[float]:
+    return [x for blk in blocks for x in blk]
+
+
+def rounds_for(total: int, block: int) -> int:
+    return max(1, math.ceil(total / block))
+
+
+# --------------------------------------------------------------------------- the sides
+
+
+def hardening(limits: Limits, seccomp_file: Path) -> list[str]:
+    """`docker run` flags for what the daemon gives its containers (docker.py)."""
+    flags = [
+        "--network", "none", "--read-only",
+        "--tmpfs", f"/tmp:rw,exec,nosuid,nodev,size={limits.tmp_bytes},mode=1777",
+        "--user", "65534:65534", "--cap-drop", "ALL",
+        "--security-opt", "no-new-privileges",
+        "--security-opt", f"seccomp={seccomp_file}",
+        "--label", f"{LABEL}=1",
+    ]  # fmt: skip
+    if limits.sandbox_memory_bytes:
+        mem = str(limits.sandbox_memory_bytes)
+        flags += ["--memory", mem, "--memory-swap", mem]
+    if limits.sandbox_pids:
+        flags += ["--pids-limit", str(limits.sandbox_pids)]
+    if limits.cpus:
+        flags += ["--cpus", f"{limits.cpus:g}"]
+    return flags
+
+
+def checked(argv: list[str], what: str) -> None:
+    proc = subprocess.run(argv, capture_output=True)
+    if proc.returncode != 0 or proc.stdout != b"1\n":
+        raise RuntimeError(
+            f"{what} failed: {proc.returncode} {proc.stdout!r} {proc.stderr[-500:]!r}"
+        )
+
+
+def tooljail_call(client: Client) -> None:
+    result = client.call("execute_python_code", {"code": CODE})
+    if not result.ok or result.data.get("stdout") != "1\n":
+        raise RuntimeError(f"tooljail call failed: {result!r}")
+
+
+class Daemon:
+    """`tooljail serve --backend docker` on a private socket, in a temp dir."""
+
+    def __init__(self, pool_size: int, image: str) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="tjbench-docker-"))
+        os.chmod(self.tmp, 0o711)
+        self.target = f"unix://{self.tmp}/s.sock"
+        self.log_path = self.tmp / "daemon.log"
+        argv = [
+            sys.executable, "-m", "tooljaild", "serve", "--backend", "docker",
+            "--listen", self.target, "--state-dir", str(self.tmp / "state"),
+            "--pool-size", str(pool_size), "--log-level", "WARNING",
+        ]  # fmt: skip
+        env = {**os.environ, "TOOLJAIL_DOCKER__IMAGE": image}
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self.startup_s = self._wait_serving()
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _wait_serving(self, timeout: float = 120.0) -> float:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"daemon exited with {self.process.returncode}:\n{self.log_tail()}"
+                )
+            with grpc.insecure_channel(self.target) as channel:
+                try:
+                    reply = health_pb2_grpc.HealthStub(channel).Check(
+                        health_pb2.HealthCheckRequest(service=""), timeout=1.0
+                    )
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return time.monotonic() - t0
+                except grpc.RpcError:
+                    pass
+            time.sleep(0.05)
+        raise RuntimeError(f"daemon not serving after {timeout}s:\n{self.log_tail()}")
+
+    def stop(self) -> int | None:
+        rc: int | None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            rc = self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            rc = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return rc
+
+
+# --------------------------------------------------------------------------- main
+
+SIDES = {  # name: (column header, description)
+    "t": ("tooljail", "tooljail --backend docker, warm pool"),
+    "r": ("docker run", "docker run --rm IMAGE python3 -c, per call"),
+    "e": ("docker exec", "docker exec CID python3 -c, into one warm container"),
+}
+
+
+def fmt_ms(s: float) -> str:
+    return f"{s * 1000:8.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, help="N: serial calls per side (default 60; quick 15)")
+    ap.add_argument(
+        "--concurrent-calls", type=int, help="M: calls per side at concurrency C (default 96)"
+    )
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3, help="serial warm-up calls per side")
+    ap.add_argument("--pool-size", type=int, default=DEFAULT_POOL_SIZE)
+    ap.add_argument("--image", default=DEFAULT_IMAGE)
+    ap.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
+    args = ap.parse_args(argv)
+    n = args.calls or (15 if args.quick else 60)
+    m = args.concurrent_calls or (24 if args.quick else 96)
+    c = args.concurrency
+    serial_rounds = rounds_for(n, max(5, n // 4))
+    conc_rounds = rounds_for(m, max(c * 2, m // 4))
+    docker = shutil.which("docker")
+    if docker is None:
+        print("error: the docker CLI is not on PATH", file=sys.stderr)
+        return 2
+    version = subprocess.run(
+        [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True
+    )
+    if version.returncode != 0:
+        print(f"error: no Docker engine answers: {version.stderr.strip()}", file=sys.stderr)
+        return 3
+    limits = Limits()
+    print(
+        f"machine: nproc={os.cpu_count()} python={platform.python_version()} "
+        f"({platform.machine()}, {platform.system()} {platform.release()}) "
+        f"loadavg={os.getloadavg()[0]:.2f}; Docker {version.stdout.strip()}"
+    )
+    print(
+        f"N={n} serial calls, M={m} calls at concurrency {c}, warm-up {args.warmup}, "
+        f"pool size {args.pool_size}; image {args.image}; every side: memory "
+        f"{limits.sandbox_memory_bytes // 2**20} MiB, pids {limits.sandbox_pids}, "
+        f"cpus {limits.cpus:g}, no network, read-only root, uid 65534, no capabilities, "
+        "the daemon's seccomp profile",
+        flush=True,
+    )
+
+    t_start = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="tjbench-docker-cli-"))
+    seccomp = scratch / "seccomp.json"
+    seccomp.write_text(profile_json())
+    flags = hardening(limits, seccomp)
+    run_argv = [docker, "run", "--rm", *flags, args.image, "python3", "-c", CODE]
+    warm = subprocess.run(
+        [docker, "run", "-d", "--rm", *flags, args.image, "python3", "-c",
+         "import time; time.sleep(86400)"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if warm.returncode != 0:
+        print(f"error: cannot start the warm container: {warm.stderr}", file=sys.stderr)
+        return 1
+    cid = warm.stdout.strip()
+    exec_argv = [docker, "exec", cid, "python3", "-c", CODE]
+    daemon: Daemon | None = None
+    try:
+        daemon = Daemon(args.pool_size, args.image)
+        print(
+            f"daemon: serving after {daemon.startup_s * 1000:.0f} ms (pid {daemon.process.pid})",
+            flush=True,
+        )
+        target = daemon.target
+        with Client(target) as client:
+            serial: dict[str, Callable[[], None]] = {
+                "t": lambda: tooljail_call(client),
+                "r": lambda: checked(run_argv, "docker run"),
+                "e": lambda: checked(exec_argv, "docker exec"),
+            }
+
+            def tooljail_caller() -> tuple[Callable[[], None], Callable[[], None]]:
+                own = Client(target)
+                return (lambda: tooljail_call(own)), own.close
+
+            callers: dict[str, Caller] = {
+                "t": tooljail_caller,
+                "r": lambda: (serial["r"], lambda: None),
+                "e": lambda: (serial["e"], lambda: None),
+            }
+            names = list(SIDES)
+
+            phase = time.monotonic()
+            for name in names:
+                for _ in range(args.warmup):
+                    serial[name]()
+            print(f"warm-up: {time.monotonic() - phase:.0f} s", flush=True)
+
+            phase = time.monotonic()
+            paced = alternating(
+                {k: (partial(paced_latencies, serial[k]), n) for k in names}, serial_rounds
+            )
+            paced_of = {k: flat(v) for k, v in paced.items()}
+            print(f"latency, paced: {time.monotonic() - phase:.0f} s", flush=True)
+
+            phase = time.monotonic()
+            lat = alternating(
+                {k: (partial(serial_latencies, serial[k]), n) for k in names}, serial_rounds
+            )
+            lat_of = {k: flat(v) for k, v in lat.items()}
+            print(f"latency, back to back: {time.monotonic() - phase:.0f} s", flush=True)
+
+            phase = time.monotonic()
+            conc = alternating(
+                {k: (partial(concurrent_run, callers[k], concurrency=c), m) for k in names},
+                conc_rounds,
+            )
+            tput_of = {k: m / sum(v) for k, v in conc.items()}
+            print(f"throughput, c={c}: {time.monotonic() - phase:.0f} s", flush=True)
+    except BaseException:
+        if daemon is not None:
+            print(f"--- daemon log (tail) ---\n{daemon.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        rc = daemon.stop() if daemon is not None else None
+        subprocess.run([docker, "rm", "-f", cid], capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    rows: list[tuple[str, Callable[[str], float], bool]] = [
+        ("latency p50, paced (ms)", lambda k: percentile(paced_of[k], 50), True),
+        ("latency p99, paced (ms)", lambda k: percentile(paced_of[k], 99), True),
+        ("latency p50, back to back (ms)", lambda k: percentile(lat_of[k], 50), True),
+        ("latency p99, back to back (ms)", lambda k: percentile(lat_of[k], 99), True),
+        (f"throughput, c={c} (calls/s)", lambda k: tput_of[k], False),
+    ]
+    print()
+    print(f"{'':28}" + "".join(f" {'(' + k + ')':>12}" for k in SIDES) + f" {'t/e':>6} {'t/r':>6}")
+    print(f"{'metric':28}" + "".join(f" {SIDES[k][0]:>12}" for k in SIDES))
+    for label, value, is_ms in rows:
+        cells = [fmt_ms(value(k)) if is_ms else f"{value(k):8.1f}" for k in SIDES]
+        ratios = [value("t") / value("e"), value("t") / value("r")]
+        print(
+            f"{label:28}"
+            + "".join(f" {x:>12}" for x in cells)
+            + "".join(f" {r:6.3f}" for r in ratios)
+        )
+    for k, (_, description) in SIDES.items():
+        print(f"  ({k}) {description}")
+
+    p50_ratio = percentile(paced_of["t"], 50) / percentile(paced_of["e"], 50)
+    b2b_ratio = percentile(lat_of["t"], 50) / percentile(lat_of["e"], 50)
+    tput_ratio = tput_of["t"] / tput_of["r"]
+    print("\ntargets (issue 4, in this run):")
+    checks = (
+        ("p50 round trip (paced), (t) / (e) docker exec", "<=", 0.10, p50_ratio),
+        (f"sustained rate at c={c}, (t) / (r) docker run", ">=", 1.0, tput_ratio),
+    )
+    for label, op, bound, measured in checks:
+        met = measured <= bound if op == "<=" else measured >= bound
+        verdict = "MET" if met else "MISSED"
+        print(f"  {label:46} {op} {bound:4.2f}  measured {measured:6.3f}  {verdict}")
+    print(
+        f"  (back to back, p50 (t) / (e) is {b2b_ratio:.3f}: calls at c=1 without a pause "
+        "outrun the pool's refill, whose rate the throughput row measures)"
+    )
+    summary = {
+        "paced_p50_ms": {k: round(percentile(paced_of[k], 50) * 1000, 2) for k in SIDES},
+        "paced_p99_ms": {k: round(percentile(paced_of[k], 99) * 1000, 2) for k in SIDES},
+        "p50_ms": {k: round(percentile(lat_of[k], 50) * 1000, 2) for k in SIDES},
+        "p99_ms": {k: round(percentile(lat_of[k], 99) * 1000, 2) for k in SIDES},
+        "throughput": {k: round(tput_of[k], 2) for k in SIDES},
+    }
+    print(f"\njson: {json.dumps(summary)}")
+    print(
+        f"daemon exit code: {rc}; total {time.monotonic() - t_start:.0f} s "
+        f"({SETTLED[0]:.0f} s of it waiting for quiet CPUs between blocks)"
+    )
+    if rc != 0:
+        print("warning: the daemon did not exit 0 on SIGTERM", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
