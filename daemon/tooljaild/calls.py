@@ -33,6 +33,7 @@ from tooljail._errors import (
     InvalidRequestError,
     OverloadedError,
     ShuttingDownError,
+    ToolNotFoundError,
 )
 from tooljail._types import (
     TIMEOUT_MESSAGE,
@@ -45,6 +46,7 @@ from tooljail._types import (
     ToolResult,
 )
 from tooljaild.config import Settings
+from tooljaild.journal import Journal, JournalEntry, JournalError
 from tooljaild.output import Event, EventLog, HeadTail
 from tooljaild.registry import Registry, Tool, validate_arguments
 from tooljaild.sandbox.base import (
@@ -70,6 +72,8 @@ SHUTDOWN_MESSAGE = (
     "before calling it again."
 )
 PYTHON_BUILTINS = {"execute_python_code", "execute_python_code_stream", "execute_python_file"}
+PRUNE_EVERY = 1000
+"""Finished calls between two prunings of the journal (by age and row count)."""
 KEPT_EVENT_LOGS = 64
 """Finished calls whose output chunks stay readable; older ones keep only their result."""
 ENVELOPE_KEYS = {"status", "data", "message", "error"}
@@ -114,6 +118,21 @@ class Call:
         self.on_stop: Callable[[], None] | None = None
         """Called by `request_stop` while the call runs: stops its sandbox."""
 
+    @classmethod
+    def recorded(cls, entry: JournalEntry, tool: Tool, settings: Settings) -> Call:
+        """A call this daemon knows only from the journal: over, with its result."""
+        call = cls(entry.call_id, tool, {}, entry.fingerprint, entry.timeout_s, settings, Limits())
+        call.sandbox_id = entry.sandbox_id or ""
+        result = entry.result()
+        call.state = entry.state
+        if result is not None:
+            call.final = result
+            call.caller_result.set_result(result)
+        call.started.cancel()
+        call.events.close()
+        call.done.set()
+        return call
+
     def sink(self, stream: StreamKind, data: bytes) -> None:
         if stream is StreamKind.STDOUT:
             self.stdout.add(data)
@@ -123,6 +142,11 @@ class Call:
         limit = self.limits.output_limit_bytes
         if limit and self.stdout.total + self.stderr.total > limit:
             self.request_stop("output_limit")
+
+    def compact(self) -> None:
+        """Let go of what only a running call needs (its result is built by now)."""
+        self.arguments = {}
+        self.stdout, self.stderr = HeadTail(0), HeadTail(0)
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -151,6 +175,7 @@ class CallManager:
         settings: Settings,
         registry: Registry,
         pool: SandboxPool | Callable[[Tool], SandboxPool],
+        journal: Journal | None = None,
     ) -> None:
         """
         Args:
@@ -165,6 +190,8 @@ class CallManager:
         self._slots = _Slots(settings.max_concurrent)
         self._active = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        self._journal = journal
+        self._finished_since_prune = 0
         self.draining = False
 
     @property
@@ -199,19 +226,24 @@ class CallManager:
         arguments = self._parse_arguments(tool, arguments_json)
         timeout = self._timeout_for(tool, timeout_s)
         fingerprint = _fingerprint(tool.name, arguments)
+        rerun = False
         if call_id:
             if not CALL_ID.match(call_id):
                 raise InvalidRequestError(
                     "call_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -"
                 )
-            existing = self._calls.get(call_id)
+            existing = self._calls.get(call_id) or self._from_journal(call_id, tool)
             if existing is not None:
                 if existing.fingerprint != fingerprint:
                     raise CallIdConflictError(
                         f"call id {call_id!r} is already used by a call of "
                         f"{existing.tool.name!r} with other arguments; use a new id"
                     )
-                return existing
+                if not (existing.state is CallState.LOST and tool.options.idempotent):
+                    return existing
+                # A lost call of an idempotent tool runs again under its id.
+                self._calls.pop(call_id, None)
+                rerun = True
         else:
             call_id = uuid.uuid4().hex
         if self.draining:
@@ -226,6 +258,18 @@ class CallManager:
         call = Call(
             call_id, tool, arguments, fingerprint, timeout, self._settings, self._limits_for(tool)
         )
+        if self._journal is not None:
+            # Committed before the call can start: a call the journal does not
+            # know never ran, so a retry after a crash cannot run it twice.
+            self._journal.admitted(
+                call_id,
+                tool=tool.name,
+                fingerprint=fingerprint,
+                arguments_json=arguments_json,
+                timeout_s=timeout,
+                idempotent=tool.options.idempotent,
+                replace=rerun,
+            )
         begun = self._begin_now(call)
         self._calls[call_id] = call
         self._active += 1
@@ -282,17 +326,31 @@ class CallManager:
 
     # ------------------------------------------------------------------ lookups
 
+    def _from_journal(self, call_id: str, tool: Tool | None = None) -> Call | None:
+        """A call the journal knows (over, or lost to a crash), as a finished Call."""
+        if self._journal is None:
+            return None
+        entry = self._journal.get(call_id)
+        if entry is None:
+            return None
+        if tool is None or tool.name != entry.tool:
+            try:
+                tool = self._registry.get(entry.tool)
+            except ToolNotFoundError:  # served no more: the record still answers
+                tool = Tool(name=entry.tool, input_schema={"type": "object"}, source="user")
+        return Call.recorded(entry, tool, self._settings)
+
     def get(self, call_id: str) -> Call:
-        """The call with that id.
+        """The call with that id, from memory or else from the journal.
 
         Raises:
             CallNotFoundError: The daemon does not know or no longer remembers it.
         """
-        call = self._calls.get(call_id)
+        call = self._calls.get(call_id) or self._from_journal(call_id)
         if call is None:
             raise CallNotFoundError(
                 f"no call {call_id!r} is known to this daemon (it may have been "
-                f"forgotten: the daemon remembers the last {self._settings.remembered_calls})"
+                "forgotten: the journal keeps calls for a bounded time and number)"
             )
         return call
 
@@ -339,6 +397,11 @@ class CallManager:
         call.started_at = time.monotonic()
         call.sandbox_id = sandbox.id
         call.started.set_result(sandbox.id)
+        if self._journal is not None:
+            try:
+                self._journal.running(call.call_id, sandbox.id)
+            except JournalError as exc:  # the call runs on; its end says it, or it is lost
+                log.error("cannot journal call %s as running: %s", call.call_id, exc)
 
     async def _run(self, call: Call, begun: _Begun | None = None) -> None:
         try:
@@ -355,6 +418,7 @@ class CallManager:
         finally:
             self._active -= 1
             call.events.close()
+            call.compact()
             self._forget_old()
 
     async def _run_admitted(self, call: Call) -> None:
@@ -465,6 +529,7 @@ class CallManager:
         if not call.started.done():
             call.started.cancel()
         call.done.set()
+        self._journal_finished(call, result)
         log.info(
             "call finished",
             extra={
@@ -475,6 +540,23 @@ class CallManager:
                 "sandbox": call.sandbox_id,
             },
         )
+
+    def _journal_finished(self, call: Call, result: ToolResult) -> None:
+        if self._journal is None:
+            return
+        try:
+            self._journal.finished(call.call_id, call.state, result.model_dump_json())
+        except JournalError as exc:
+            # After a restart the call shows as lost: honest, if less precise.
+            log.error("cannot journal the end of call %s: %s", call.call_id, exc)
+            return
+        self._finished_since_prune += 1
+        if self._finished_since_prune >= PRUNE_EVERY:
+            self._finished_since_prune = 0
+            try:
+                self._journal.prune()
+            except JournalError as exc:
+                log.error("cannot prune the journal: %s", exc)
 
     def _duration(self, call: Call) -> float:
         return time.monotonic() - (call.started_at or call.created)

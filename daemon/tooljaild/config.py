@@ -82,8 +82,12 @@ class Settings(BaseSettings):
     """The largest request message accepted (code, arguments)."""
     event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     """Output kept per call for slow readers and re-attach; older chunks are dropped."""
-    remembered_calls: int = Field(default=10_000, ge=1)
-    """Finished calls kept in memory for GetCall."""
+    remembered_calls: int = Field(default=1000, ge=1)
+    """Finished calls kept in memory; older ones are answered from the journal."""
+    journal_max_age_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """How long the journal keeps a finished call (GetCall, idempotent retries)."""
+    journal_max_rows: int = Field(default=100_000, ge=100)
+    """How many finished calls the journal keeps at most (the oldest go first)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"

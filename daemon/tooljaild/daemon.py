@@ -32,10 +32,12 @@ from grpc_health.v1 import health_pb2
 
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
+from tooljaild.journal import Journal, JournalError
 from tooljaild.loader import load_registry
 from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import Registry
 from tooljaild.sandbox.base import Sandbox, SandboxError
+from tooljaild.sandbox.cgroups import cgroup_name_for
 from tooljaild.sandbox.docker import (
     DockerContext,
     DockerEngine,
@@ -58,6 +60,8 @@ from tooljaild.sandbox.process import SandboxContext, zygote_for
 from tooljaild.server import SERVICE_NAME, create_server
 
 log = logging.getLogger(__name__)
+
+JOURNAL_FILE = "journal.sqlite3"
 
 
 class DaemonError(Exception):
@@ -84,6 +88,7 @@ class Daemon:
         self.context: SandboxContext | None = None
         self.pools: PoolSet | None = None
         self.manager: CallManager | None = None
+        self.journal: Journal | None = None
         self.daemon_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
         self.docker_context: DockerContext | None = None
@@ -181,6 +186,7 @@ class Daemon:
                 directory.chmod(0o711)
         except OSError as exc:
             raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
+        self._open_journal()
         if s.listen.startswith("unix:"):
             self._socket_path = _prepare_socket(s.listen)
         elif not s.allow_insecure_tcp and not _is_loopback(s.listen):
@@ -197,9 +203,15 @@ class Daemon:
                 bwrap=s.sandbox.bwrap,
                 sandbox_user=s.sandbox.user,
                 use_cgroups=s.sandbox.use_cgroups,
+                cgroup_name=cgroup_name_for(s.state_dir),
             )
         except IsolationError as exc:
             raise DaemonError(str(exc)) from exc
+        if self.isolation.tracker is not None:
+            # What a killed daemon on this state directory left: kill and remove.
+            swept = await asyncio.to_thread(self.isolation.tracker.sweep_stale)
+            if swept:
+                log.warning("removed %d sandbox cgroups a previous daemon left behind", swept)
         shared = tuple(d.resolve() for d in (*s.tools_dirs, *s.files_dirs))
         try:
             python = sandbox_python(s.sandbox.python, self.isolation)
@@ -252,7 +264,7 @@ class Daemon:
                 extra={"code": d.code, "file": d.file, "tool": d.tool},
             )
         warm = await self._start_pools(registry)
-        self.manager = CallManager(s, registry, self.pools.pool_for)
+        self.manager = CallManager(s, registry, self.pools.pool_for, journal=self.journal)
         try:
             server, self.port, health = create_server(
                 self.manager, s.listen, max_request_bytes=s.max_request_bytes
@@ -367,7 +379,32 @@ class Daemon:
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()
+        if self.journal is not None:
+            self.journal.close()
         log.info("stopped")
+
+    def _open_journal(self) -> None:
+        """Open the journal, and mark what a dead predecessor left running as lost.
+
+        Raises:
+            DaemonError: The journal is damaged, foreign, unwritable or in use.
+        """
+        s = self.settings
+        try:
+            self.journal = Journal.open(
+                s.state_dir / JOURNAL_FILE,
+                max_age_s=s.journal_max_age_s,
+                max_rows=s.journal_max_rows,
+            )
+            lost = self.journal.recover()
+            self.journal.prune()
+        except JournalError as exc:
+            raise DaemonError(str(exc)) from exc
+        for entry in lost:
+            log.warning(
+                "call lost: the daemon stopped while it ran",
+                extra={"call_id": entry.call_id, "tool": entry.tool, "sandbox": entry.sandbox_id},
+            )
 
     async def serve_until_signalled(self) -> None:
         """Start, serve until SIGTERM or SIGINT, then drain and stop."""

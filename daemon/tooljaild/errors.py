@@ -19,6 +19,7 @@ from tooljail._errors import (
     ToolNotFoundError,
 )
 from tooljail._wire import ERROR_DETAIL_KEY, error_detail_for
+from tooljaild.journal import JournalError
 
 STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     ToolNotFoundError: grpc.StatusCode.NOT_FOUND,
@@ -29,6 +30,8 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     CallIdConflictError: grpc.StatusCode.ALREADY_EXISTS,
     OverloadedError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ShuttingDownError: grpc.StatusCode.UNAVAILABLE,
+    # The journal cannot record the call (full or read-only disk): nothing ran.
+    JournalError: grpc.StatusCode.UNAVAILABLE,
 }
 
 

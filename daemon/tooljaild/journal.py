@@ -161,6 +161,8 @@ class JournalError(TooljailError):
         path: The journal file.
     """
 
+    code = "journal_unavailable"
+
     def __init__(self, reason: Reason, path: Path, message: str) -> None:
         super().__init__(message)
         self.reason: Reason = reason

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -91,6 +92,17 @@ class CgroupLimits:
         ):
             if value is not None and not value > 0:
                 raise ValueError(f"CgroupLimits.{field} must be positive or None, not {value!r}")
+
+
+def cgroup_name_for(state_dir: Path) -> str:
+    """The cgroup directory name of the daemon that owns `state_dir`.
+
+    One state directory has one daemon at a time, so a daemon starting on it may
+    sweep whatever a killed predecessor left under this name, and never touches
+    another daemon's sandboxes.
+    """
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    return f"tooljail-{digest}"
 
 
 class CgroupTracker:

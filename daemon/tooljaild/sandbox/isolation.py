@@ -69,8 +69,14 @@ def resolve(
     bwrap: str = "bwrap",
     sandbox_user: str = "nobody",
     use_cgroups: bool = True,
+    cgroup_name: str = "tooljail",
 ) -> Isolation:
     """Find out what this host provides and decide what to use.
+
+    Args:
+        cgroup_name: The directory that holds this daemon's sandbox cgroups
+            (see `CgroupTracker.detect`): one per state directory, so that a
+            daemon may sweep what a dead predecessor left there.
 
     Raises:
         IsolationError: `strict` and a required feature is missing.
@@ -104,7 +110,7 @@ def resolve(
             Feature("unprivileged uid", "active", f"the daemon itself runs as uid {os.geteuid()}")
         )
 
-    tracker = CgroupTracker.detect() if use_cgroups else None
+    tracker = CgroupTracker.detect(cgroup_name) if use_cgroups else None
     iso.tracker = tracker
     if tracker is not None:
         where = ", ".join(map(str, tracker.bases))
