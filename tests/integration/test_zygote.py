@@ -43,3 +43,25 @@ def test_calls_go_on_when_the_zygote_dies(daemon: RunningDaemon) -> None:
         time.sleep(0.1)
     assert len(_zygotes(daemon)) == 1
     assert "restarting the zygote" in daemon.log()
+
+
+@pytest.mark.isolation
+def test_the_zygote_starts_with_tool_and_files_directories(start_daemon, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tools = tmp_path / "tools"
+    files = tmp_path / "files"
+    tools.mkdir()
+    files.mkdir()
+    (tools / "hello.py").write_text(
+        "from tooljail import tool\n\n@tool\ndef hello(name: str) -> str:\n"
+        '    """Greets."""\n    return "hi " + name\n'
+    )
+    (files / "job.py").write_text("print('from a file')\n")
+    for d in (tmp_path, tools, files):
+        d.chmod(0o755)
+    daemon = start_daemon("--tools-dir", str(tools), "--files-dir", str(files))
+    assert len(_zygotes(daemon)) == 1, daemon.log()
+    assert "no zygote" not in daemon.log()
+    with Client(daemon.target) as client:
+        assert client.call("hello", {"name": "z"}).data == "hi z"
+        result = client.call("execute_python_file", {"path": "job.py"})
+        assert result.data["stdout"] == "from a file\n"

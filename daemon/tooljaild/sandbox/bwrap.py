@@ -68,6 +68,9 @@ class BwrapSpec:
     python_prefix: tuple[int, str] | None = None
     """(fd, path) of an interpreter prefix outside /usr, bound at the same path."""
     extra_ro: list[tuple[int, str]] = field(default_factory=list)
+    zygote_ro: list[int] = field(default_factory=list)
+    """For the zygote: a second descriptor of each `extra_ro` directory, bound at
+    ZYGOTE_SHARED/i (bubblewrap closes a descriptor once it has bound it)."""
     """(fd, path) pairs bound read-only at the same path: tool and files directories."""
     tmp_bytes: int = 256 * 1024**2
     workspace_bytes: int = 512 * 1024**2
@@ -133,12 +136,12 @@ class BwrapSpec:
         if self.python_prefix is not None:
             fd, path = self.python_prefix
             args += ["--ro-bind-fd", str(fd), path]
-        for i, (fd, path) in enumerate(self.extra_ro):
+        for fd, path in self.extra_ro:
             args += ["--ro-bind-fd", str(fd), path]
-            if self.zygote:
-                # Its sandboxes mount fresh /tmp, /dev/shm and /workspace over the
-                # zygote's: they bind from here what lay below those again.
-                args += ["--ro-bind-fd", str(fd), f"{ZYGOTE_SHARED}/{i}"]
+        for i, fd in enumerate(self.zygote_ro):
+            # Its sandboxes mount fresh /tmp, /dev/shm and /workspace over the
+            # zygote's: they bind from here what lay below those again.
+            args += ["--ro-bind-fd", str(fd), f"{ZYGOTE_SHARED}/{i}"]
         args += [
             "--ro-bind-fd", str(self.runner_dir_fd), INSIDE_RUNNER_DIR,
             # Everything else is read-only: the root tmpfs bubblewrap built, /etc
@@ -152,7 +155,7 @@ class BwrapSpec:
 
     def fds(self) -> list[int]:
         """Every descriptor bubblewrap must inherit."""
-        fds = [self.runner_dir_fd, *(fd for fd, _ in self.extra_ro)]
+        fds = [self.runner_dir_fd, *(fd for fd, _ in self.extra_ro), *self.zygote_ro]
         if self.python_prefix is not None:
             fds.append(self.python_prefix[0])
         if self.seccomp_fd is not None:

@@ -545,6 +545,7 @@ def build_bwrap_spec(
         return fd
 
     prefix = bw.python_prefix(config.python)
+    shared = [d for d in context.shared_dirs if d.is_dir()]
     seccomp_fd = None
     if iso.seccomp and not zygote:
         from tooljaild.sandbox import seccomp
@@ -563,7 +564,8 @@ def build_bwrap_spec(
         python=config.python,
         runner_dir_fd=open_dir(context.runner_dir),
         python_prefix=(open_dir(prefix), prefix) if prefix else None,
-        extra_ro=[(open_dir(d), str(d)) for d in context.shared_dirs if d.is_dir()],
+        extra_ro=[(open_dir(d), str(d)) for d in shared],
+        zygote_ro=[open_dir(d) for d in shared] if zygote else [],
         tmp_bytes=limits.tmp_bytes,
         workspace_bytes=limits.workspace_bytes,
         seccomp_fd=seccomp_fd,
