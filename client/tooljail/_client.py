@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import socket
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Generator
@@ -50,6 +51,9 @@ from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 
 __all__ = ["AsyncClient", "Client", "default_socket_path", "default_target"]
+
+CLIENT_KEY = "tooljail-client"
+"""Metadata naming this client to the daemon (its share of calls is per client)."""
 
 TARGET_ENV = "TOOLJAIL_TARGET"
 """Environment variable naming the daemon to dial when no target is given."""
@@ -112,6 +116,8 @@ class _BaseClient:
         if retries < 0:
             raise InvalidRequestError(f"retries must be 0 or more, got {retries}")
         self._retries = retries
+        # Who we are, for the daemon's fairness between agent hosts.
+        self._metadata = ((CLIENT_KEY, f"{socket.gethostname()}/{os.getpid()}"),)
 
     @staticmethod
     def _check_seq(from_seq: int) -> int:
@@ -503,7 +509,9 @@ class Client(_BaseClient):
         attempt = 0
         while True:
             try:
-                return self._decode_result(self._stub.Run(request, wait_for_ready=False))
+                return self._decode_result(
+                    self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
+                )
             except grpc.RpcError as e:
                 error = self._map_rpc_error(e)
                 if not self._should_retry(error, attempt):
@@ -562,10 +570,15 @@ class Client(_BaseClient):
             call_id=self._check_call_id(call_id, required=True),
             from_seq=self._check_seq(from_seq),
         )
-        return self._follow(lambda: self._stub.Attach(request, wait_for_ready=False), request)
+        return self._follow(
+            lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
+            request,
+        )
 
     def _stream(self, request: pb.CallRequest) -> Generator[Output | ToolResult, None, None]:
-        return self._follow(lambda: self._stub.Call(request, wait_for_ready=False), request)
+        return self._follow(
+            lambda: self._stub.Call(request, wait_for_ready=False, metadata=self._metadata), request
+        )
 
     def _follow(
         self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
@@ -599,7 +612,7 @@ class Client(_BaseClient):
                     rpc.cancel()
             time.sleep(self._backoff_s(attempt))
             attempt += 1
-            rpc = progress.resume(self._stub, start)
+            rpc = progress.resume(self._stub, start, self._metadata)
         if progress.result is None:
             raise self._no_result_error()
 
@@ -710,7 +723,9 @@ class AsyncClient(_BaseClient):
         attempt = 0
         while True:
             try:
-                return self._decode_result(await self._stub.Run(request, wait_for_ready=False))
+                return self._decode_result(
+                    await self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
+                )
             except grpc.RpcError as e:
                 error = self._map_rpc_error(e)
                 if not self._should_retry(error, attempt):
@@ -744,10 +759,15 @@ class AsyncClient(_BaseClient):
             call_id=self._check_call_id(call_id, required=True),
             from_seq=self._check_seq(from_seq),
         )
-        return self._follow(lambda: self._stub.Attach(request, wait_for_ready=False), request)
+        return self._follow(
+            lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
+            request,
+        )
 
     def _stream(self, request: pb.CallRequest) -> AsyncGenerator[Output | ToolResult, None]:
-        return self._follow(lambda: self._stub.Call(request, wait_for_ready=False), request)
+        return self._follow(
+            lambda: self._stub.Call(request, wait_for_ready=False, metadata=self._metadata), request
+        )
 
     async def _follow(
         self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
@@ -776,7 +796,7 @@ class AsyncClient(_BaseClient):
                     rpc.cancel()
             await asyncio.sleep(self._backoff_s(attempt))
             attempt += 1
-            rpc = progress.resume(self._stub, start)
+            rpc = progress.resume(self._stub, start, self._metadata)
         if progress.result is None:
             raise self._no_result_error()
 
@@ -819,7 +839,7 @@ class _Progress:
             self._last_seq = item.seq
         return item
 
-    def resume(self, stub: Any, start: Callable[[], Any]) -> Any:
+    def resume(self, stub: Any, start: Callable[[], Any], metadata: Any) -> Any:
         """The RPC that picks up where the broken one stopped.
 
         Before the daemon was seen to have the call, the same request again
@@ -830,5 +850,7 @@ class _Progress:
             return start()
         call_id = self._request.call_id
         return stub.Attach(
-            pb.AttachRequest(call_id=call_id, from_seq=self._last_seq + 1), wait_for_ready=False
+            pb.AttachRequest(call_id=call_id, from_seq=self._last_seq + 1),
+            wait_for_ready=False,
+            metadata=metadata,
         )

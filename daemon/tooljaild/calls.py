@@ -20,7 +20,7 @@ import logging
 import re
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -115,6 +115,8 @@ class Call:
         self.done = asyncio.Event()
         self.stop_reason: str | None = None
         self._stop = asyncio.Event()
+        self.client = ""
+        """Who asked for the call (see `CallManager.submit`)."""
         self.on_stop: Callable[[], None] | None = None
         """Called by `request_stop` while the call runs: stops its sandbox."""
 
@@ -189,6 +191,7 @@ class CallManager:
         self._with_events: OrderedDict[str, Call] = OrderedDict()
         self._slots = _Slots(settings.max_concurrent)
         self._active = 0
+        self._by_client: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
         self._journal = journal
         self._finished_since_prune = 0
@@ -206,9 +209,18 @@ class CallManager:
     # ------------------------------------------------------------------ admission
 
     def submit(
-        self, tool_name: str, arguments_json: str, call_id: str = "", timeout_s: float = 0.0
+        self,
+        tool_name: str,
+        arguments_json: str,
+        call_id: str = "",
+        timeout_s: float = 0.0,
+        client: str = "",
     ) -> Call:
         """Admit a call, or return the call already admitted under the same id.
+
+        `client` names who asks (an agent host): each client may hold at most
+        `max_calls_per_client` running and queued calls, and free slots go to
+        the waiting clients in turn, so one cannot starve the others.
 
         A known id is answered even while the daemon drains: a client retrying
         after a dropped connection re-attaches to its call.
@@ -255,9 +267,17 @@ class CallManager:
                 "try again shortly",
                 retry_after_s=1.0,
             )
+        own = self._settings.per_client_limit()
+        if self._by_client[client] >= own:
+            raise OverloadedError(
+                f"this client already has {own} running and queued calls, its share of "
+                "the daemon; try again when some have finished",
+                retry_after_s=1.0,
+            )
         call = Call(
             call_id, tool, arguments, fingerprint, timeout, self._settings, self._limits_for(tool)
         )
+        call.client = client
         if self._journal is not None:
             # Committed before the call can start: a call the journal does not
             # know never ran, so a retry after a crash cannot run it twice.
@@ -273,6 +293,7 @@ class CallManager:
         begun = self._begin_now(call)
         self._calls[call_id] = call
         self._active += 1
+        self._by_client[client] += 1
         task = asyncio.create_task(self._run(call, begun), name=f"call-{call_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -417,6 +438,9 @@ class CallManager:
             self._finish(call, self._internal_error(call, exc))
         finally:
             self._active -= 1
+            self._by_client[call.client] -= 1
+            if not self._by_client[call.client]:
+                del self._by_client[call.client]
             call.events.close()
             call.compact()
             self._forget_old()
@@ -425,7 +449,7 @@ class CallManager:
         if not self._slots.try_take():
             # Queued behind max_concurrent calls: wait for a slot, or for a stop.
             stop_wait = asyncio.ensure_future(call._stop.wait())
-            slot = asyncio.ensure_future(self._slots.take())
+            slot = asyncio.ensure_future(self._slots.take(call.client))
             try:
                 await asyncio.wait({slot, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -806,40 +830,51 @@ _Begun = tuple[Sandbox, Coroutine[Any, Any, RunOutcome]]
 
 
 class _Slots:
-    """At most `n` calls run at once; the others wait in arrival order.
+    """At most `n` calls run at once; the others wait, and free slots go to the
+    waiting clients in turn (in arrival order within each client).
 
-    asyncio.Semaphore cannot be taken without awaiting, which `submit` must not.
+    asyncio.Semaphore cannot be taken without awaiting, which `submit` must not,
+    and knows nothing of clients.
     """
 
     def __init__(self, n: int) -> None:
         self._free = n
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
 
     def try_take(self) -> bool:
-        if self._free > 0 and not self._waiters:
+        if self._free > 0 and not self._waiting:
             self._free -= 1
             return True
         return False
 
-    async def take(self) -> None:
+    async def take(self, client: str = "") -> None:
         if self.try_take():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiting.setdefault(client, deque()).append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():
                 self.give()  # handed a slot just as the wait was cancelled: pass it on
             else:
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                queue = self._waiting.get(client)
+                if queue is not None:
+                    with contextlib.suppress(ValueError):
+                        queue.remove(waiter)
+                    if not queue:
+                        del self._waiting[client]
             raise
 
     def give(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
+        while self._waiting:
+            client, queue = next(iter(self._waiting.items()))
+            waiter = queue.popleft()
+            if queue:
+                self._waiting.move_to_end(client)  # the next slot: another client first
+            else:
+                del self._waiting[client]
             if not waiter.done():
-                waiter.set_result(None)  # the slot passes straight to the next in line
+                waiter.set_result(None)  # the slot passes straight to the waiter
                 return
         self._free += 1

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     """Calls running at once; more wait in the queue."""
     max_queue: int = Field(default=256, ge=0)
     """Calls waiting for a slot; past it new calls get RESOURCE_EXHAUSTED."""
+    max_calls_per_client: int = Field(default=0, ge=0)
+    """Running and queued calls one client (agent host) may hold at once; 0: half
+    of max_concurrent + max_queue. Past it that client gets RESOURCE_EXHAUSTED."""
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """The largest request message accepted (code, arguments)."""
     event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
@@ -106,6 +109,10 @@ class Settings(BaseSettings):
         if not self.min_timeout_s <= self.default_timeout_s <= self.max_timeout_s:
             raise ValueError("need min_timeout_s <= default_timeout_s <= max_timeout_s")
         return self
+
+    def per_client_limit(self) -> int:
+        """Running and queued calls one client may hold (see max_calls_per_client)."""
+        return self.max_calls_per_client or max(1, (self.max_concurrent + self.max_queue) // 2)
 
     @property
     def workspace_root(self) -> Path:

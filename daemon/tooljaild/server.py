@@ -55,7 +55,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> AsyncIterator[pb.CallEvent]:
         try:
             call = self._manager.submit(
-                request.tool, request.arguments_json, request.call_id, request.timeout_s
+                request.tool,
+                request.arguments_json,
+                request.call_id,
+                request.timeout_s,
+                client=client_of(context),
             )
         except TooljailError as exc:
             await abort_with(context, exc)
@@ -80,7 +84,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
         try:
             call = self._manager.submit(
-                request.tool, request.arguments_json, request.call_id, request.timeout_s
+                request.tool,
+                request.arguments_json,
+                request.call_id,
+                request.timeout_s,
+                client=client_of(context),
             )
         except TooljailError as exc:
             await abort_with(context, exc)
@@ -144,6 +152,26 @@ async def _first_of(*waitables: asyncio.Future[Any] | Coroutine[Any, Any, Any]) 
     finally:
         for task in made:
             task.cancel()
+
+
+CLIENT_KEY = "tooljail-client"
+"""Metadata key an agent host may name itself by (the SDK sends its host and pid)."""
+
+
+def client_of(context: grpc.aio.ServicerContext) -> str:
+    """Who is calling, for fairness: the name the client sent, else its address.
+
+    A TCP peer counts by host (its port changes per connection); every caller on
+    the Unix socket that sends no name shares one share.
+    """
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_KEY and isinstance(value, str) and value:
+            return value[:128]
+    peer = context.peer() or ""
+    kind, _, address = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return kind + ":" + address.rsplit(":", 1)[0]
+    return kind
 
 
 def create_server(

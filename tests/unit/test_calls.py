@@ -278,7 +278,7 @@ async def test_cancel_queued_call_never_runs(tmp_path: Path) -> None:
 
 
 async def test_overload_is_refused_with_a_retry_hint(tmp_path: Path) -> None:
-    h = Harness(tmp_path, [user_tool()], max_concurrent=1, max_queue=1)
+    h = Harness(tmp_path, [user_tool()], max_concurrent=1, max_queue=1, max_calls_per_client=10)
     h.script = h.sleeps(30)
     calls = [h.manager.submit("echo", "{}"), h.manager.submit("echo", "{}")]
     with pytest.raises(OverloadedError) as info:
@@ -383,3 +383,26 @@ async def test_slots_serve_waiters_in_order_and_pass_on_a_cancelled_hand_over() 
     assert order == ["second", "third"]
     slots.give()
     assert slots.try_take()  # free again, and nobody is waiting
+
+
+async def test_free_slots_go_to_waiting_clients_in_turn() -> None:
+    from tooljaild.calls import _Slots
+
+    slots = _Slots(1)
+    assert slots.try_take()
+    order: list[str] = []
+
+    async def wait(client: str, name: str) -> None:
+        await slots.take(client)
+        order.append(name)
+        slots.give()
+
+    # One client queues four calls before another queues one: the other's call
+    # does not wait behind all four.
+    tasks = [asyncio.create_task(wait("greedy", f"g{i}")) for i in range(4)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(wait("polite", "p0")))
+    await asyncio.sleep(0)
+    slots.give()
+    await asyncio.gather(*tasks)
+    assert order == ["g0", "p0", "g1", "g2", "g3"]
