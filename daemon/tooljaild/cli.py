@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         "(default) or docker (containers of docker.image; needs a Docker engine)",
     )
     serve.add_argument("--max-concurrent", type=int, help="calls running at once")
+    serve.add_argument(
+        "--max-queue", type=int, help="calls waiting for a slot; past it: RESOURCE_EXHAUSTED"
+    )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(
         "--isolation",
@@ -174,6 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
             state_dir=args.state_dir,
             pool_size=args.pool_size,
             max_concurrent=args.max_concurrent,
+            max_queue=args.max_queue,
             log_level=args.log_level,
             isolation=args.isolation,
             backend=args.backend,

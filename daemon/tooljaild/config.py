@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     """Calls waiting for a slot; past it new calls get RESOURCE_EXHAUSTED."""
     max_calls_per_client: int = Field(default=0, ge=0)
     """Running and queued calls one client (agent host) may hold at once; 0: half
-    of max_concurrent + max_queue. Past it that client gets RESOURCE_EXHAUSTED."""
+    of max_concurrent + max_queue (at least max_concurrent + 1). Past it that
+    client gets RESOURCE_EXHAUSTED."""
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """The largest request message accepted (code, arguments)."""
     event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
@@ -112,7 +113,11 @@ class Settings(BaseSettings):
 
     def per_client_limit(self) -> int:
         """Running and queued calls one client may hold (see max_calls_per_client)."""
-        return self.max_calls_per_client or max(1, (self.max_concurrent + self.max_queue) // 2)
+        if self.max_calls_per_client:
+            return self.max_calls_per_client
+        total = self.max_concurrent + self.max_queue
+        # Half of the bound, but never so little that one client cannot queue a call.
+        return min(total, max(self.max_concurrent + 1, total // 2))
 
     @property
     def workspace_root(self) -> Path:

@@ -400,6 +400,13 @@ class Daemon:
             self.journal.prune()
         except JournalError as exc:
             raise DaemonError(str(exc)) from exc
+        if self.journal.created and (s.state_dir / "runner").exists():
+            # This state directory served before, and its journal is gone.
+            log.warning(
+                "no call journal was found in %s, which a daemon used before: a new one "
+                "is started, and calls made before are no longer known",
+                s.state_dir,
+            )
         for entry in lost:
             log.warning(
                 "call lost: the daemon stopped while it ran",

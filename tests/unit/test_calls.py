@@ -278,7 +278,7 @@ async def test_cancel_queued_call_never_runs(tmp_path: Path) -> None:
 
 
 async def test_overload_is_refused_with_a_retry_hint(tmp_path: Path) -> None:
-    h = Harness(tmp_path, [user_tool()], max_concurrent=1, max_queue=1, max_calls_per_client=10)
+    h = Harness(tmp_path, [user_tool()], max_concurrent=1, max_queue=1)
     h.script = h.sleeps(30)
     calls = [h.manager.submit("echo", "{}"), h.manager.submit("echo", "{}")]
     with pytest.raises(OverloadedError) as info:
