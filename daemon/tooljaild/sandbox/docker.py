@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tooljail._types import StreamKind, ToolError
+from tooljail._types import StreamKind
 from tooljaild.sandbox.base import (
     Limits,
     OutputSink,
@@ -72,7 +72,6 @@ from tooljaild.sandbox.base import (
     RunRequest,
     Sandbox,
     SandboxError,
-    Termination,
 )
 from tooljaild.sandbox.docker_engine import (
     CHANNEL_SUBDIR,
@@ -95,12 +94,12 @@ from tooljaild.sandbox.docker_engine import (
     remove_own_containers,
     remove_stale_containers,
 )
+from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.process import (
     MAX_FRAME_BYTES,
     READ_CHUNK,
     SandboxContext,
     _pump,
-    _signal_outcome,
 )
 
 if TYPE_CHECKING:
@@ -746,60 +745,14 @@ class DockerSandbox(Sandbox):
         yields: int,
         oom: bool,
     ) -> RunOutcome:
-        sig = exit_frame.get("signal") if exit_frame else None
-        code = exit_frame.get("code") if exit_frame else None
-        if self._killed:
-            return RunOutcome(Termination.KILLED, exit_code=code, signal=sig, yields=yields)
-        if result is not None:
-            exit_code = int(result.get("exit_code", 0))
-            if result.get("ok"):
-                return RunOutcome(
-                    Termination.RETURNED,
-                    value_kind=result.get("kind", "none"),
-                    value=result.get("value"),
-                    exit_code=exit_code,
-                    yields=yields,
-                )
-            err = result.get("error") or {}
-            error = ToolError(
-                type=str(err.get("type", "Error")),
-                message=str(err.get("message", "")),
-                traceback=str(err.get("traceback", "")),
-            )
-            termination = Termination.EXITED if error.type == "ExitCode" else Termination.RAISED
-            return RunOutcome(termination, error=error, exit_code=exit_code, yields=yields)
-        if oom:
-            return RunOutcome(
-                Termination.OUT_OF_MEMORY,
-                signal=int(signal.SIGKILL),
-                yields=yields,
-                error=ToolError(
-                    type="OutOfMemory",
-                    message="the sandbox used up its memory "
-                    f"({self._limits.sandbox_memory_bytes} bytes, all its processes "
-                    "together) and the kernel killed the tool",
-                ),
-            )
-        if sig:
-            return _signal_outcome(int(sig), yields)
-        if code is not None:
-            return RunOutcome(
-                Termination.EXITED,
-                exit_code=int(code),
-                yields=yields,
-                error=ToolError(
-                    type="ExitCode",
-                    message=f"the process exited with code {code} before the tool returned",
-                ),
-            )
-        return RunOutcome(
-            Termination.RUNNER_LOST,
-            yields=yields,
-            error=ToolError(
-                type="RunnerLost",
-                message="the sandbox's runner ended without reporting the tool's outcome "
-                "(the tool may have killed it, or the container was stopped)",
-            ),
+        return outcome_of(
+            result,
+            exit_frame,
+            yields,
+            killed=self._killed,
+            out_of_memory=oom,
+            memory_bytes=self._limits.sandbox_memory_bytes,
+            lost_hint="the tool may have killed it, or the container was stopped",
         )
 
     async def _oom_killed(self) -> bool:

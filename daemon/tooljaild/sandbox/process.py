@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from tooljail._types import StreamKind, ToolError
+from tooljail._types import StreamKind
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox.base import (
     Limits,
@@ -37,11 +37,11 @@ from tooljaild.sandbox.base import (
     RunRequest,
     Sandbox,
     SandboxError,
-    Termination,
 )
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.channels import Frame, FrameChannel, OutputChannel
 from tooljaild.sandbox.isolation import Isolation
+from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
 
 log = logging.getLogger(__name__)
@@ -363,63 +363,18 @@ class ProcessSandbox(Sandbox):
             await asyncio.wait(pending, timeout=2.0)
         return self._outcome(end.result, end.exit_frame, end.yields)
 
-    def _outcome(
-        self, result: dict[str, Any] | None, exit_frame: dict[str, Any] | None, yields: int
-    ) -> RunOutcome:
+    def _outcome(self, result: Frame | None, exit_frame: Frame | None, yields: int) -> RunOutcome:
         sig = exit_frame.get("signal") if exit_frame else None
-        code = exit_frame.get("code") if exit_frame else None
-        if self._killed:
-            return RunOutcome(Termination.KILLED, exit_code=code, signal=sig, yields=yields)
-        if result is not None:
-            exit_code = int(result.get("exit_code", 0))
-            if result.get("ok"):
-                return RunOutcome(
-                    Termination.RETURNED,
-                    value_kind=result.get("kind", "none"),
-                    value=result.get("value"),
-                    exit_code=exit_code,
-                    yields=yields,
-                )
-            err = result.get("error") or {}
-            error = ToolError(
-                type=str(err.get("type", "Error")),
-                message=str(err.get("message", "")),
-                traceback=str(err.get("traceback", "")),
-            )
-            termination = Termination.EXITED if error.type == "ExitCode" else Termination.RAISED
-            return RunOutcome(termination, error=error, exit_code=exit_code, yields=yields)
-        if sig == signal.SIGKILL and self._cgroup is not None and self._cgroup.oom_killed():
-            return RunOutcome(
-                Termination.OUT_OF_MEMORY,
-                signal=int(sig),
-                yields=yields,
-                error=ToolError(
-                    type="OutOfMemory",
-                    message="the sandbox used up its memory "
-                    f"({self._limits.sandbox_memory_bytes} bytes, all its processes "
-                    "together) and the kernel killed the tool",
-                ),
-            )
-        if sig:
-            return _signal_outcome(int(sig), yields)
-        if code is not None:
-            return RunOutcome(
-                Termination.EXITED,
-                exit_code=int(code),
-                yields=yields,
-                error=ToolError(
-                    type="ExitCode",
-                    message=f"the process exited with code {code} before the tool returned",
-                ),
-            )
-        return RunOutcome(
-            Termination.RUNNER_LOST,
-            yields=yields,
-            error=ToolError(
-                type="RunnerLost",
-                message="the sandbox's runner ended without reporting the tool's outcome "
-                "(the tool may have killed it)",
-            ),
+        return outcome_of(
+            result,
+            exit_frame,
+            yields,
+            killed=self._killed,
+            out_of_memory=result is None
+            and sig == signal.SIGKILL
+            and self._cgroup is not None
+            and self._cgroup.oom_killed(),
+            memory_bytes=self._limits.sandbox_memory_bytes,
         )
 
     async def kill(self) -> None:
@@ -622,37 +577,6 @@ async def _pump(stream: asyncio.StreamReader, kind: StreamKind, sink: OutputSink
         if not data:
             return
         sink(kind, data)
-
-
-_SIGNAL_REASONS: dict[int, tuple[Termination, str, str]] = {
-    signal.SIGXCPU.value: (
-        Termination.CPU_LIMIT,
-        "CpuLimit",
-        "the tool used up its CPU time limit",
-    ),
-    signal.SIGXFSZ.value: (
-        Termination.FILE_SIZE_LIMIT,
-        "FileSizeLimit",
-        "the tool wrote a file past its size limit",
-    ),
-}
-
-
-def _signal_outcome(sig: int, yields: int) -> RunOutcome:
-    try:
-        name = signal.Signals(sig).name
-    except ValueError:
-        name = f"signal {sig}"
-    termination, type_, message = _SIGNAL_REASONS.get(
-        sig,
-        (Termination.SIGNALED, "Signal", f"the tool's process was killed by {name} ({sig})"),
-    )
-    return RunOutcome(
-        termination,
-        signal=sig,
-        yields=yields,
-        error=ToolError(type=type_, message=message),
-    )
 
 
 def _psutil_sweep(root_pid: int) -> None:
