@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import shutil
@@ -38,7 +37,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -49,6 +47,19 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tooljail import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_calls import (  # the same measuring helpers as the process benchmark
+    _cpu_times,
+    concurrent_run,
+    flat,
+    fmt_ms,
+    percentile,
+    rounds_for,
+    serial_latencies,
+    tooljail_call,
+)
+
 from tooljaild.sandbox.base import Limits
 from tooljaild.sandbox.docker import DEFAULT_IMAGE
 from tooljaild.sandbox.docker_seccomp import profile_json
@@ -61,19 +72,6 @@ LABEL = "org.tooljail.bench"  # on (r) and (e) containers, so a crashed run can 
 
 # --------------------------------------------------------------------------- helpers
 # (the same as bench_calls.py's, kept here so that each benchmark stands alone)
-
-
-def percentile(samples: list[float], p: float) -> float:
-    """Nearest-rank percentile (p99 of 40 samples is the maximum)."""
-    s = sorted(samples)
-    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    return sum(fields), idle
 
 
 def settle(max_wait: float = 5.0, window: float = 0.1, busy_below: float = 0.2) -> float:
@@ -89,15 +87,6 @@ def settle(max_wait: float = 5.0, window: float = 0.1, busy_below: float = 0.2) 
     waited = time.monotonic() - start
     SETTLED[0] += waited
     return waited
-
-
-def serial_latencies(call: Callable[[], None], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        call()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def paced_latencies(call: Callable[[], None], n: int) -> list[float]:
@@ -118,42 +107,6 @@ def paced_latencies(call: Callable[[], None], n: int) -> list[float]:
 Caller = Callable[[], tuple[Callable[[], None], Callable[[], None]]]
 
 
-def concurrent_run(make_call: Caller, m: int, concurrency: int) -> float:
-    """Seconds for `m` calls over `concurrency` threads; each thread gets its own caller."""
-    remaining = [m]
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    callers = [make_call() for _ in range(concurrency)]
-    barrier = threading.Barrier(concurrency + 1)
-
-    def worker(call: Callable[[], None]) -> None:
-        barrier.wait()
-        while True:
-            with lock:
-                if remaining[0] <= 0 or errors:
-                    return
-                remaining[0] -= 1
-            try:
-                call()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-                return
-
-    threads = [threading.Thread(target=worker, args=(c,)) for c, _ in callers]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    for _, close in callers:
-        close()
-    if errors:
-        raise errors[0]
-    return elapsed
-
-
 def alternating(
     sides: dict[str, tuple[Callable[[int], Any], int]], rounds: int
 ) -> dict[str, list[Any]]:
@@ -169,14 +122,6 @@ def alternating(
                 settle()
                 results[name].append(run(size))
     return results
-
-
-def flat(blocks: list[list[float]]) -> list[float]:
-    return [x for blk in blocks for x in blk]
-
-
-def rounds_for(total: int, block: int) -> int:
-    return max(1, math.ceil(total / block))
 
 
 # --------------------------------------------------------------------------- the sides
@@ -208,12 +153,6 @@ def checked(argv: list[str], what: str) -> None:
         raise RuntimeError(
             f"{what} failed: {proc.returncode} {proc.stdout!r} {proc.stderr[-500:]!r}"
         )
-
-
-def tooljail_call(client: Client) -> None:
-    result = client.call("execute_python_code", {"code": CODE})
-    if not result.ok or result.data.get("stdout") != "1\n":
-        raise RuntimeError(f"tooljail call failed: {result!r}")
 
 
 class Daemon:
@@ -281,10 +220,6 @@ SIDES = {  # name: (column header, description)
     "r": ("docker run", "docker run --rm IMAGE python3 -c, per call"),
     "e": ("docker exec", "docker exec CID python3 -c, into one warm container"),
 }
-
-
-def fmt_ms(s: float) -> str:
-    return f"{s * 1000:8.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:
