@@ -266,7 +266,22 @@ def flat(blocks: list[list[float]]) -> list[float]:
 
 
 class Daemon:
-    def __init__(self, pool_size: int) -> None:
+    """`tooljail serve` on a private Unix socket in a temp dir, waited for until it serves.
+
+    Args:
+        pool_size: `--pool-size`.
+        extra: More `serve` arguments (e.g. "--backend", "docker").
+        env: Extra environment variables for the daemon.
+        wait_s: How long it may take to serve.
+    """
+
+    def __init__(
+        self,
+        pool_size: int,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        wait_s: float = 60.0,
+    ) -> None:
         self.pool_size = pool_size
         self.tmp = Path(tempfile.mkdtemp(prefix="tjbench-"))
         # mkdtemp makes it 0700; the daemon refuses a state dir the sandbox uid
@@ -287,11 +302,14 @@ class Daemon:
             str(pool_size),
             "--log-level",
             "WARNING",
+            *extra,
         ]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            )
         try:
-            self.startup_s = self._wait_serving()
+            self.startup_s = self._wait_serving(wait_s)
         except BaseException:
             self.stop()  # and remove the temp dir: the error carries the log tail
             raise

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -43,13 +42,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tooljail import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_calls import (  # the same measuring helpers as the process benchmark
+from bench_calls import (  # the same harness and helpers as the process benchmark
+    Daemon,
     _cpu_times,
     concurrent_run,
     flat,
@@ -155,64 +152,6 @@ def checked(argv: list[str], what: str) -> None:
         )
 
 
-class Daemon:
-    """`tooljail serve --backend docker` on a private socket, in a temp dir."""
-
-    def __init__(self, pool_size: int, image: str) -> None:
-        self.tmp = Path(tempfile.mkdtemp(prefix="tjbench-docker-"))
-        os.chmod(self.tmp, 0o711)
-        self.target = f"unix://{self.tmp}/s.sock"
-        self.log_path = self.tmp / "daemon.log"
-        argv = [
-            sys.executable, "-m", "tooljaild", "serve", "--backend", "docker",
-            "--listen", self.target, "--state-dir", str(self.tmp / "state"),
-            "--pool-size", str(pool_size), "--log-level", "WARNING",
-        ]  # fmt: skip
-        env = {**os.environ, "TOOLJAIL_DOCKER__IMAGE": image}
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            self.startup_s = self._wait_serving()
-        except BaseException:
-            self.stop()
-            raise
-
-    def log_tail(self, lines: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def _wait_serving(self, timeout: float = 120.0) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"daemon exited with {self.process.returncode}:\n{self.log_tail()}"
-                )
-            with grpc.insecure_channel(self.target) as channel:
-                try:
-                    reply = health_pb2_grpc.HealthStub(channel).Check(
-                        health_pb2.HealthCheckRequest(service=""), timeout=1.0
-                    )
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return time.monotonic() - t0
-                except grpc.RpcError:
-                    pass
-            time.sleep(0.05)
-        raise RuntimeError(f"daemon not serving after {timeout}s:\n{self.log_tail()}")
-
-    def stop(self) -> int | None:
-        rc: int | None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            rc = self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-            rc = None
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        return rc
-
-
 # --------------------------------------------------------------------------- main
 
 SIDES = {  # name: (column header, description)
@@ -282,7 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     exec_argv = [docker, "exec", cid, "python3", "-c", CODE]
     daemon: Daemon | None = None
     try:
-        daemon = Daemon(args.pool_size, args.image)
+        daemon = Daemon(
+            args.pool_size,
+            "--backend",
+            "docker",
+            env={"TOOLJAIL_DOCKER__IMAGE": args.image},
+            wait_s=120.0,
+        )
         print(
             f"daemon: serving after {daemon.startup_s * 1000:.0f} ms (pid {daemon.process.pid})",
             flush=True,
