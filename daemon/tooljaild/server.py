@@ -27,7 +27,7 @@ from tooljail._wire import (
 )
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.calls import CallManager
+from tooljaild.calls import Call, CallManager
 from tooljaild.errors import abort_with
 
 log = logging.getLogger(__name__)
@@ -50,11 +50,10 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             diagnostics=[diagnostic_to_proto(d) for d in registry.diagnostics],
         )
 
-    async def Call(
-        self, request: pb.CallRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.CallEvent]:
+    async def _submit(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> Call:
+        """Admit the call a Call or Run request asks for, or end the RPC with why not."""
         try:
-            call = self._manager.submit(
+            return self._manager.submit(
                 request.tool,
                 request.arguments_json,
                 request.call_id,
@@ -63,6 +62,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             )
         except TooljailError as exc:
             await abort_with(context, exc)
+
+    async def Call(
+        self, request: pb.CallRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CallEvent]:
+        call = await self._submit(request, context)
         # Leaving this generator (client gone) does not stop the call: it runs
         # on, and GetCall answers for it.
         await _first_of(call.started, call.caller_result)
@@ -82,16 +86,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         yield pb.CallEvent(result=result_to_proto(result))
 
     async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
-        try:
-            call = self._manager.submit(
-                request.tool,
-                request.arguments_json,
-                request.call_id,
-                request.timeout_s,
-                client=client_of(context),
-            )
-        except TooljailError as exc:
-            await abort_with(context, exc)
+        call = await self._submit(request, context)
         # A caller that goes away does not stop the call (as for Call).
         return result_to_proto(await asyncio.shield(call.caller_result))
 
