@@ -190,3 +190,47 @@ print('REPORT ' + json.dumps({{'found': found}}))
     assert result.ok, result
     assert report(result) == {"found": []}
     assert daemon.canary not in json.dumps(result.data)
+
+
+def test_the_sandboxs_keeper_is_out_of_reach(daemon: SecurityDaemon) -> None:
+    """Attack: take over the process that outlives the tool, its keeper (the
+    worker's parent, and pid 1 where the sandbox has its own pid namespace), to
+    escape the end of the call: open its memory for writing and for reading,
+    read its environment, open its descriptors (the frame pipe among them) and
+    go through its root. Listing the descriptors' numbers is allowed."""
+    code = """
+import json, os
+out = {}
+for pid in sorted({1, os.getppid()}):
+    for what, path, mode in (('mem+w', 'mem', 'r+b'), ('mem', 'mem', 'rb'),
+                             ('environ', 'environ', 'rb')):
+        try:
+            with open('/proc/%d/%s' % (pid, path), mode, buffering=0):
+                pass
+            out['%d %s' % (pid, what)] = 'opened'
+        except OSError as e:
+            out['%d %s' % (pid, what)] = 'errno %d' % e.errno
+    try:
+        os.listdir('/proc/%d/root' % pid)
+        out['%d root' % pid] = 'opened'
+    except OSError as e:
+        out['%d root' % pid] = 'errno %d' % e.errno
+    try:
+        fds = os.listdir('/proc/%d/fd' % pid)
+    except OSError:
+        fds = []
+    for fd in fds:
+        try:
+            os.close(os.open('/proc/%d/fd/%s' % (pid, fd), os.O_RDONLY))
+            out['%d fd %s' % (pid, fd)] = 'opened'
+        except OSError as e:
+            out['%d fd %s' % (pid, fd)] = 'errno %d' % e.errno
+print('REPORT ' + json.dumps(out))
+"""
+    result = run_code(daemon, code, timeout=30)
+    assert result.ok, result
+    got = report(result)
+    assert len(got) >= 4, got  # mem twice, environ, root (and each descriptor listed)
+    opened = sorted(key for key, outcome in got.items() if outcome == "opened")
+    assert opened == [], f"the tool reached into its keeper: {opened} ({got})"
+    daemon.assert_serving()

@@ -57,6 +57,7 @@ from typing import Any
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 
 _frame_fd = -1
 # Made once here, in the zygote: valid_signals() builds an enum per signal (0.2 ms).
@@ -618,7 +619,8 @@ def run_sandbox(
     for fd in cgroup_fds:
         os.write(fd, b"0")
         os.close(fd)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if os.getpid() != 1:  # pid 1 of a pid namespace inherits every orphan anyway
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
     # Fork first, then set up: every page either process writes after a fork is
     # copied for it, so whatever only the worker needs is done only there.
     pid = os.fork()
@@ -655,13 +657,26 @@ def _text_streams() -> None:
     )
 
 
+def _shield_keeper() -> None:
+    """Keep the worker, same uid and no capabilities either, out of the keeper.
+
+    A process that is not dumpable cannot be ptraced, nor its memory,
+    environment or descriptors opened through /proc, by one without
+    CAP_SYS_PTRACE: tool code cannot take over the process that outlives it.
+    (The zygote's keepers need not: they keep capabilities the worker lacks,
+    which shields them the same way.)
+    """
+    if not _prctl(PR_SET_DUMPABLE, 0):
+        raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def main() -> None:
     argv = sys.argv[1:]
     options = dict(zip(argv[::2], argv[1::2], strict=False))
     if "--connect" in options:
         connect_sandbox(options["--connect"])
     cgroup_fds = [int(fd) for fd in options.get("--cgroup-fds", "").split(",") if fd]
-    run_sandbox(int(options["--frames-fd"]), cgroup_fds)
+    run_sandbox(int(options["--frames-fd"]), cgroup_fds, keeper_setup=_shield_keeper)
 
 
 def connect_sandbox(path: str, timeout_s: float = 60.0) -> None:
@@ -692,7 +707,7 @@ def connect_sandbox(path: str, timeout_s: float = 60.0) -> None:
     for target, fd in enumerate(high[:3]):
         os.dup2(fd, target)
         os.close(fd)
-    run_sandbox(high[3], [])
+    run_sandbox(high[3], [], keeper_setup=_shield_keeper)
 
 
 if __name__ == "__main__":

@@ -106,20 +106,22 @@ _CAP_HEADER = struct.pack("Ii", LINUX_CAPABILITY_VERSION_3, 0)
 _NO_CAPS = bytes(24)  # two zeroed {effective, permitted, inheritable}
 
 
-def _drop_capabilities(*, bounding: bool = True) -> None:
-    """Drop every capability (and, with `bounding`, every one an exec could bring back)."""
-    if bounding:
-        for cap in range(64):
-            if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:
+def _drop_bounding_set() -> None:
+    """Empty the bounding set: no exec of anything this process starts gains a capability.
+
+    Done once, in the zygote (which never execs, and whose own capabilities the
+    bounding set does not touch): every sandbox inherits it empty.
+    """
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if ctypes.get_errno() == 22:
                 break  # EINVAL: past the last capability this kernel knows
+            _check(-1, f"drop capability {cap} from the bounding set")
+
+
+def _drop_capabilities() -> None:
+    """Drop every capability this process has (effective, permitted, inheritable)."""
     _check(libc.syscall(SYS_CAPSET, _CAP_HEADER, _NO_CAPS), "capset")
-
-
-def _keeper_setup() -> None:
-    # The keeper never execs and runs no tool code: its capabilities go, and
-    # no-new-privileges keeps them gone.
-    _drop_capabilities(bounding=False)
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
 
 
 def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
@@ -201,31 +203,53 @@ def _clone(flags: int) -> int:
     return pid
 
 
-def _child(params: dict[str, Any], fds: list[int], seccomp: _Seccomp) -> None:
-    """The cloned child, pid 1 of its namespaces: the keeper, with a worker that sets up."""
+def _child(
+    params: dict[str, Any], fds: list[int], seccomp: _Seccomp, zygote_fds: tuple[int, ...]
+) -> None:
+    """The cloned child, pid 1 of its namespaces: the keeper, with a worker that sets up.
+
+    Every page either process writes after a fork is copied for it, at a page
+    fault each: so pid 1 forks the worker before anything else, and the worker
+    does everything only it needs (the zygote's signal state, the pipes, the
+    cgroups, the mounts and filters).
+    """
+    stderr = fds[2] if len(fds) > 2 else 2
     try:
-        # Should the zygote die, its sandboxes die with it (the worker follows pid 1).
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         stdin, stdout, stderr, frames, *cgroups = fds
-        for fd in cgroups:
-            os.write(fd, b"0")
-            os.close(fd)
-        os.dup2(stdin, 0)
-        os.dup2(stdout, 1)
-        os.dup2(stderr, 2)
-        for fd in (stdin, stdout, stderr):
-            if fd > 2:
+
+        def zygote_signals_off() -> None:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+        def worker_setup() -> None:
+            os.dup2(stdin, 0)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
+            zygote_signals_off()
+            for fd in (stdin, stdout, stderr, *zygote_fds):
+                if fd > 2:
+                    os.close(fd)
+            # Only the worker joins the sandbox's cgroups: all the tool starts
+            # descends from it, and pid 1 runs none of it.
+            for fd in cgroups:
+                os.write(fd, b"0")
                 os.close(fd)
-        # As little as possible here, in pid 1: the worker does the setup.
-        _runner.run_sandbox(
-            frames,
-            [],
-            worker_setup=lambda: _setup_sandbox(params, seccomp),
-            keeper_setup=_keeper_setup,
-        )
+            _setup_sandbox(params, seccomp)
+
+        def keeper_setup() -> None:
+            zygote_signals_off()
+            # The keeper holds no pipe the tool writes through, so EOF on stdout
+            # and stderr means the whole tree is gone. It keeps the capabilities
+            # it holds in the zygote's user namespace (decision 29): it runs no
+            # tool code, and they keep the capability-less worker from reading
+            # or writing its memory, descriptors or environment.
+            for fd in (stdin, stdout, stderr, *cgroups, *zygote_fds):
+                os.close(fd)
+
+        _runner.run_sandbox(frames, [], worker_setup=worker_setup, keeper_setup=keeper_setup)
     except BaseException as exc:  # nothing of a failed setup may run a tool
         try:
-            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+            os.write(stderr, f"sandbox setup failed: {exc}\n".encode())
         finally:
             os._exit(111)
     os._exit(0)
@@ -240,6 +264,7 @@ def main() -> None:
     if os.uname().machine != "x86_64":
         raise SystemExit("the zygote knows capset's number on x86_64 only")
     _own_user_namespace()
+    _drop_bounding_set()
     sock = socket.socket(fileno=control)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -285,12 +310,7 @@ def main() -> None:
                 sock.send(json.dumps({"id": request["id"], "error": str(exc)}).encode())
                 continue
             if pid == 0:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                os.close(wake_r)
-                os.close(wake_w)
-                os.close(control)
-                _child(request, fds, seccomp)
+                _child(request, fds, seccomp, (wake_r, wake_w, control))
             for fd in fds:
                 os.close(fd)
             children[pid] = request["id"]
