@@ -110,7 +110,8 @@ class Call:
         self.started: asyncio.Future[str] = loop.create_future()
         """Resolves with the sandbox id when the call starts running."""
         self.caller_result: asyncio.Future[ToolResult] = loop.create_future()
-        """The one result the caller's stream ends with."""
+        """The one result the caller's stream ends with (set through `answer`)."""
+        self._answer_waiters: list[asyncio.Future[ToolResult]] = []
         self.final: ToolResult | None = None
         self.done = asyncio.Event()
         self.stop_reason: str | None = None
@@ -129,7 +130,7 @@ class Call:
         call.state = entry.state
         if result is not None:
             call.final = result
-            call.caller_result.set_result(result)
+            call.answer(result)
         call.started.cancel()
         call.events.close()
         call.done.set()
@@ -144,6 +145,29 @@ class Call:
         limit = self.limits.output_limit_bytes
         if limit and self.stdout.total + self.stderr.total > limit:
             self.request_stop("output_limit")
+
+    def answer(self, result: ToolResult) -> None:
+        """Give the caller its result, once: the call's end, or "timeout, still running"."""
+        if self.caller_result.done():
+            return
+        self.caller_result.set_result(result)
+        waiters, self._answer_waiters = self._answer_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(result)
+
+    def answer_waiter(self) -> asyncio.Future[ToolResult]:
+        """The caller's result, for one RPC to await.
+
+        Cancelling it (the RPC is gone) cancels nothing else, as `shield` would
+        do, and the RPC resumes one turn of the event loop sooner than through
+        a shield: on the call path, that is the time it takes to answer.
+        """
+        if self.caller_result.done():
+            return self.caller_result  # awaiting a done future never suspends
+        waiter: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
+        self._answer_waiters.append(waiter)
+        return waiter
 
     def compact(self) -> None:
         """Let go of what only a running call needs (its result is built by now)."""
@@ -195,6 +219,8 @@ class CallManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._journal = journal
         self._finished_since_prune = 0
+        self._unrecorded: list[tuple[Call, ToolResult]] = []
+        """Calls answered but not yet journaled as over (see `_finish`)."""
         self.draining = False
 
     @property
@@ -502,7 +528,7 @@ class CallManager:
             if kill_after > call.timeout_s and call.stop_reason is None:
                 # The caller hears "timeout, still running" now; the call runs on
                 # detached until kill_after_s, and GetCall tells its real end.
-                call.caller_result.set_result(self._timeout_result(call, still_running=True))
+                call.answer(self._timeout_result(call, still_running=True))
                 timers.append(loop.call_later(kill_after - call.timeout_s, stop, "hard_timeout"))
             else:
                 stop(call.stop_reason or "timeout")
@@ -548,22 +574,31 @@ class CallManager:
     def _finish(self, call: Call, result: ToolResult) -> None:
         call.final = result
         call.state = _state_of(result)
-        if not call.caller_result.done():
-            call.caller_result.set_result(result)
+        call.answer(result)
         if not call.started.done():
             call.started.cancel()
         call.done.set()
-        self._journal_finished(call, result)
-        log.info(
-            "call finished",
-            extra={
-                "call_id": call.call_id,
-                "tool": call.tool.name,
-                "status": result.status.value,
-                "duration_s": round(result.duration_s, 4),
-                "sandbox": call.sandbox_id,
-            },
-        )
+        # Recorded a turn of the event loop later, once the caller's RPC has
+        # answered: the journal's write is then not on the call's path. A crash
+        # in between (microseconds) leaves the call `lost` in the journal.
+        if not self._unrecorded:
+            asyncio.get_running_loop().call_soon(self._record_ends)
+        self._unrecorded.append((call, result))
+
+    def _record_ends(self) -> None:
+        ends, self._unrecorded = self._unrecorded, []
+        for call, result in ends:
+            self._journal_finished(call, result)
+            log.info(
+                "call finished",
+                extra={
+                    "call_id": call.call_id,
+                    "tool": call.tool.name,
+                    "status": result.status.value,
+                    "duration_s": round(result.duration_s, 4),
+                    "sandbox": call.sandbox_id,
+                },
+            )
 
     def _journal_finished(self, call: Call, result: ToolResult) -> None:
         if self._journal is None:
@@ -755,6 +790,7 @@ class CallManager:
                 call.request_stop("shutdown")
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=15.0)
+        self._record_ends()
 
 
 def _fingerprint(tool: str, arguments: dict[str, Any]) -> str:

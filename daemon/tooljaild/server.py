@@ -88,7 +88,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
         call = await self._submit(request, context)
         # A caller that goes away does not stop the call (as for Call).
-        return result_to_proto(await asyncio.shield(call.caller_result))
+        return result_to_proto(await call.answer_waiter())
 
     async def Attach(
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext

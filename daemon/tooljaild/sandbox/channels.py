@@ -4,13 +4,20 @@ Each is an asyncio protocol: a chunk of output goes straight from the event
 loop's read callback to the call's sink, and a frame to its handler, with no
 task per pipe to wake and no stream buffer in between. On the call path that
 saves a few task switches per chunk; in the refill, a few tasks per sandbox.
+
+The pipes themselves are read by `PipeReader` and written by `PipeWriter`,
+plain readiness callbacks on the loop: asyncio's pipe transports schedule
+callbacks to start and to end each pipe, a few turns of the loop per sandbox
+started and per call ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -109,3 +116,101 @@ class FrameChannel(asyncio.Protocol):
         if not self._ended:
             self._ended = True
             self.on_frame(None)
+
+
+class PipeReader:
+    """Reads one pipe on the event loop into a protocol.
+
+    What arrives goes to `protocol.data_received`; end-of-file (or a read
+    error) to `protocol.connection_lost`, once, and the descriptor is closed.
+
+    Args:
+        fd: The pipe's read end; this object owns it (non-blocking from now on).
+        protocol: Where the data goes.
+        chunk: The most read at once (as asyncio's pipe transports: 256 KiB).
+    """
+
+    def __init__(self, fd: int, protocol: asyncio.Protocol, chunk: int = 256 * 1024) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = fd
+        self._protocol = protocol
+        self._chunk = chunk
+        os.set_blocking(fd, False)
+        self._loop.add_reader(fd, self._on_readable)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._fd, self._chunk)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._end(exc)
+            return
+        if data:
+            self._protocol.data_received(data)
+        else:
+            self._end(None)
+
+    def close(self) -> None:
+        """Stop reading; the protocol hears `connection_lost(None)` unless it has."""
+        self._end(None)
+
+    def _end(self, exc: Exception | None) -> None:
+        if self._fd < 0:
+            return
+        self._loop.remove_reader(self._fd)
+        os.close(self._fd)
+        self._fd = -1
+        self._protocol.connection_lost(exc)
+
+
+class PipeWriter:
+    """Writes one message into a pipe, then closes it: a sandbox's request.
+
+    The message goes in with one `write` when the pipe has room (a request
+    under 64 KiB, nearly always); the rest as the reader makes room. A reader
+    that is gone (EPIPE) loses the rest: the sandbox's end reports why.
+
+    Args:
+        fd: The pipe's write end; this object owns it (non-blocking from now on).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._fd = fd
+        self._pending = b""
+        os.set_blocking(fd, False)
+
+    def is_closing(self) -> bool:
+        """Whether the pipe is closed, or closes once what is pending is written."""
+        return self._fd < 0 or bool(self._pending)
+
+    def write_and_close(self, data: bytes) -> None:
+        """Write `data`, then close the pipe (at once, or once all is written)."""
+        if self.is_closing():
+            return
+        self._pending = data
+        self._on_writable()
+        if self._fd >= 0:
+            self._loop.add_writer(self._fd, self._on_writable)
+
+    def _on_writable(self) -> None:
+        try:
+            written = os.write(self._fd, self._pending)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            written = len(self._pending)  # EPIPE: no reader left; nothing more to do
+        self._pending = self._pending[written:]
+        if not self._pending:
+            self.close()
+
+    def close(self) -> None:
+        """Close the pipe now, dropping anything not yet written."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(ValueError, RuntimeError):
+            self._loop.remove_writer(self._fd)  # none registered, or the loop is closed
+        os.close(self._fd)
+        self._fd = -1
+        self._pending = b""

@@ -39,7 +39,13 @@ from tooljaild.sandbox.base import (
     SandboxError,
 )
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
-from tooljaild.sandbox.channels import Frame, FrameChannel, OutputChannel
+from tooljaild.sandbox.channels import (
+    Frame,
+    FrameChannel,
+    OutputChannel,
+    PipeReader,
+    PipeWriter,
+)
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
@@ -111,11 +117,11 @@ class ProcessSandbox(Sandbox):
         self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
         self._exited: asyncio.Future[int] | None = None
         """Done when the sandbox's first process (bubblewrap, or pid 1) has ended."""
-        self._stdin: asyncio.WriteTransport | None = None
+        self._stdin: PipeWriter | None = None
         self._stdout: OutputChannel | None = None
         self._stderr: OutputChannel | None = None
         self._frames: FrameChannel | None = None
-        self._transports: list[asyncio.BaseTransport] = []
+        self._pipes: list[PipeReader | PipeWriter] = []
         self._worker_pid: int | None = None
         self._forked = False
         self._used = False
@@ -206,7 +212,7 @@ class ProcessSandbox(Sandbox):
             for fd in theirs:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        await self._connect(*ours)
+        self._connect(*ours)
         await self._await_ready()
 
     async def _start_process(self, theirs: list[int]) -> None:
@@ -255,27 +261,18 @@ class ProcessSandbox(Sandbox):
         self._exited = child.exited
         self._forked = True
 
-    async def _connect(self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int) -> None:
-        loop = asyncio.get_running_loop()
+    def _connect(self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int) -> None:
         self._stdout = OutputChannel(StreamKind.STDOUT)
         self._stderr = OutputChannel(StreamKind.STDERR)
         self._frames = FrameChannel(self._on_start_frame, MAX_FRAME_BYTES)
-        self._ready: asyncio.Future[Frame | None] = loop.create_future()
-        for protocol, fd in (
-            (self._stdout, stdout_r),
-            (self._stderr, stderr_r),
-            (self._frames, frames_r),
-        ):
-            transport, _ = await loop.connect_read_pipe(
-                lambda p=protocol: p,  # type: ignore[misc]
-                os.fdopen(fd, "rb", buffering=0),
-            )
-            self._transports.append(transport)
-        stdin, _ = await loop.connect_write_pipe(
-            asyncio.Protocol, os.fdopen(stdin_w, "wb", buffering=0)
-        )
-        self._stdin = stdin
-        self._transports.append(stdin)
+        self._ready: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
+        self._stdin = PipeWriter(stdin_w)
+        self._pipes = [
+            self._stdin,
+            PipeReader(stdout_r, self._stdout),
+            PipeReader(stderr_r, self._stderr),
+            PipeReader(frames_r, self._frames),
+        ]
 
     def _on_start_frame(self, frame: Frame | None) -> None:
         if not self._ready.done():
@@ -283,12 +280,14 @@ class ProcessSandbox(Sandbox):
 
     async def _await_ready(self) -> None:
         assert self._proc is not None and self._stderr is not None
+        # A timer rather than wait_for(): no task wrapped around the wait.
+        timer = asyncio.get_running_loop().call_later(
+            self._config.start_timeout_s, self._on_start_frame, None
+        )
         try:
-            ready = await asyncio.wait_for(
-                asyncio.shield(self._ready), self._config.start_timeout_s
-            )
-        except TimeoutError:
-            ready = None
+            ready = await self._ready
+        finally:
+            timer.cancel()
         if ready is None or ready.get("t") != "ready":
             # What it printed on its way down says why.
             with contextlib.suppress(TimeoutError):
@@ -333,10 +332,8 @@ class ProcessSandbox(Sandbox):
         self._frames.on_frame = end.on_frame
         self._stdout.attach(sink)
         self._stderr.attach(sink)
-        if not self._stdin.is_closing():
-            # A runner that died before reading is reported as runner_lost later.
-            self._stdin.write(json.dumps(message).encode() + b"\n")
-            self._stdin.close()
+        # A runner that died before reading is reported as runner_lost later.
+        self._stdin.write_and_close(json.dumps(message).encode() + b"\n")
         return self._run_to_end(end)
 
     async def _run_to_end(self, end: _CallEnd) -> RunOutcome:
@@ -427,8 +424,8 @@ class ProcessSandbox(Sandbox):
                     proc.kill()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 5.0)
-        for transport in self._transports:
-            transport.close()
+        for pipe in self._pipes:
+            pipe.close()
         if self._exited is not None and not self._exited.done():
             self._exited.cancel()
         if self._cgroup is not None and self._cgroup.release_if_empty():
