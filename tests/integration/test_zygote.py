@@ -29,10 +29,16 @@ def _zygotes(daemon: RunningDaemon) -> list[psutil.Process]:
 
 @pytest.mark.isolation
 def test_calls_go_on_when_the_zygote_dies(daemon: RunningDaemon) -> None:
+    """Its sandboxes (the warm ones, each a pid 1 and a worker) die with it, and
+    the daemon starts another zygote."""
     zygotes = _zygotes(daemon)
     assert len(zygotes) == 1, "this host should fork sandboxes from a zygote"
+    below = zygotes[0].children(recursive=True)
+    assert len(below) >= 3, f"the zygote and its warm sandboxes: {below}"
     zygotes[0].kill()
     zygotes[0].wait(10)
+    _, alive = psutil.wait_procs(below, timeout=10)
+    assert alive == [], f"sandbox processes outlived their zygote: {alive}"
     with Client(daemon.target) as client:
         for i in range(5):
             result = client.call("execute_python_code", {"code": f"print({i})"}, timeout=30)

@@ -17,6 +17,10 @@ re-parented to the keeper, which kills the whole tree once the worker is gone
 or when the daemon sends it SIGTERM. The worker reads the request, applies the
 limits and runs the tool in-process, so the call path starts no interpreter.
 
+The zygote's sandboxes (see _zygote.py) have no keeper: the zygote forks the
+worker itself (`run_worker`), reaps it, and sweeps the sandbox by killing its
+pid 1, which takes every process in the sandbox's pid namespace with it.
+
 Frames (one JSON object per line, key "t"):
 
     {"t": "ready", "worker": pid, "keeper": pid, "cgroup": bool}
@@ -507,14 +511,16 @@ def _seal() -> bool:
     - it SIGKILLs every other process in the sandbox and waits until each is
       dead (a zombie for the keeper to reap).
 
-    This needs the sandbox's own pid namespace with the keeper as its pid 1
-    (the zygote's sandboxes): there, kill(-1) reaches exactly the tool's
-    processes, and never the keeper or anything outside. Elsewhere, False.
+    This needs a pid namespace of the sandbox's own, whose init is not this
+    worker: the keeper as pid 1 (containers), or the zygote's sleeping pid 1
+    with the worker's parent outside the namespace (where getppid() is 0).
+    There, kill(-1) reaches exactly the tool's processes, and never pid 1 or
+    anything outside. Elsewhere, False.
 
     Returns:
         True when nothing but this worker (about to exit) and the keeper is alive.
     """
-    if os.getppid() != 1:
+    if os.getpid() == 1 or os.getppid() not in (0, 1):
         return False
     signal.pthread_sigmask(signal.SIG_BLOCK, _ALL_SIGNALS)
     try:
@@ -638,6 +644,29 @@ def run_sandbox(
             keeper_setup()
         os.close(0)
         _keeper(pid)
+    os._exit(0)
+
+
+def run_worker(frames_fd: int, setup: Callable[[], None]) -> None:
+    """Be a sandbox's worker, with no keeper: the zygote's sandboxes. Never returns.
+
+    There the zygote is the worker's parent (it reaps it and sweeps the sandbox
+    by killing its pid 1), so nothing needs a keeper process.
+
+    Args:
+        frames_fd: Where frames go.
+        setup: Run first (descriptors, namespaces, mounts, filters): when it
+            raises, the worker reports it on stderr and exits 111.
+    """
+    global _frame_fd
+    _frame_fd = frames_fd
+    try:
+        setup()
+    except BaseException as exc:  # nothing of a failed setup may run a tool
+        os.write(2, f"sandbox setup failed: {exc}\n".encode())
+        os._exit(111)
+    _text_streams()
+    _worker()
     os._exit(0)
 
 

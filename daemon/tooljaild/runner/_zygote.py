@@ -9,20 +9,26 @@ interpreter: that is what lets the pool refill as fast as calls come.
 At start-up it moves into a user namespace of its own (same uid), which gives
 it the capabilities to make namespaces inside it and none outside. For each
 spawn request on the control socket (a JSON message with the child's stdin,
-stdout, stderr, frame pipe and cgroup descriptors attached), it clones a child
-into new mount, pid, ipc, uts and net namespaces. The child is the sandbox's
-pid 1. It:
+stdout, stderr, frame pipe and cgroup descriptors attached) it makes two
+processes:
 
-1. joins the sandbox's cgroups (through the descriptors the daemon opened),
-2. becomes the runner's keeper: it forks the worker, drops its own
-   capabilities and waits. The worker mounts a fresh /proc, and size-capped
-   tmpfs on /tmp, /dev/shm and /workspace, drops every capability, sets
-   no-new-privileges and the seccomp filter, and only then waits for its call.
+1. pid 1, in new mount, pid, ipc, uts and net namespaces: a clone that shares
+   the zygote's memory and only sleeps in pause() (no Python runs in it, so it
+   copies no page, and it is never scheduled again until it is killed);
+2. the worker, forked from the zygote straight into pid 1's pid namespace
+   (pid 2 there), which joins pid 1's other namespaces and the sandbox's
+   cgroups, mounts a fresh /proc and size-capped tmpfs on /tmp, /dev/shm and
+   /workspace, drops every capability, sets no-new-privileges and the seccomp
+   filter, and only then waits for its call.
 
-When pid 1 of a sandbox dies, the kernel kills everything in it, so killing that
-one process ends the sandbox; it dies with the zygote too (PDEATHSIG). Replies:
-{"id", "pid"} after the clone ({"id", "error"} when it failed), {"id", "exit"}
-when the child has ended.
+The zygote is the worker's parent, so it hears how the worker ended; it then
+kills pid 1, and when pid 1 of a sandbox dies the kernel kills everything left
+in it. Killing pid 1 is also how the daemon ends a sandbox early. If the zygote
+dies, bubblewrap's init exits, and its pid namespace, every sandbox's included,
+goes with it. Replies: {"id", "pid"} once both processes exist ({"id", "error"}
+when they could not be made), then {"id", "exit", "worker"} when pid 1 has ended
+(and so everything in the sandbox): "worker" says how the worker ended,
+{"code", "signal"}, or null.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
 
+CLONE_VM = 0x00000100
+CLONE_FILES = 0x00000400
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
@@ -55,10 +63,10 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 PR_CAPBSET_DROP = 24
-PR_SET_PDEATHSIG = 1
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 SYS_CAPSET = 126  # x86_64; other arches are refused at start-up
-SYS_CLONE = 56  # x86_64
+SYS_PIDFD_OPEN = 434  # the same on every architecture
+PID1_STACK_BYTES = 16 * 1024
 
 libc = ctypes.CDLL(None, use_errno=True)
 
@@ -170,89 +178,173 @@ def _own_user_namespace() -> None:
             f.write(text)
 
 
-def _clone(flags: int) -> int:
-    """fork() into new namespaces in one step: the child is pid 1 of its pid namespace.
+# pid 1 runs libc's pause() and nothing else: its address, for clone().
+_PAUSE = ctypes.cast(libc.pause, ctypes.c_void_p)
+libc.clone.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
+libc.clone.restype = ctypes.c_int
 
-    os.fork() takes no namespace flags, and unshare() then fork() costs a second
-    process per sandbox (its fork, its page faults, its exit). The raw clone
-    syscall skips glibc's and Python's after-fork bookkeeping, which this
-    single-threaded zygote does not need: no other thread can hold a lock, and
-    the child never calls raise() (whose cached thread id is stale after a raw
-    clone). The worker that runs tool code is a normal os.fork() of the child,
-    with all of that bookkeeping done.
 
-    Returns:
-        0 in the child; the child's pid in the parent.
+def _start_pid1(flags: int, stack: ctypes.Array[ctypes.c_char]) -> int:
+    """Make a sandbox's pid 1: a clone sharing this process's memory that only sleeps.
+
+    It runs libc's pause() on `stack` (which must outlive it) and no Python:
+    sharing the memory costs no copy of the page tables and no page fault, and
+    its exit unmaps nothing. It shares the descriptor table too, so it holds
+    none of the sandbox's pipes once the zygote has closed its own: the daemon
+    sees their end as soon as the worker and what it started are gone.
+
+    It is unreachable from the sandbox: a process cannot signal its pid
+    namespace's init unless the init handles the signal (SIGCHLD is blocked and
+    SIGINT ignored here, so it handles none), nor trace it or open its memory,
+    descriptors or environment without holding every capability it holds (it
+    keeps the zygote's; the worker drops all of them).
+    Orphans the tool leaves are re-parented to it and stay zombies until the
+    sandbox ends.
 
     Raises:
         OSError: When the kernel refuses.
     """
-    pid = int(
-        libc.syscall(
-            ctypes.c_long(SYS_CLONE),
-            ctypes.c_long(flags | signal.SIGCHLD),
-            ctypes.c_long(0),  # same stack (copied, as by fork)
-            ctypes.c_long(0),
-            ctypes.c_long(0),
-            ctypes.c_long(0),
-        )
-    )
+    top = (ctypes.addressof(stack) + len(stack)) & ~15
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    try:
+        pid = int(libc.clone(_PAUSE, top, flags | CLONE_VM | CLONE_FILES | signal.SIGCHLD, None))
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
     if pid < 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"clone: {os.strerror(errno)}")
     return pid
 
 
-def _child(
-    params: dict[str, Any], fds: list[int], seccomp: _Seccomp, zygote_fds: tuple[int, ...]
-) -> None:
-    """The cloned child, pid 1 of its namespaces: the keeper, with a worker that sets up.
+def _pidfd_open(pid: int) -> int:
+    fd = int(libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_long(pid), ctypes.c_long(0)))
+    if fd < 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"pidfd_open: {os.strerror(errno)}")
+    return fd
 
-    Every page either process writes after a fork is copied for it, at a page
-    fault each: so pid 1 forks the worker before anything else, and the worker
-    does everything only it needs (the zygote's signal state, the pipes, the
-    cgroups, the mounts and filters).
+
+def _setns(fd: int, nstype: int) -> None:
+    _check(libc.setns(fd, nstype), "setns")
+
+
+def _start_worker(pid1: int, own_pid_ns: int) -> tuple[int, int]:
+    """Fork the worker into pid 1's pid namespace, where it is pid 2.
+
+    Returns:
+        (0, a pidfd of pid 1, to join its other namespaces by) in the worker;
+        (the worker's pid, -1) here.
+
+    Raises:
+        OSError: When pid 1 is gone or the fork fails (nothing is left changed).
+        SystemExit: When this process cannot point its children's pid namespace
+            back at its own: it could make no more sandboxes, so it ends, and
+            the daemon starts another zygote.
     """
-    stderr = fds[2] if len(fds) > 2 else 2
+    pidfd = _pidfd_open(pid1)
+    try:
+        _setns(pidfd, CLONE_NEWPID)  # where this process's children go; not itself
+    except BaseException:
+        os.close(pidfd)
+        raise
+    try:
+        worker = os.fork()
+    except BaseException:
+        _pid_ns_back(own_pid_ns)
+        os.close(pidfd)
+        raise
+    if worker == 0:
+        return 0, pidfd
+    _pid_ns_back(own_pid_ns)
+    os.close(pidfd)
+    return worker, -1
+
+
+def _pid_ns_back(own_pid_ns: int) -> None:
+    try:
+        _setns(own_pid_ns, CLONE_NEWPID)
+    except OSError as exc:
+        raise SystemExit(f"the zygote cannot return to its pid namespace: {exc}") from exc
+
+
+def _worker(
+    params: dict[str, Any],
+    fds: list[int],
+    seccomp: _Seccomp,
+    pidfd: int,
+    zygote_fds: tuple[int, ...],
+) -> None:
+    """The worker, just forked: into the sandbox, then the runner's worker. Never returns."""
     try:
         stdin, stdout, stderr, frames, *cgroups = fds
 
-        def zygote_signals_off() -> None:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-
-        def worker_setup() -> None:
+        def setup() -> None:
             os.dup2(stdin, 0)
             os.dup2(stdout, 1)
             os.dup2(stderr, 2)
-            zygote_signals_off()
-            for fd in (stdin, stdout, stderr, *zygote_fds):
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            namespaces = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+            if not params.get("network"):
+                namespaces |= CLONE_NEWNET
+            _setns(pidfd, namespaces)
+            for fd in (pidfd, stdin, stdout, stderr, *zygote_fds):
                 if fd > 2:
                     os.close(fd)
-            # Only the worker joins the sandbox's cgroups: all the tool starts
-            # descends from it, and pid 1 runs none of it.
             for fd in cgroups:
                 os.write(fd, b"0")
                 os.close(fd)
             _setup_sandbox(params, seccomp)
 
-        def keeper_setup() -> None:
-            zygote_signals_off()
-            # The keeper holds no pipe the tool writes through, so EOF on stdout
-            # and stderr means the whole tree is gone. It keeps the capabilities
-            # it holds in the zygote's user namespace (decision 29): it runs no
-            # tool code, and they keep the capability-less worker from reading
-            # or writing its memory, descriptors or environment.
-            for fd in (stdin, stdout, stderr, *cgroups, *zygote_fds):
-                os.close(fd)
-
-        _runner.run_sandbox(frames, [], worker_setup=worker_setup, keeper_setup=keeper_setup)
+        _runner.run_worker(frames, setup)
     except BaseException as exc:  # nothing of a failed setup may run a tool
         try:
-            os.write(stderr, f"sandbox setup failed: {exc}\n".encode())
+            os.write(2, f"sandbox setup failed: {exc}\n".encode())
         finally:
             os._exit(111)
-    os._exit(0)
+
+
+def _become_init(control: int) -> None:
+    """Go on as pid 1 of a pid namespace of our own; the process we were only waits.
+
+    Each worker is forked into its sandbox's pid namespace by pointing the
+    namespace our children get at it (setns) and back. Back must be the
+    namespace we live in, and only one that our user namespace owns lets us
+    in; bubblewrap's does not. Ours then holds every sandbox's, and ends (with
+    all of them) when we do.
+    """
+    _check(libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    zygote = os.fork()
+    if zygote == 0:
+        return
+    os.close(control)  # the daemon must see the zygote's end when it comes
+    while True:
+        try:
+            _, status = os.waitpid(zygote, 0)
+        except InterruptedError:
+            continue
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def _end_of(status: int | None) -> dict[str, int | None] | None:
+    if status is None:
+        return None
+    if os.WIFSIGNALED(status):
+        return {"code": None, "signal": os.WTERMSIG(status)}
+    return {"code": os.WEXITSTATUS(status), "signal": None}
+
+
+class _Box:
+    """One sandbox as the zygote knows it."""
+
+    __slots__ = ("ident", "pid1", "stack", "worker", "worker_status")
+
+    def __init__(self, ident: str, pid1: int, stack: ctypes.Array[ctypes.c_char]) -> None:
+        self.ident = ident
+        self.pid1 = pid1
+        self.stack = stack  # pid 1 runs on it: kept until pid 1 is reaped
+        self.worker = 0
+        self.worker_status: int | None = None
 
 
 def main() -> None:
@@ -265,12 +357,20 @@ def main() -> None:
         raise SystemExit("the zygote knows capset's number on x86_64 only")
     _own_user_namespace()
     _drop_bounding_set()
+    _become_init(control)
+    # pid 1 gets our signal dispositions: none may make it run Python.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    os.close(_pidfd_open(os.getpid()))  # Linux >= 5.3; setns by pidfd needs 5.8
     sock = socket.socket(fileno=control)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    children: dict[int, str] = {}
+    boxes: dict[str, _Box] = {}
+    by_pid1: dict[int, _Box] = {}
+    by_worker: dict[int, _Box] = {}
+    zygote_fds = (wake_r, wake_w, control, own_pid_ns)
     # Every sandbox is a fork of this process: keep the collector of each from
     # walking (and so copying, page by page) the objects they all inherit.
     gc.freeze()
@@ -280,11 +380,26 @@ def main() -> None:
         readable, _, _ = select.select(watched, [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
-            for pid, status in _runner._reap_all():
-                ident = children.pop(pid, None)
-                if ident is not None:
-                    code = os.waitstatus_to_exitcode(status)
-                    sock.send(json.dumps({"id": ident, "exit": code}).encode())
+            reaped = _runner._reap_all()
+            gone = {pid for pid, _ in reaped}
+            for pid, status in reaped:
+                box = by_worker.pop(pid, None)
+                if box is not None:
+                    box.worker_status = status
+                    if box.pid1 not in gone:  # (a reaped pid may be anyone's now)
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(box.pid1, signal.SIGKILL)
+            for pid, status in reaped:
+                box = by_pid1.pop(pid, None)
+                if box is not None:
+                    boxes.pop(box.ident, None)
+                    by_worker.pop(box.worker, None)
+                    ended = {
+                        "id": box.ident,
+                        "exit": os.waitstatus_to_exitcode(status),
+                        "worker": _end_of(box.worker_status),
+                    }
+                    sock.send(json.dumps(ended).encode())
         if sock in readable:
             try:
                 message, fds, _, _ = socket.recv_fds(sock, 65536, 16)
@@ -294,27 +409,40 @@ def main() -> None:
                 return  # the daemon is gone: so are we (and, with us, nothing else)
             request = json.loads(message)
             if request.get("op") == "kill":
-                target = next((p for p, i in children.items() if i == request["id"]), None)
-                if target is not None:
+                box = boxes.get(request["id"])
+                if box is not None:
                     with contextlib.suppress(ProcessLookupError):
-                        os.kill(target, signal.SIGKILL)
+                        os.kill(box.pid1, signal.SIGKILL)
                 continue
+            ident = request["id"]
             flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
             if not request.get("network"):
                 flags |= CLONE_NEWNET
             try:
-                pid = _clone(flags)
+                stack = ctypes.create_string_buffer(PID1_STACK_BYTES)
+                box = _Box(ident, _start_pid1(flags, stack), stack)
             except OSError as exc:
                 for fd in fds:
                     os.close(fd)
-                sock.send(json.dumps({"id": request["id"], "error": str(exc)}).encode())
+                sock.send(json.dumps({"id": ident, "error": str(exc)}).encode())
                 continue
-            if pid == 0:
-                _child(request, fds, seccomp, (wake_r, wake_w, control))
+            boxes[ident] = box
+            by_pid1[box.pid1] = box
+            try:
+                worker, pidfd = _start_worker(box.pid1, own_pid_ns)
+            except OSError as exc:
+                for fd in fds:
+                    os.close(fd)
+                os.kill(box.pid1, signal.SIGKILL)  # its exit is reported as it comes
+                sock.send(json.dumps({"id": ident, "error": str(exc)}).encode())
+                continue
+            if worker == 0:
+                _worker(request, fds, seccomp, pidfd, zygote_fds)
             for fd in fds:
                 os.close(fd)
-            children[pid] = request["id"]
-            sock.send(json.dumps({"id": request["id"], "pid": pid}).encode())
+            box.worker = worker
+            by_worker[worker] = box
+            sock.send(json.dumps({"id": ident, "pid": box.pid1}).encode())
 
 
 if __name__ == "__main__":

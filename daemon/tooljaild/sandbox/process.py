@@ -341,6 +341,8 @@ class ProcessSandbox(Sandbox):
         proc = self._proc
         either: set[asyncio.Future[Any]] = {end.done, self._exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if self._forked and not (end.result or {}).get("sealed"):
+            await self._zygote_exit_frame(end)
         if not end.done.done():
             # The keeper is gone; its last frame, if it wrote one, is already
             # in the pipe. Nothing left can report the tree's end: kill it.
@@ -359,6 +361,21 @@ class ProcessSandbox(Sandbox):
             await self._kill_tree()
             await asyncio.wait(pending, timeout=2.0)
         return self._outcome(end.result, end.exit_frame, end.yields)
+
+    async def _zygote_exit_frame(self, end: _CallEnd) -> None:
+        """A zygote sandbox has no keeper to write the exit frame: the zygote says
+        how the worker ended, once everything in the sandbox is gone."""
+        assert isinstance(self._proc, ZygoteChild) and self._exited is not None
+        if not self._exited.done():
+            # The worker is gone (end of file) or said its result unsealed: the
+            # zygote is killing the rest. Bounded, in case it cannot.
+            await asyncio.wait({self._exited}, timeout=self._config.start_timeout_s)
+        worker_end = self._proc.worker_end
+        ended = worker_end.result() if worker_end.done() else None
+        if ended is not None and end.exit_frame is None:
+            end.exit_frame = {"t": "exit", **ended}
+            if not end.done.done():
+                end.done.set_result(None)
 
     def _outcome(self, result: Frame | None, exit_frame: Frame | None, yields: int) -> RunOutcome:
         sig = exit_frame.get("signal") if exit_frame else None

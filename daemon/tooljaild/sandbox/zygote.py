@@ -40,6 +40,7 @@ class Zygote:
         self._sock: socket.socket | None = None
         self._pending: dict[str, asyncio.Future[int]] = {}
         self._exits: dict[str, asyncio.Future[int]] = {}
+        self._worker_ends: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
         self._ready: asyncio.Future[int] | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -116,11 +117,15 @@ class Zygote:
             elif "error" in message:
                 future = self._pending.pop(message["id"], None)
                 self._exits.pop(message["id"], None)
+                self._worker_ends.pop(message["id"], None)
                 if future is not None and not future.done():
                     future.set_exception(
                         SandboxError(f"the zygote cannot make a sandbox: {message['error']}")
                     )
             elif "exit" in message:
+                worker = self._worker_ends.pop(message["id"], None)
+                if worker is not None and not worker.done():
+                    worker.set_result(message.get("worker"))
                 done = self._exits.pop(message["id"], None)
                 if done is not None and not done.done():
                     done.set_result(int(message["exit"]))
@@ -141,6 +146,10 @@ class Zygote:
         for future in self._exits.values():
             if not future.done():
                 future.set_result(-9)
+        for worker in self._worker_ends.values():
+            if not worker.done():
+                worker.set_result(None)
+        self._worker_ends.clear()
         self._pending.clear()
         self._exits.clear()
 
@@ -163,6 +172,7 @@ class Zygote:
         future: asyncio.Future[int] = loop.create_future()
         self._pending[ident] = future
         self._exits[ident] = loop.create_future()
+        self._worker_ends[ident] = loop.create_future()
         message = json.dumps({"op": "spawn", "id": ident, **params}).encode()
         socket.send_fds(self._sock, [message], fds)
         return await asyncio.wait_for(future, START_TIMEOUT_S)
@@ -170,6 +180,10 @@ class Zygote:
     def exited(self, ident: str) -> asyncio.Future[int]:
         """Resolves with the child's exit code when it has ended."""
         return self._exits[ident]
+
+    def worker_end(self, ident: str) -> asyncio.Future[dict[str, Any] | None]:
+        """Resolves with how the worker ended, {"code", "signal"}, once the sandbox has."""
+        return self._worker_ends[ident]
 
     def kill(self, ident: str) -> None:
         """End a sandbox: its pid 1 dies, and the kernel kills the rest."""
@@ -197,6 +211,8 @@ class ZygoteChild:
         self.pid = pid
         self.exited = zygote.exited(ident)
         """Resolves with pid 1's exit code when the sandbox has ended."""
+        self.worker_end = zygote.worker_end(ident)
+        """Resolves with how its worker ended ({"code", "signal"}, or None), just before."""
 
     @property
     def returncode(self) -> int | None:
