@@ -833,9 +833,25 @@ def _read_words(path: Path) -> list[str]:
         return []
 
 
+def _read_text(path: Path) -> str:
+    """A cgroup file's text: os-level calls, as the daemon's loop reads a few per sandbox.
+
+    Raises:
+        OSError: When the file cannot be read.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
+
+
 def _read_int(path: Path) -> int | None:
     try:
-        return int(path.read_text().split()[0])
+        return int(_read_text(path).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -847,7 +863,7 @@ def _read_keyed(path: Path) -> dict[str, int]:
         OSError: When the file cannot be read.
     """
     values: dict[str, int] = {}
-    for line in path.read_text().splitlines():
+    for line in _read_text(path).splitlines():
         key, _, value = line.partition(" ")
         with contextlib.suppress(ValueError):
             values[key] = int(value)
@@ -856,6 +872,6 @@ def _read_keyed(path: Path) -> dict[str, int]:
 
 def _read_pids(path: Path) -> list[int]:
     try:
-        return [int(x) for x in (path / "cgroup.procs").read_text().split()]
+        return [int(x) for x in _read_text(path / "cgroup.procs").split()]
     except OSError:
         return []

@@ -338,7 +338,6 @@ class ProcessSandbox(Sandbox):
 
     async def _run_to_end(self, end: _CallEnd) -> RunOutcome:
         assert self._proc and self._stdout and self._stderr and self._exited
-        proc = self._proc
         either: set[asyncio.Future[Any]] = {end.done, self._exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
         if self._forked and not (end.result or {}).get("sealed"):
@@ -349,10 +348,8 @@ class ProcessSandbox(Sandbox):
             done, _ = await asyncio.wait({end.done}, timeout=0.5)
             if not done:
                 await self._kill_tree()
-        if end.result is not None and end.result.get("sealed"):
-            # Nothing is left to run in there: end the sandbox now, so that
-            # its keeper never wakes up to sweep an empty tree.
-            proc.kill()
+        # A sealed result needs no kill from here: its worker exits right after
+        # it, and the zygote, its parent, then kills pid 1 (decision 29).
         # Output still in flight drains; anything that keeps the pipes open
         # past this point escaped the keeper and is killed.
         pipes = {self._stdout.closed, self._stderr.closed}
