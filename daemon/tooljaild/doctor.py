@@ -60,9 +60,40 @@ def check_host(
     except IsolationError as exc:
         features.insert(1, Feature("sandbox python", "missing", str(exc)))
     features += iso.features
+    features.append(zygote_feature(iso.namespaces, platform.machine(), platform.release()))
     if os.geteuid() != 0:
         features.append(Feature("running as", "active", f"uid {os.geteuid()}", required=False))
     return features
+
+
+ZYGOTE_MIN_KERNEL = (5, 8)
+"""setns() on a pidfd, which the zygote forks each worker into its sandbox by."""
+
+
+def zygote_feature(namespaces: bool, machine: str, release: str) -> Feature:
+    """Whether sandboxes can be cloned from a warm zygote (decisions 16 and 29).
+
+    Judged from the kernel and the architecture, not by starting one: a zygote
+    that fails to start anyway says why in the daemon's log ("no zygote").
+    Without it every sandbox starts its own bubblewrap and interpreter.
+    """
+    slow = "each sandbox starts its own bubblewrap and interpreter (~50 ms, not ~5)"
+    if not namespaces:
+        return Feature("sandbox zygote", "n/a", "needs namespaces", required=False)
+    if machine != "x86_64":
+        return Feature("sandbox zygote", "missing", f"x86_64 only: {slow}", required=False)
+    numbers = [int(part) for part in release.split("-")[0].split(".")[:2] if part.isdigit()]
+    if tuple(numbers) < ZYGOTE_MIN_KERNEL:
+        wanted = ".".join(map(str, ZYGOTE_MIN_KERNEL))
+        return Feature(
+            "sandbox zygote",
+            "missing",
+            f"Linux {release} is older than {wanted}: {slow}",
+            required=False,
+        )
+    return Feature(
+        "sandbox zygote", "active", "sandboxes are cloned from a warm interpreter", required=False
+    )
 
 
 def check_docker(

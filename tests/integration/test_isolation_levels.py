@@ -35,6 +35,7 @@ def test_doctor_says_every_feature_is_active_here() -> None:
     features = {f["name"]: f["status"] for f in json.loads(_cli("doctor", "--json").stdout)}
     for name in ("namespaces (bubblewrap)", "seccomp filter", "cgroup limits", "unprivileged uid"):
         assert features[name] == "active", features
+    assert features["sandbox zygote"] == "active", features
 
 
 def test_doctor_on_a_host_without_bubblewrap_says_what_is_missing_and_how() -> None:
@@ -45,6 +46,8 @@ def test_doctor_on_a_host_without_bubblewrap_says_what_is_missing_and_how() -> N
     assert "isolation = strict would refuse to start: missing namespaces (bubblewrap)" in (
         proc.stdout
     )
+    zygote = next(ln for ln in proc.stdout.splitlines() if ln.startswith("sandbox zygote"))
+    assert "n/a" in zygote and "needs namespaces" in zygote
     strict = _cli("doctor", "--isolation", "strict", env=NO_BWRAP)
     assert strict.returncode == 1
 

@@ -17,7 +17,7 @@ import pytest
 from tooljail import tool
 from tooljaild import cli
 from tooljaild.config import ConfigError, Settings, load_settings
-from tooljaild.doctor import check_docker
+from tooljaild.doctor import check_docker, zygote_feature
 from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import SandboxProfile, Tool, ToolOptions, build_user_tools
 from tooljaild.sandbox.base import Limits, Sandbox
@@ -277,3 +277,23 @@ def test_doctor_without_an_engine_says_what_each_default_means() -> None:
     assert "refuses to start" in engine.detail
     process = {f.name: f for f in check_docker(NO_ENGINE, backend="process")}
     assert "process-backed ones work" in process["docker engine"].detail
+
+
+@pytest.mark.parametrize(
+    ("machine", "release", "status", "says"),
+    [
+        ("x86_64", "6.1.0-28-amd64", "active", "cloned from a warm interpreter"),
+        ("x86_64", "5.8.0", "active", "cloned from a warm interpreter"),
+        ("x86_64", "5.4.0-150-generic", "missing", "older than 5.8"),
+        ("aarch64", "6.1.0", "missing", "x86_64 only"),
+    ],
+)
+def test_doctor_says_whether_sandboxes_come_from_the_zygote(
+    machine: str, release: str, status: str, says: str
+) -> None:
+    feature = zygote_feature(True, machine, release)
+    assert (feature.status, feature.required) == (status, False)
+    assert says in feature.detail
+    if status == "missing":
+        assert "each sandbox starts its own bubblewrap" in feature.detail
+    assert zygote_feature(False, machine, release).status == "n/a"
