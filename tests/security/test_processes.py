@@ -373,3 +373,42 @@ for pid in {host + inner!r}:
         got = report(second)
         reached_host = [pid for pid in map(str, host) if got.get(pid) == "sent"]
         assert reached_host == [], f"signals were delivered to host pids {reached_host}"
+
+
+def test_signals_to_pid_1_end_no_other_sandbox(fresh_daemon: SecurityDaemon, token: str) -> None:
+    """Attack: send every signal there is to pid 1 (in a zygote sandbox, a clone
+    of the process that makes every sandbox) and to the worker's parent, hoping
+    to take down the sandboxes of other calls. Another call, running meanwhile,
+    must complete, and later calls must be served by the same zygote."""
+    daemon = fresh_daemon
+    bystander = BackgroundCall(
+        daemon,
+        f"import os, time\nos.environ['T'] = {token!r}\nprint('up', flush=True)\n"
+        "time.sleep(3)\nprint('bystander done')\n",
+        timeout=30,
+    )
+    bystander.wait_for("up")
+    code = """
+import json, os, signal
+sent = {}
+for target in sorted({1, os.getppid()} - {0, os.getpid()}):
+    for sig in sorted(signal.valid_signals()):
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            os.kill(target, sig)
+            sent['%d %d' % (target, sig)] = 'sent'
+        except OSError as e:
+            sent['%d %d' % (target, sig)] = 'errno %d' % e.errno
+print('REPORT ' + json.dumps({'sent': len(sent)}), flush=True)
+"""
+    result = run_code(daemon, code, timeout=30)
+    assert result.ok, result
+    assert report(result)["sent"] > 30
+    survivor = bystander.join(30)
+    assert survivor.ok and survivor.data["stdout"] == "up\nbystander done\n", survivor
+    for i in range(3):
+        after = run_code(daemon, f"print({i})", timeout=30)
+        assert after.ok and after.data["stdout"] == f"{i}\n", after
+    assert "restarting the zygote" not in daemon.log()
+    daemon.assert_serving()
