@@ -375,7 +375,7 @@ class Daemon:
         if self.context is not None and self.context.zygote is not None:
             await self.context.zygote.close()
         if self.isolation is not None and self.isolation.tracker is not None:
-            await asyncio.to_thread(self.isolation.tracker.remove_spares)
+            await asyncio.to_thread(self.isolation.tracker.close)
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import RunningDaemon
 from tooljail import CallStatus, Client, Effect
+from tooljaild.sandbox.cgroups import cgroup_name_for
 
 
 @pytest.mark.isolation
@@ -60,3 +62,28 @@ def test_a_file_past_the_file_size_limit_cannot_be_written(
     assert result.data["stdout"] == "first MiB written\n"
     assert result.error is not None and "File too large" in result.error.message, result.error
     daemon.assert_serving()
+
+
+def _sandbox_cgroup_bases(daemon: RunningDaemon) -> list[Path]:
+    """Where the daemon makes its sandboxes' cgroups: under its own cgroup, in the
+    pids hierarchy (v1) or the unified one (v2, beside the daemon's leaf)."""
+    name = cgroup_name_for(daemon.state_dir)
+    unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    bases = []
+    for line in Path(f"/proc/{daemon.pid}/cgroup").read_text().splitlines():
+        _, controllers, own = line.split(":", 2)
+        if controllers == "pids":
+            bases.append(Path("/sys/fs/cgroup/pids") / own.lstrip("/") / name)
+        elif controllers == "" and unified:
+            parent = own.removesuffix("/daemon")
+            bases.append(Path("/sys/fs/cgroup") / parent.lstrip("/") / name)
+    return bases
+
+
+@pytest.mark.isolation
+def test_a_clean_stop_leaves_no_cgroup_behind(daemon: RunningDaemon) -> None:
+    bases = _sandbox_cgroup_bases(daemon)
+    assert bases and all(base.is_dir() for base in bases), bases
+    daemon.assert_serving()
+    assert daemon.stop() == 0
+    assert not any(base.exists() for base in bases), bases

@@ -561,3 +561,18 @@ def test_v2_spares_are_bounded_and_the_rest_removed(
     assert {cg.paths for cg in taken if cg is not None} == {cg.paths for cg in kept}
     assert v2.take_spare(limits) is None
     assert v2.take_spare(None) is None  # no limits is another kind of cgroup
+
+
+@pytest.mark.isolation
+def test_close_removes_the_spares_and_the_directories_that_held_them() -> None:
+    """A daemon's clean stop leaves nothing in the cgroup trees, spares included."""
+    tracker = CgroupTracker.detect(name=f"tooljail-test-close-{os.getpid()}")
+    if tracker is None:
+        pytest.skip("no writable cgroup tree on this host (needs root or a delegated subtree)")
+    cg = tracker.create("closing", CgroupLimits(pids=16))
+    assert run(cg, "print('in')")[0] == 0
+    cg.release()  # empty: kept as a spare
+    assert all(path.exists() for path in cg.paths)
+    tracker.close()
+    assert not any(path.exists() for path in cg.paths)
+    assert not any(base.exists() for base in tracker.bases)

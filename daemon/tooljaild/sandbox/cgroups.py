@@ -275,6 +275,19 @@ class CgroupTracker:
         for dirs in spares:
             SandboxCgroup(self.version, dirs).kill_and_remove()
 
+    def close(self) -> None:
+        """At shutdown: remove the spare cgroups, then the directories that held them.
+
+        A directory that still holds a sandbox's cgroup (one that could not be
+        emptied) stays, for the next daemon's `sweep_stale`; without this, every
+        daemon that ever ran with a state directory of its own would leave an
+        empty one behind in each hierarchy.
+        """
+        self.remove_spares()
+        for base in self.bases:
+            with contextlib.suppress(OSError):  # not empty, or already gone
+                base.rmdir()
+
     def create(self, sandbox_id: str, limits: CgroupLimits | None = None) -> SandboxCgroup:
         """Make (or reuse) the cgroup of one sandbox and set its limits.
 
