@@ -361,7 +361,14 @@ def main() -> None:
     # pid 1 gets our signal dispositions: none may make it run Python.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    os.close(_pidfd_open(os.getpid()))  # Linux >= 5.3; setns by pidfd needs 5.8
+    # setns() on a pidfd (Linux >= 5.8) is how workers get into their sandbox:
+    # fail here, at start-up, where the daemon falls back to one bubblewrap per
+    # sandbox, rather than at every spawn.
+    self_fd = _pidfd_open(os.getpid())
+    try:
+        _setns(self_fd, CLONE_NEWPID)  # our own: changes nothing
+    finally:
+        os.close(self_fd)
     sock = socket.socket(fileno=control)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
