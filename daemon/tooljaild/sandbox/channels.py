@@ -178,7 +178,7 @@ class PipeWriter:
     def __init__(self, fd: int) -> None:
         self._loop = asyncio.get_running_loop()
         self._fd = fd
-        self._pending = b""
+        self._pending = memoryview(b"")  # a view: each write's rest is sliced, never copied
         os.set_blocking(fd, False)
 
     def is_closing(self) -> bool:
@@ -189,7 +189,7 @@ class PipeWriter:
         """Write `data`, then close the pipe (at once, or once all is written)."""
         if self.is_closing():
             return
-        self._pending = data
+        self._pending = memoryview(data)
         self._on_writable()
         if self._fd >= 0:
             self._loop.add_writer(self._fd, self._on_writable)
@@ -213,4 +213,4 @@ class PipeWriter:
             self._loop.remove_writer(self._fd)  # none registered, or the loop is closed
         os.close(self._fd)
         self._fd = -1
-        self._pending = b""
+        self._pending = memoryview(b"")
