@@ -70,6 +70,15 @@ def test_a_syntax_error_reports_the_users_line_not_the_runner(daemon: RunningDae
     assert "_runner.py" not in result.data["stderr"]
 
 
+def test_code_of_several_megabytes_runs_whole(daemon: RunningDaemon) -> None:
+    """Model-written code can be long (data pasted into it): 6 MB of source, far
+    more than a pipe holds, reaches the sandbox whole."""
+    blob = "x" * (6 * 1024 * 1024)
+    result = run_code(daemon, f"data = {blob!r}\nprint(len(data), data[-3:])\n", timeout=60)
+    assert result.ok, result
+    assert result.data["stdout"] == f"{len(blob)} xxx\n"
+
+
 @pytest.mark.parametrize(
     ("code", "status", "exit_code", "error_type", "named"),
     [
