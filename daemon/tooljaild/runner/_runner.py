@@ -605,7 +605,6 @@ def run_sandbox(
     frames_fd: int,
     cgroup_fds: list[int],
     *,
-    worker_setup: Callable[[], None] | None = None,
     keeper_setup: Callable[[], None] | None = None,
 ) -> None:
     """Become a sandbox's keeper, with a worker waiting for its request. Never returns.
@@ -613,8 +612,6 @@ def run_sandbox(
     Args:
         frames_fd: Where frames go (stdin, stdout and stderr are already the pipes).
         cgroup_fds: The sandbox's cgroup.procs files, opened by the daemon.
-        worker_setup: Run by the worker first (the zygote's mounts and filters):
-            when it raises, the worker reports it on stderr and exits 111.
         keeper_setup: Run by the keeper once the worker is forked.
     """
     global _frame_fd
@@ -627,23 +624,13 @@ def run_sandbox(
         os.close(fd)
     if os.getpid() != 1:  # pid 1 of a pid namespace inherits every orphan anyway
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    # Fork first, then set up: every page either process writes after a fork is
-    # copied for it, so whatever only the worker needs is done only there.
     pid = os.fork()
     if pid == 0:
-        if worker_setup is not None:
-            try:
-                worker_setup()
-            except BaseException as exc:  # nothing of a failed setup may run a tool
-                os.write(2, f"sandbox setup failed: {exc}\n".encode())
-                os._exit(111)
-        _text_streams()
-        _worker()
-    else:
-        if keeper_setup is not None:
-            keeper_setup()
-        os.close(0)
-        _keeper(pid)
+        _be_worker(None)
+    if keeper_setup is not None:
+        keeper_setup()
+    os.close(0)
+    _keeper(pid)
     os._exit(0)
 
 
@@ -660,11 +647,17 @@ def run_worker(frames_fd: int, setup: Callable[[], None]) -> None:
     """
     global _frame_fd
     _frame_fd = frames_fd
-    try:
-        setup()
-    except BaseException as exc:  # nothing of a failed setup may run a tool
-        os.write(2, f"sandbox setup failed: {exc}\n".encode())
-        os._exit(111)
+    _be_worker(setup)
+
+
+def _be_worker(setup: Callable[[], None] | None) -> None:
+    """Set up (if asked), then wait for the request and run it. Never returns."""
+    if setup is not None:
+        try:
+            setup()
+        except BaseException as exc:  # nothing of a failed setup may run a tool
+            os.write(2, f"sandbox setup failed: {exc}\n".encode())
+            os._exit(111)
     _text_streams()
     _worker()
     os._exit(0)
