@@ -64,6 +64,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 
 _frame_fd = -1
+_streams_made = False
 # Made once here, in the zygote: valid_signals() builds an enum per signal (0.2 ms).
 _ALL_SIGNALS = signal.valid_signals()
 
@@ -658,13 +659,20 @@ def _be_worker(setup: Callable[[], None] | None) -> None:
         except BaseException as exc:  # nothing of a failed setup may run a tool
             os.write(2, f"sandbox setup failed: {exc}\n".encode())
             os._exit(111)
-    _text_streams()
+    if not _streams_made:
+        _text_streams()
     _worker()
     os._exit(0)
 
 
 def _text_streams() -> None:
-    """Text streams that flush at each newline, so streamed lines arrive as printed."""
+    """Text streams that flush at each newline, so streamed lines arrive as printed.
+
+    They write to descriptors 1 and 2, whatever those are when they write: the
+    zygote makes them once, for every worker it forks.
+    """
+    global _streams_made
+    _streams_made = True
     sys.stdout = io.TextIOWrapper(
         io.FileIO(1, "w", closefd=False),
         encoding="utf-8",

@@ -247,6 +247,8 @@ def _start_worker(pid1: int, own_pid_ns: int) -> tuple[int, int]:
     except BaseException:
         os.close(pidfd)
         raise
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # the worker inherits them: nothing of ours may reach a call
     try:
         worker = os.fork()
     except BaseException:
@@ -378,6 +380,7 @@ def main() -> None:
     by_pid1: dict[int, _Box] = {}
     by_worker: dict[int, _Box] = {}
     zygote_fds = (wake_r, wake_w, control, own_pid_ns)
+    _runner._text_streams()  # the workers' sys.stdout and sys.stderr, made once
     # Every sandbox is a fork of this process: keep the collector of each from
     # walking (and so copying, page by page) the objects they all inherit.
     gc.freeze()
