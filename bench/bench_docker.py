@@ -46,14 +46,15 @@ from tooljail import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import (  # the same harness and helpers as the process benchmark
+    SETTLED,
     Daemon,
-    _cpu_times,
     concurrent_run,
     flat,
     fmt_ms,
     percentile,
     rounds_for,
     serial_latencies,
+    settle,
     tooljail_call,
 )
 
@@ -63,27 +64,13 @@ from tooljaild.sandbox.docker_seccomp import profile_json
 
 CODE = "print(1)"
 DEFAULT_POOL_SIZE = 4
-SETTLED = [0.0]  # seconds spent waiting for quiet CPUs between blocks
 LABEL = "org.tooljail.bench"  # on (r) and (e) containers, so a crashed run can be swept
 
 
 # --------------------------------------------------------------------------- helpers
-# (the same as bench_calls.py's, kept here so that each benchmark stands alone)
 
-
-def settle(max_wait: float = 5.0, window: float = 0.1, busy_below: float = 0.2) -> float:
-    """Wait until the CPUs are quiet (the pool refilled, containers removed)."""
-    start = time.monotonic()
-    while time.monotonic() - start < max_wait:
-        total0, idle0 = _cpu_times()
-        time.sleep(window)
-        total1, idle1 = _cpu_times()
-        dt = total1 - total0
-        if dt <= 0 or 1 - (idle1 - idle0) / dt < busy_below:
-            break
-    waited = time.monotonic() - start
-    SETTLED[0] += waited
-    return waited
+# Containers take longer to remove than sandboxes: wait up to 5 s for quiet CPUs.
+CONTAINER_SETTLE_S = 5.0
 
 
 def paced_latencies(call: Callable[[], None], n: int) -> list[float]:
@@ -116,7 +103,7 @@ def alternating(
             run, total = sides[name]
             size = total // rounds + (1 if rnd < total % rounds else 0)
             if size > 0:
-                settle()
+                settle(max_wait=CONTAINER_SETTLE_S)
                 results[name].append(run(size))
     return results
 
