@@ -27,7 +27,6 @@ import hashlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -38,9 +37,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import docker
-from docker.constants import MINIMUM_DOCKER_API_VERSION
 from docker.errors import DockerException, ImageNotFound
+
+from tooljaild.sandbox.docker_engine import EngineUnavailableError as EngineDown
+from tooljaild.sandbox.docker_engine import connect_client
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -276,32 +276,10 @@ def connect(
     Raises:
         EngineUnavailableError: No engine answered within `timeout`.
     """
-    where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if where.startswith("unix://"):
-        # The SDK leaks its socket when connecting to a Unix socket fails: try it here.
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            try:
-                sock.connect(where.removeprefix("unix://"))
-            except OSError as exc:
-                raise EngineUnavailableError(_no_engine(where, exc)) from None
-    # Negotiate the API version here, so that a failure closes what it opened; a
-    # client with a fixed version sends nothing until asked.
-    probe = docker.from_env(version=MINIMUM_DOCKER_API_VERSION, timeout=timeout)
     try:
-        api_version = probe.version(api_version=False)["ApiVersion"]
-    except (DockerException, OSError, KeyError) as exc:  # OSError: requests' errors
-        raise EngineUnavailableError(_no_engine(where, exc)) from None
-    finally:
-        probe.close()
-    return docker.from_env(version=api_version, timeout=request_timeout)
-
-
-def _no_engine(where: str, exc: BaseException) -> str:
-    return (
-        f"no Docker engine answers at {where} ({_first_line(exc)}): start it "
-        "(`systemctl start docker`, or `dockerd &` as root), or point DOCKER_HOST at one"
-    )
+        return connect_client(timeout=timeout, request_timeout=request_timeout)
+    except EngineDown as exc:  # the sandbox backend's error: this module's own here
+        raise EngineUnavailableError(str(exc)) from None
 
 
 def _first_line(exc: BaseException) -> str:
