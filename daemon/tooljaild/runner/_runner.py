@@ -519,7 +519,7 @@ def _seal() -> bool:
     anything outside. Elsewhere, False.
 
     Returns:
-        True when nothing but this worker (about to exit) and the keeper is alive.
+        True when nothing but this worker (about to exit) and pid 1 is alive.
     """
     if os.getpid() == 1 or os.getppid() not in (0, 1):
         return False
@@ -693,8 +693,8 @@ def _shield_keeper() -> None:
     A process that is not dumpable cannot be ptraced, nor its memory,
     environment or descriptors opened through /proc, by one without
     CAP_SYS_PTRACE: tool code cannot take over the process that outlives it.
-    (The zygote's keepers need not: they keep capabilities the worker lacks,
-    which shields them the same way.)
+    (A zygote sandbox has no keeper; its pid 1 keeps capabilities the worker
+    lacks, which shields it the same way.)
     """
     if not _prctl(PR_SET_DUMPABLE, 0):
         raise OSError("prctl(PR_SET_DUMPABLE, 0) failed")
