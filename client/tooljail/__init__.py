@@ -7,25 +7,13 @@
         print(result.status, result.data)
 
 A tool that fails is a `ToolResult` with a non-success `status`, never an
-exception; the exceptions below are for requests the daemon refuses and RPCs
-that fail. This package imports neither the daemon (`tooljaild`) nor docker or
-psutil: an agent host needs only grpcio, protobuf and pydantic.
+exception; the exceptions below (the tree in `tooljail.errors`) are for
+requests the daemon refuses and RPCs that fail. This package imports neither
+the daemon (`tooljaild`) nor docker or psutil: an agent host needs only grpcio,
+protobuf and pydantic.
 """
 
 from tooljail._client import AsyncClient, Client, default_target
-from tooljail._errors import (
-    BadTimeoutError,
-    CallIdConflictError,
-    CallNotFoundError,
-    DaemonUnavailableError,
-    InvalidArgumentsError,
-    InvalidRequestError,
-    OverloadedError,
-    ShuttingDownError,
-    TooljailError,
-    ToolNotFoundError,
-    TransportError,
-)
 from tooljail._tooldef import tool
 from tooljail._types import (
     CallInfo,
@@ -38,6 +26,22 @@ from tooljail._types import (
     ToolError,
     ToolInfo,
     ToolResult,
+)
+from tooljail.errors import (
+    BadTimeoutError,
+    CallIdConflictError,
+    CallNotFoundError,
+    DaemonUnavailableError,
+    InternalError,
+    InvalidArgumentsError,
+    InvalidRequestError,
+    JournalUnavailableError,
+    OverloadedError,
+    ShuttingDownError,
+    TooljailError,
+    ToolNotFoundError,
+    TransportError,
+    UnknownError,
 )
 
 __version__ = "0.1.0"
@@ -54,8 +58,10 @@ __all__ = [
     "DaemonUnavailableError",
     "Diagnostic",
     "Effect",
+    "InternalError",
     "InvalidArgumentsError",
     "InvalidRequestError",
+    "JournalUnavailableError",
     "Output",
     "OverloadedError",
     "ShuttingDownError",
@@ -66,6 +72,7 @@ __all__ = [
     "ToolResult",
     "TooljailError",
     "TransportError",
+    "UnknownError",
     "__version__",
     "default_target",
     "tool",

@@ -31,12 +31,6 @@ from typing import Any, Self
 import grpc
 import grpc.aio
 
-from tooljail._errors import (
-    BadTimeoutError,
-    InvalidRequestError,
-    TooljailError,
-    TransportError,
-)
 from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
 from tooljail._wire import (
     call_info_from_proto,
@@ -46,6 +40,12 @@ from tooljail._wire import (
     output_from_proto,
     result_from_proto,
     tool_info_from_proto,
+)
+from tooljail.errors import (
+    BadTimeoutError,
+    InvalidRequestError,
+    TooljailError,
+    TransportError,
 )
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc

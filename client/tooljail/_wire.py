@@ -13,7 +13,9 @@ Errors travel as a gRPC status code plus a serialized `ErrorDetail` in the
 trailing metadata key `ERROR_DETAIL_KEY`. `error_detail_for` writes that detail
 from one of our exceptions, and `error_from_rpc` rebuilds the exception from the
 detail's `code` through the fixed table `ERRORS_BY_CODE`: a class name sent over
-the wire is never imported.
+the wire is never imported, and a code it does not know becomes `UnknownError`.
+Text in a detail is cut by `bounded`: it may echo the request, and gRPC refuses
+a reply whose metadata passes 16 KiB.
 """
 
 from __future__ import annotations
@@ -24,14 +26,6 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from tooljail._errors import (
-    ERRORS_BY_CODE,
-    DaemonUnavailableError,
-    InvalidArgumentsError,
-    OverloadedError,
-    TooljailError,
-    TransportError,
-)
 from tooljail._types import (
     CallInfo,
     CallState,
@@ -44,10 +38,23 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
+from tooljail.errors import (
+    ERRORS_BY_CODE,
+    DaemonUnavailableError,
+    InvalidArgumentsError,
+    JournalUnavailableError,
+    OverloadedError,
+    TooljailError,
+    TransportError,
+    UnknownError,
+)
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
     "ERROR_DETAIL_KEY",
+    "MAX_DETAIL_FIELD_BYTES",
+    "MAX_ERROR_MESSAGE_BYTES",
+    "bounded",
     "call_info_from_proto",
     "call_info_to_proto",
     "call_state_from_proto",
@@ -75,6 +82,11 @@ ERROR_DETAIL_KEY = "tooljail-error-bin"
 
 The `-bin` suffix makes gRPC carry the value as raw bytes.
 """
+
+MAX_ERROR_MESSAGE_BYTES = 1024
+"""Bound of an error's message on the wire, in UTF-8 bytes (status text and detail)."""
+MAX_DETAIL_FIELD_BYTES = 256
+"""Bound of each other text field of an `ErrorDetail` (parameter, expected, actual)."""
 
 # --- enums -----------------------------------------------------------------
 
@@ -361,6 +373,31 @@ def call_info_from_proto(m: pb.CallInfo) -> CallInfo:
 # --- errors ----------------------------------------------------------------
 
 
+def bounded(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes, saying how long it was.
+
+    For text that may echo a caller's input into a reply: a 10,000-character
+    tool name echoed whole would pass gRPC's 16 KiB metadata limit, and the
+    caller would see RESOURCE_EXHAUSTED instead of the error. Characters UTF-8
+    cannot encode (lone surrogates, which JSON's `\\ud800` escapes can make)
+    are written as backslash escapes, so the result always encodes.
+
+    Args:
+        text: Any text.
+        limit: The most UTF-8 bytes the result may have; at least 64.
+
+    Returns:
+        `text` itself when it fits; else its start, cut at a character
+        boundary, and " [... N characters in all]".
+    """
+    encoded = text.encode("utf-8", "backslashreplace")
+    if len(encoded) <= limit:
+        return encoded.decode()
+    tail = f" [... {len(text):,} characters in all]"
+    head = encoded[: max(0, limit - len(tail.encode()))].decode("utf-8", "ignore")
+    return head + tail
+
+
 def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:
     """The `ErrorDetail` the daemon sends for one of our exceptions.
 
@@ -369,15 +406,18 @@ def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:
 
     Returns:
         The detail, with `parameter`/`expected`/`actual` filled for
-        `InvalidArgumentsError` and `retry_after_s` for `OverloadedError`.
+        `InvalidArgumentsError`, `retry_after_s` for `OverloadedError` and
+        `reason` for `JournalUnavailableError`; every text `bounded`.
     """
-    detail = pb.ErrorDetail(code=exc.code, message=exc.message)
+    detail = pb.ErrorDetail(code=exc.code, message=bounded(exc.message))
     if isinstance(exc, InvalidArgumentsError):
-        detail.parameter = exc.parameter
-        detail.expected = exc.expected
-        detail.actual = exc.actual
+        detail.parameter = bounded(exc.parameter, MAX_DETAIL_FIELD_BYTES)
+        detail.expected = bounded(exc.expected, MAX_DETAIL_FIELD_BYTES)
+        detail.actual = bounded(exc.actual, MAX_DETAIL_FIELD_BYTES)
     elif isinstance(exc, OverloadedError):
         detail.retry_after_s = exc.retry_after_s
+    elif isinstance(exc, JournalUnavailableError):
+        detail.reason = bounded(exc.reason, MAX_DETAIL_FIELD_BYTES)
     return detail
 
 
@@ -414,9 +454,10 @@ def error_from_rpc(
 
     Returns:
         The class `ERRORS_BY_CODE` names for the detail's code, with its
-        attributes; without a usable detail, `DaemonUnavailableError` for
-        UNAVAILABLE and `TransportError(status=code_name)` for anything else
-        (including a code this SDK does not know).
+        attributes, or `UnknownError` for a code this SDK does not know: the
+        daemon answered either way. Without a usable detail (nothing of ours
+        answered), `DaemonUnavailableError` for UNAVAILABLE and
+        `TransportError(status=code_name)` for anything else.
     """
     detail = _find_detail(trailing)
     if detail is not None:
@@ -431,9 +472,16 @@ def error_from_rpc(
             if detail.retry_after_s > 0:
                 return OverloadedError(message, retry_after_s=detail.retry_after_s)
             return OverloadedError(message)
+        if cls is JournalUnavailableError:
+            return JournalUnavailableError(message, reason=detail.reason)
         if cls is not None:
             return cls(message)
-        return TransportError(f"{code_name}: {message}", status=code_name)
+        return UnknownError(
+            f"the daemon refused the request ({code_name}, code {detail.code!r}, which this "
+            f"SDK does not know; is the daemon newer?): {message}",
+            code=detail.code,
+            status=code_name,
+        )
     if code_name == "UNAVAILABLE":
         where = target or "the target"
         message = (

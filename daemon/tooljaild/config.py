@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from tooljail._client import default_socket_path
+from tooljail.errors import TooljailError
 from tooljaild.sandbox.base import Limits
 from tooljaild.sandbox.docker import DockerSandboxConfig
 from tooljaild.sandbox.process import ProcessSandboxConfig
@@ -137,7 +138,7 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls))
 
 
-class ConfigError(Exception):
+class ConfigError(TooljailError):
     """The configuration cannot be used; the message says what to fix."""
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2
 
+from tooljail.errors import TooljailError
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.journal import Journal, JournalError
@@ -64,7 +65,7 @@ log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
 
 
-class DaemonError(Exception):
+class DaemonError(TooljailError):
     """The daemon cannot start; the message says why and what to do.
 
     Args:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from docker.errors import DockerException, ImageNotFound
 
+from tooljail.errors import TooljailError
 from tooljaild.sandbox.docker_engine import EngineUnavailableError as EngineDown
 from tooljaild.sandbox.docker_engine import connect_client
 
@@ -74,7 +75,7 @@ OFFLINE_RECIPE = " ".join(("debootstrap", *OFFLINE_ARGS, OFFLINE_SUITE, "trim", 
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
-class ImageError(Exception):
+class ImageError(TooljailError):
     """A sandbox image could not be checked or built; the message says what to do."""
 
 

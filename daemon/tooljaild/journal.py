@@ -57,8 +57,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from tooljail._errors import TooljailError
 from tooljail._types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
+from tooljail.errors import JournalUnavailableError
 
 APPLICATION_ID = 0x746A6A31
 """`PRAGMA application_id` of a tooljail journal ("tjj1"): marks the file as ours."""
@@ -146,11 +146,12 @@ _REASON_BY_CODE: dict[int, Reason] = {
 }
 
 
-class JournalError(TooljailError):
+class JournalError(JournalUnavailableError):
     """The journal cannot be opened, read or written; the message says what to do.
 
     The daemon refuses to start on one raised by `Journal.open`, and refuses new
-    calls (UNAVAILABLE) on one raised by a write rather than run them unjournaled.
+    calls on one raised by a write rather than run them unjournaled: the client
+    gets the `JournalUnavailableError` it is (UNAVAILABLE, "journal_unavailable").
 
     Attributes:
         reason: What is wrong: "corrupt" (damaged, or not a database),
@@ -161,10 +162,8 @@ class JournalError(TooljailError):
         path: The journal file.
     """
 
-    code = "journal_unavailable"
-
     def __init__(self, reason: Reason, path: Path, message: str) -> None:
-        super().__init__(message)
+        super().__init__(message, reason=reason)
         self.reason: Reason = reason
         self.path = path
 

@@ -28,7 +28,7 @@ from tooljail._wire import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.calls import Call, CallManager
-from tooljaild.errors import abort_with
+from tooljaild.errors import ErrorEdge, abort_with
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +187,7 @@ def create_server(
         RuntimeError: When the address cannot be bound.
     """
     server = grpc.aio.server(
+        interceptors=[ErrorEdge(pb.DESCRIPTOR.services_by_name["ToolRunner"])],
         options=[
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),

@@ -28,14 +28,17 @@ from tooljail import (
     Client,
     DaemonUnavailableError,
     Effect,
+    InternalError,
     InvalidArgumentsError,
     InvalidRequestError,
+    JournalUnavailableError,
     Output,
     OverloadedError,
     StreamKind,
     ToolNotFoundError,
     ToolResult,
     TransportError,
+    UnknownError,
 )
 from tooljail._wire import ERROR_DETAIL_KEY
 from tooljail.v1 import tooljail_pb2 as pb
@@ -62,6 +65,15 @@ _ERRORS: dict[str, tuple[grpc.StatusCode, pb.ErrorDetail | None]] = {
         pb.ErrorDetail(code="call_id_conflict", message="id taken"),
     ),
     "weird": (grpc.StatusCode.INTERNAL, pb.ErrorDetail(code="from_the_future", message="?")),
+    # UNAVAILABLE with our detail is the daemon's answer, not a dropped connection.
+    "journal": (
+        grpc.StatusCode.UNAVAILABLE,
+        pb.ErrorDetail(
+            code="journal_unavailable", message="the journal /s/j is full", reason="full"
+        ),
+    ),
+    "newer": (grpc.StatusCode.UNAVAILABLE, pb.ErrorDetail(code="from_the_future", message="?")),
+    "internal": (grpc.StatusCode.INTERNAL, pb.ErrorDetail(code="internal", message="bug")),
     "bare": (grpc.StatusCode.INTERNAL, None),
 }
 
@@ -308,14 +320,53 @@ async def test_async_error_trailer_maps_to_class(server, tool: str, exc_type) ->
         assert info.value.retry_after_s == 3.0
 
 
-@pytest.mark.parametrize("tool", ["weird", "bare"])
-async def test_async_unknown_or_missing_detail_is_transport_error(server, tool: str) -> None:
+async def test_async_missing_detail_is_transport_error(server) -> None:
     _, target = server
     async with AsyncClient(target) as client:
         with pytest.raises(TransportError) as info:
-            await client.call(tool)
+            await client.call("bare")
     assert type(info.value) is TransportError
     assert info.value.status == "INTERNAL"
+
+
+async def test_async_unknown_code_is_an_unknown_error_with_the_code(server) -> None:
+    _, target = server
+    async with AsyncClient(target) as client:
+        with pytest.raises(UnknownError) as info:
+            await client.call("weird")
+    assert not isinstance(info.value, TransportError)
+    assert info.value.code == "from_the_future"
+    assert info.value.status == "INTERNAL"
+
+
+@pytest.mark.parametrize(
+    ("tool", "exc_type"),
+    [("journal", JournalUnavailableError), ("newer", UnknownError), ("internal", InternalError)],
+)
+async def test_an_answer_from_the_daemon_is_never_retried(server, tool: str, exc_type) -> None:
+    # Before: an UNAVAILABLE with a code the SDK did not know was retried as a
+    # dropped connection, three times, for a journal that stays full.
+    servicer, target = server
+    async with AsyncClient(target, retries=3) as client:
+        with pytest.raises(exc_type):
+            await client.call(tool)
+
+    def run_sync() -> None:
+        with Client(target, retries=3) as client:
+            client.call(tool)
+
+    with pytest.raises(exc_type):
+        await asyncio.to_thread(run_sync)
+    assert len(servicer.requests) == 2  # one try each, sync and async
+
+
+async def test_journal_unavailable_carries_its_reason(server) -> None:
+    _, target = server
+    async with AsyncClient(target) as client:
+        with pytest.raises(JournalUnavailableError) as info:
+            await client.call("journal")
+    assert info.value.reason == "full"
+    assert "/s/j" in info.value.message
 
 
 async def test_async_error_mid_stream_after_output(server) -> None:

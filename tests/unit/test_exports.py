@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import tooljail
+import tooljail.errors
 from tooljail import _errors
 
 EXPECTED_ALL = {
@@ -22,8 +23,10 @@ EXPECTED_ALL = {
     "DaemonUnavailableError",
     "Diagnostic",
     "Effect",
+    "InternalError",
     "InvalidArgumentsError",
     "InvalidRequestError",
+    "JournalUnavailableError",
     "Output",
     "OverloadedError",
     "ShuttingDownError",
@@ -34,6 +37,7 @@ EXPECTED_ALL = {
     "ToolResult",
     "TooljailError",
     "TransportError",
+    "UnknownError",
     "__version__",
     "default_target",
     "tool",
@@ -50,19 +54,60 @@ def test_every_exported_name_exists() -> None:
         assert hasattr(tooljail, name), name
 
 
+EXPECTED_ERRORS_ALL = {
+    "ERRORS_BY_CODE",
+    "BadTimeoutError",
+    "CallIdConflictError",
+    "CallNotFoundError",
+    "DaemonUnavailableError",
+    "InternalError",
+    "InvalidArgumentsError",
+    "InvalidRequestError",
+    "JournalUnavailableError",
+    "OverloadedError",
+    "ShuttingDownError",
+    "ToolNotFoundError",
+    "TooljailError",
+    "TransportError",
+    "UnknownError",
+}
+
+
+def _exception_classes(module: object) -> dict[str, type[BaseException]]:
+    return {
+        name: obj
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, BaseException)
+    }
+
+
+def test_the_error_tree_is_public_as_tooljail_errors() -> None:
+    assert set(tooljail.errors.__all__) == EXPECTED_ERRORS_ALL
+    assert len(tooljail.errors.__all__) == len(EXPECTED_ERRORS_ALL)
+    for name in tooljail.errors.__all__:
+        assert hasattr(tooljail.errors, name), name
+
+
 def test_every_exception_class_is_exported() -> None:
     exported = set(tooljail.__all__)
-    for name, obj in vars(_errors).items():
-        if isinstance(obj, type) and issubclass(obj, BaseException):
-            assert name in exported, name
+    for name in _exception_classes(tooljail.errors):
+        assert name in exported, name
+        assert getattr(tooljail, name) is getattr(tooljail.errors, name)
+
+
+def test_the_old_private_module_still_names_the_same_classes() -> None:
+    # `from tooljail._errors import X` worked before the tree went public.
+    assert _exception_classes(_errors) == _exception_classes(tooljail.errors)
+    assert _errors.ERRORS_BY_CODE is tooljail.errors.ERRORS_BY_CODE
 
 
 def test_public_names_are_defined_in_private_modules() -> None:
+    # The error tree is the one public module that defines classes itself.
     for name in tooljail.__all__:
         obj = getattr(tooljail, name)
         module = getattr(obj, "__module__", None)
         if module is not None and isinstance(obj, type):
-            assert module.startswith("tooljail._"), (name, module)
+            assert module.startswith("tooljail._") or module == "tooljail.errors", (name, module)
 
 
 def test_version() -> None:

@@ -10,13 +10,16 @@ from tooljail._errors import (
     CallIdConflictError,
     CallNotFoundError,
     DaemonUnavailableError,
+    InternalError,
     InvalidArgumentsError,
     InvalidRequestError,
+    JournalUnavailableError,
     OverloadedError,
     ShuttingDownError,
     TooljailError,
     ToolNotFoundError,
     TransportError,
+    UnknownError,
 )
 from tooljail._types import (
     CallInfo,
@@ -32,6 +35,8 @@ from tooljail._types import (
 )
 from tooljail._wire import (
     ERROR_DETAIL_KEY,
+    MAX_DETAIL_FIELD_BYTES,
+    bounded,
     call_info_from_proto,
     call_info_to_proto,
     call_state_from_proto,
@@ -294,14 +299,67 @@ def test_detail_without_message_falls_back_to_status_details() -> None:
     assert got.message == "from status"
 
 
-@pytest.mark.parametrize("code", ["internal", "no_such_code", "TransportError", "__class__", ""])
-def test_unknown_code_is_a_transport_error(code: str) -> None:
-    # A code is looked up in the table, never resolved as a class name.
+@pytest.mark.parametrize("code", ["no_such_code", "TransportError", "__class__", "transport", ""])
+def test_unknown_code_is_an_unknown_error_not_a_transport_error(code: str) -> None:
+    # A code is looked up in the table, never resolved as a class name; a code
+    # the SDK does not know is still the daemon's answer, so never retried.
     detail = pb.ErrorDetail(code=code, message="boom")
-    got = error_from_rpc("INTERNAL", "d", _trailer(detail))
-    assert type(got) is TransportError
-    assert got.status == "INTERNAL"
+    got = error_from_rpc("UNAVAILABLE", "d", _trailer(detail))
+    assert type(got) is UnknownError
+    assert not isinstance(got, TransportError)
+    assert got.code == code
+    assert got.status == "UNAVAILABLE"
     assert "boom" in got.message
+
+
+def test_internal_code_is_an_internal_error() -> None:
+    got = error_from_rpc("INTERNAL", "d", _trailer(pb.ErrorDetail(code="internal", message="x")))
+    assert type(got) is InternalError
+    assert got.message == "x"
+
+
+def test_journal_unavailable_round_trips_with_its_reason() -> None:
+    exc = JournalUnavailableError("the call journal /x is full", reason="full")
+    detail = error_detail_for(exc)
+    assert (detail.code, detail.reason) == ("journal_unavailable", "full")
+    got = error_from_rpc("UNAVAILABLE", "d", _trailer(detail))
+    assert type(got) is JournalUnavailableError
+    assert (got.message, got.reason) == (exc.message, "full")
+
+
+def test_echoed_text_in_a_detail_is_bounded() -> None:
+    # A 10,000-character tool name echoed whole would pass gRPC's 16 KiB limit.
+    name = "n" * 10_000
+    exc = InvalidArgumentsError(f"no tool {name}", parameter=name, expected="x", actual=name)
+    detail = error_detail_for(exc)
+    assert len(detail.SerializeToString()) < 2_000
+    assert detail.message.startswith("no tool nnn")
+    assert "10,008 characters in all" in detail.message
+    assert len(detail.parameter.encode()) <= MAX_DETAIL_FIELD_BYTES
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("x" * 5000, 100),
+        ("é" * 5000, 101),
+        ("😀" * 999, 64),
+        ("a\ud800b" * 300, 200),
+        ("short", 64),
+        ("", 64),
+    ],
+)
+def test_bounded_fits_its_limit_and_always_encodes(text: str, limit: int) -> None:
+    got = bounded(text, limit)
+    assert len(got.encode("utf-8")) <= limit  # strict: no surrogate survives
+    if len(text) <= limit and text.isascii():
+        assert got == text
+    else:
+        assert got.endswith(f" [... {len(text):,} characters in all]")
+
+
+def test_bounded_escapes_lone_surrogates() -> None:
+    assert bounded("a\ud800b") == "a\\ud800b"
 
 
 def test_unavailable_without_detail_is_daemon_unavailable() -> None:

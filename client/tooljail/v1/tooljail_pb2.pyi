@@ -42,6 +42,20 @@ class CallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_STATE_TIMED_OUT: _ClassVar[CallState]
     CALL_STATE_CANCELLED: _ClassVar[CallState]
     CALL_STATE_LOST: _ClassVar[CallState]
+
+class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
+    ERROR_CODE_TOOL_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_CALL_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_ARGUMENTS: _ClassVar[ErrorCode]
+    ERROR_CODE_BAD_TIMEOUT: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_REQUEST: _ClassVar[ErrorCode]
+    ERROR_CODE_CALL_ID_CONFLICT: _ClassVar[ErrorCode]
+    ERROR_CODE_OVERLOADED: _ClassVar[ErrorCode]
+    ERROR_CODE_SHUTTING_DOWN: _ClassVar[ErrorCode]
+    ERROR_CODE_JOURNAL_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -66,6 +80,17 @@ CALL_STATE_FAILED: CallState
 CALL_STATE_TIMED_OUT: CallState
 CALL_STATE_CANCELLED: CallState
 CALL_STATE_LOST: CallState
+ERROR_CODE_UNSPECIFIED: ErrorCode
+ERROR_CODE_TOOL_NOT_FOUND: ErrorCode
+ERROR_CODE_CALL_NOT_FOUND: ErrorCode
+ERROR_CODE_INVALID_ARGUMENTS: ErrorCode
+ERROR_CODE_BAD_TIMEOUT: ErrorCode
+ERROR_CODE_INVALID_REQUEST: ErrorCode
+ERROR_CODE_CALL_ID_CONFLICT: ErrorCode
+ERROR_CODE_OVERLOADED: ErrorCode
+ERROR_CODE_SHUTTING_DOWN: ErrorCode
+ERROR_CODE_JOURNAL_UNAVAILABLE: ErrorCode
+ERROR_CODE_INTERNAL: ErrorCode
 
 class ListToolsRequest(_message.Message):
     __slots__ = ()
@@ -234,17 +259,19 @@ class CancelResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[CallState, str]] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
-    __slots__ = ("code", "message", "parameter", "expected", "actual", "retry_after_s")
+    __slots__ = ("code", "message", "parameter", "expected", "actual", "retry_after_s", "reason")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     PARAMETER_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_FIELD_NUMBER: _ClassVar[int]
     ACTUAL_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     code: str
     message: str
     parameter: str
     expected: str
     actual: str
     retry_after_s: float
-    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., parameter: _Optional[str] = ..., expected: _Optional[str] = ..., actual: _Optional[str] = ..., retry_after_s: _Optional[float] = ...) -> None: ...
+    reason: str
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., parameter: _Optional[str] = ..., expected: _Optional[str] = ..., actual: _Optional[str] = ..., retry_after_s: _Optional[float] = ..., reason: _Optional[str] = ...) -> None: ...

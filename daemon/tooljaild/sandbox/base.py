@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tooljail._types import StreamKind, ToolError
+from tooljail.errors import TooljailError
 
 OutputSink = Callable[[StreamKind, bytes], None]
 """Receives each chunk of output as it is read. Must not block."""
@@ -121,7 +122,7 @@ async def first_words(stream: asyncio.StreamReader | None, timeout_s: float = 1.
     return ""
 
 
-class SandboxError(Exception):
+class SandboxError(TooljailError):
     """The sandbox could not be started or broke down (not the tool's fault)."""
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tooljail.errors import TooljailError
 from tooljaild.runner import RUNNER_PATH
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox.cgroups import CgroupTracker
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 Level = Literal["strict", "best-effort", "none"]
 
 
-class IsolationError(Exception):
+class IsolationError(TooljailError):
     """Strict isolation was asked for and a feature is missing; the message says which."""
 
 

@@ -1,0 +1,223 @@
+"""The one error tree of tooljail: every exception the SDK and the daemon raise.
+
+    TooljailError
+    ├── ToolNotFoundError (LookupError)          NOT_FOUND, code "tool_not_found"
+    ├── CallNotFoundError (LookupError)          NOT_FOUND, code "call_not_found"
+    ├── InvalidArgumentsError (ValueError)       INVALID_ARGUMENT, code "invalid_arguments"
+    ├── BadTimeoutError (ValueError)             INVALID_ARGUMENT, code "bad_timeout"
+    ├── InvalidRequestError (ValueError)         INVALID_ARGUMENT, code "invalid_request"
+    ├── CallIdConflictError                      ALREADY_EXISTS, code "call_id_conflict"
+    ├── OverloadedError                          RESOURCE_EXHAUSTED, code "overloaded"
+    ├── ShuttingDownError                        UNAVAILABLE, code "shutting_down"
+    ├── JournalUnavailableError                  UNAVAILABLE, code "journal_unavailable"
+    ├── InternalError                            INTERNAL, code "internal"
+    ├── UnknownError                             any status, a code this SDK does not know
+    └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
+        └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
+
+The daemon raises these from its domain code (its own exceptions, such as a
+sandbox that cannot start, derive from `TooljailError` too) and maps them to a
+gRPC status and an `ErrorDetail` in one table (`tooljaild.errors`); the SDK maps
+a failed RPC back to the same classes by the detail's `code` through
+`ERRORS_BY_CODE`. Every code is also listed in the proto, as `tooljail.v1.ErrorCode`.
+
+Only a `TransportError` means the request may not have reached a daemon; the SDK
+retries only `DaemonUnavailableError` (UNAVAILABLE without a detail: nothing
+answered, or the connection dropped). Anything the daemon said, including a code
+this SDK does not know (`UnknownError`), is its answer and is never retried.
+
+A tool's own exception is never one of these: it is data in the call's `ToolResult`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ERRORS_BY_CODE",
+    "BadTimeoutError",
+    "CallIdConflictError",
+    "CallNotFoundError",
+    "DaemonUnavailableError",
+    "InternalError",
+    "InvalidArgumentsError",
+    "InvalidRequestError",
+    "JournalUnavailableError",
+    "OverloadedError",
+    "ShuttingDownError",
+    "ToolNotFoundError",
+    "TooljailError",
+    "TransportError",
+    "UnknownError",
+]
+
+
+class TooljailError(Exception):
+    """Base of every error tooljail raises.
+
+    Attributes:
+        code: The machine-readable code carried on the wire. A class the daemon's
+            table does not list travels as "internal".
+        message: The sentence the error was made with.
+    """
+
+    code = "internal"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ToolNotFoundError(TooljailError, LookupError):
+    """No tool of that name is served."""
+
+    code = "tool_not_found"
+
+
+class CallNotFoundError(TooljailError, LookupError):
+    """The daemon does not know (or no longer remembers) that call id."""
+
+    code = "call_not_found"
+
+
+class InvalidArgumentsError(TooljailError, ValueError):
+    """The arguments do not match the tool's schema; the tool did not run.
+
+    Attributes:
+        parameter: The offending parameter ("" when the whole object is wrong).
+        expected: What the schema expects there.
+        actual: What was given.
+    """
+
+    code = "invalid_arguments"
+
+    def __init__(
+        self, message: str, *, parameter: str = "", expected: str = "", actual: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.expected = expected
+        self.actual = actual
+
+
+class BadTimeoutError(TooljailError, ValueError):
+    """The requested timeout is outside the tool's bounds."""
+
+    code = "bad_timeout"
+
+
+class InvalidRequestError(TooljailError, ValueError):
+    """The request itself is malformed (bad call id, bad JSON, bytes that do not parse, ...)."""
+
+    code = "invalid_request"
+
+
+class CallIdConflictError(TooljailError):
+    """The call id is already used by a call with other arguments or another tool."""
+
+    code = "call_id_conflict"
+
+
+class OverloadedError(TooljailError):
+    """The daemon is at its bound of concurrent and queued calls.
+
+    Attributes:
+        retry_after_s: When trying again makes sense.
+    """
+
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDownError(TooljailError):
+    """The daemon is draining and takes no new calls: use another daemon or retry later."""
+
+    code = "shutting_down"
+
+
+class JournalUnavailableError(TooljailError):
+    """The daemon cannot record calls in its journal, so it runs none; nothing ran.
+
+    The daemon never runs a call it cannot record (that is what makes a retry
+    under the same call id safe), so it refuses new calls until its operator
+    fixes the journal: the message names the file and what is wrong with it.
+    Not retried by the SDK: it is the daemon's answer, and lasts until fixed.
+
+    Attributes:
+        reason: What is wrong, when the daemon says: "full" (no space left),
+            "unwritable" (read-only disk, file or directory), "busy", "corrupt",
+            "incompatible" or "io"; "" when it did not say.
+    """
+
+    code = "journal_unavailable"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class InternalError(TooljailError):
+    """The daemon failed while handling the request (a bug, or a broken sandbox host).
+
+    The message says what failed; the daemon's log has the details.
+    """
+
+    code = "internal"
+
+
+class UnknownError(TooljailError):
+    """The daemon refused the request with a code this SDK does not know.
+
+    A newer daemon may send codes an older SDK has no class for: the request was
+    answered (it is not a transport failure), so it is never retried.
+
+    Attributes:
+        code: The code the daemon sent (this instance's, not the class's).
+        status: The gRPC status code name, e.g. "UNAVAILABLE".
+    """
+
+    code = "unknown"
+
+    def __init__(self, message: str, *, code: str, status: str = "UNKNOWN") -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+class TransportError(TooljailError, ConnectionError):
+    """The RPC failed without an answer from tooljail: network, gRPC, protocol.
+
+    Attributes:
+        status: The gRPC status code name, e.g. "UNAVAILABLE".
+    """
+
+    code = "transport"
+
+    def __init__(self, message: str, *, status: str = "UNKNOWN") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class DaemonUnavailableError(TransportError):
+    """No daemon answers at the target, or the connection to it dropped."""
+
+    code = "unavailable"
+
+
+ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
+    cls.code: cls
+    for cls in (
+        ToolNotFoundError,
+        CallNotFoundError,
+        InvalidArgumentsError,
+        BadTimeoutError,
+        InvalidRequestError,
+        CallIdConflictError,
+        OverloadedError,
+        ShuttingDownError,
+        JournalUnavailableError,
+        InternalError,
+    )
+}
+"""Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""
