@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import json_type_name
 from tooljail._types import Diagnostic, ToolInfo
+from tooljail._wire import bounded
 from tooljaild.sandbox.base import Limits
 
 __all__ = [
@@ -631,12 +632,16 @@ class Registry:
         if tool is not None:
             return tool
         names = list(self._tools)
-        close = difflib.get_close_matches(name, names, n=1)
+        # A name far past the 64-character limit is close to none, and difflib
+        # takes seconds on the event loop for a request-sized one.
+        close = difflib.get_close_matches(name, names, n=1) if len(name) <= 128 else []
         hint = f" Did you mean '{close[0]}'?" if close else ""
         shown = ", ".join(names[:10]) + (
             f" (and {len(names) - 10} more)" if len(names) > 10 else ""
         )
-        raise ToolNotFoundError(f"no tool named '{name}'.{hint} Available tools: {shown}")
+        raise ToolNotFoundError(
+            f"no tool named '{bounded(name, 160)}'.{hint} Available tools: {shown}"
+        )
 
     def tools(self) -> list[Tool]:
         """Every served tool: built-ins first, then user tools in load order."""
