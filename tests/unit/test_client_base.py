@@ -283,3 +283,26 @@ def test_rpc_error_mapping_names_the_target(base: _BaseClient) -> None:
     err = base._map_rpc_error(_FakeRpcError("UNAVAILABLE", "refused", None))
     assert type(err).__name__ == "DaemonUnavailableError"
     assert "unix:///x.sock" in err.message
+
+
+def test_the_retry_policy_retries_only_transport_failures(base: _BaseClient) -> None:
+    from tooljail.errors import (
+        DaemonUnavailableError,
+        InternalError,
+        JournalUnavailableError,
+        ShuttingDownError,
+        UnknownError,
+    )
+
+    assert base._should_retry(DaemonUnavailableError("gone", status="UNAVAILABLE"), 0)
+    assert base._should_retry(TransportError("reset", status="UNAVAILABLE"), 0)
+    assert not base._should_retry(DaemonUnavailableError("gone", status="UNAVAILABLE"), 99)
+    # Answers from the daemon, UNAVAILABLE or not, are never retried.
+    for answer in (
+        JournalUnavailableError("the journal is full", reason="full"),
+        UnknownError("newer", code="from_the_future", status="UNAVAILABLE"),
+        ShuttingDownError("draining"),
+        InternalError("bug"),
+        TransportError("deadline", status="DEADLINE_EXCEEDED"),
+    ):
+        assert not base._should_retry(answer, 0), answer

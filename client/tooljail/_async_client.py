@@ -1,0 +1,190 @@
+"""`AsyncClient`, the asyncio twin of `Client`: the same contract, awaited.
+
+Only the methods that touch the channel are here; the rest is `_BaseClient`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from types import TracebackType
+from typing import Any, Self
+
+import grpc
+import grpc.aio
+
+from tooljail._client_base import _BaseClient, _new_stub, _Progress
+from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
+from tooljail.v1 import tooljail_pb2 as pb
+
+__all__ = ["AsyncClient"]
+
+
+class AsyncClient(_BaseClient):
+    """An asyncio client of one tooljail daemon; the async twin of `Client`.
+
+    Create it inside the event loop that uses it (gRPC binds the channel to it).
+
+    Example:
+        async with AsyncClient() as client:
+            async for item in client.stream("execute_python_code_stream", {...}):
+                ...
+
+    Args:
+        target: As for `Client`.
+        timeout: As for `Client`: the deadline of each unary RPC; None means none.
+        retries: As for `Client`.
+
+    Raises:
+        TypeError: When an argument has the wrong type.
+        InvalidRequestError: When the target is unusable or the timeout is not
+            a positive number.
+    """
+
+    def __init__(
+        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+    ) -> None:
+        super().__init__(target, timeout=timeout, retries=retries)
+        self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options())
+        self._stub = _new_stub(self._channel)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the channel; RPCs still in flight are cancelled."""
+        await self._channel.close()
+
+    async def _unary(self, method: Callable[..., Any], request: Any) -> Any:
+        try:
+            return await method(request, timeout=self._timeout, wait_for_ready=False)
+        except grpc.RpcError as e:
+            raise self._map_rpc_error(e) from e
+
+    async def list_tools(self) -> list[ToolInfo]:
+        """The tools the daemon serves. See `Client.list_tools`."""
+        resp: pb.ListToolsResponse = await self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        return self._decode_tools(resp)
+
+    async def diagnostics(self) -> list[Diagnostic]:
+        """The problems found while loading user tools. See `Client.diagnostics`."""
+        resp: pb.ListToolsResponse = await self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        return self._decode_diagnostics(resp)
+
+    async def openai_tools(self) -> list[dict[str, Any]]:
+        """The served tools as OpenAI tool definitions. See `Client.openai_tools`."""
+        return self._openai_tools(await self.list_tools())
+
+    async def call(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        # The tool call's own timeout, enforced by the daemon: not an await deadline.
+        timeout: float | None = None,  # noqa: ASYNC109
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """Runs a tool and waits for its result. See `Client.call` for the contract.
+
+        Cancelling the awaiting task cancels the RPC only, not the call on the daemon.
+        """
+        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
+        attempt = 0
+        while True:
+            try:
+                return self._decode_result(
+                    await self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
+                )
+            except grpc.RpcError as e:
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
+
+    def stream(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        call_id: str | None = None,
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """Runs a tool and yields its output as it arrives, then its result.
+
+        Arguments are checked when `stream` is called. Closing the iterator early
+        (`break` then `aclose()`, e.g. via `contextlib.aclosing`) cancels the RPC
+        only: the call keeps running on the daemon; use `cancel(call_id)` to stop
+        it. See `Client.stream`.
+        """
+        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
+        return self._stream(request)
+
+    def attach(
+        self, call_id: str, *, from_seq: int = 0
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """Follows a call the daemon knows. See `Client.attach`."""
+        request = pb.AttachRequest(
+            call_id=self._check_call_id(call_id, required=True),
+            from_seq=self._check_seq(from_seq),
+        )
+        return self._follow(
+            lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
+            request,
+        )
+
+    def _stream(self, request: pb.CallRequest) -> AsyncGenerator[Output | ToolResult, None]:
+        return self._follow(
+            lambda: self._stub.Call(request, wait_for_ready=False, metadata=self._metadata), request
+        )
+
+    async def _follow(
+        self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """The events of one call; a dropped connection is resumed where it broke."""
+        progress = _Progress(request)
+        attempt = 0
+        rpc = start()
+        while True:
+            try:
+                async for event in rpc:
+                    if progress.result is not None:
+                        continue  # nothing may follow the Result (see Client._follow)
+                    item = progress.take(self._decode_event(event))
+                    if item is not None:
+                        yield item
+                break
+            except grpc.RpcError as e:
+                if progress.result is not None:
+                    break
+                error = self._map_rpc_error(e)
+                if not self._should_retry(error, attempt):
+                    raise error from e
+            finally:
+                if progress.result is None:
+                    rpc.cancel()
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
+            rpc = progress.resume(self._stub, start, self._metadata)
+        if progress.result is None:
+            raise self._no_result_error()
+
+    async def get_call(self, call_id: str) -> CallInfo:
+        """What the daemon knows of a call. See `Client.get_call`."""
+        request = pb.GetCallRequest(call_id=self._check_call_id(call_id, required=True))
+        resp: pb.CallInfo = await self._unary(self._stub.GetCall, request)
+        return self._decode_call_info(resp)
+
+    async def cancel(self, call_id: str) -> CallState:
+        """Stops a queued or running call. See `Client.cancel`."""
+        request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
+        resp: pb.CancelResponse = await self._unary(self._stub.Cancel, request)
+        return self._decode_cancel(resp)

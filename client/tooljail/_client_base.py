@@ -1,0 +1,433 @@
+"""What `Client` and `AsyncClient` share: targets, `_BaseClient` and resuming a stream.
+
+Everything that does no I/O lives in `_BaseClient`: target normalisation,
+argument checks, request building, event decoding, error mapping and the retry
+policy. `Client` (`tooljail._client`) and `AsyncClient`
+(`tooljail._async_client`) add only the methods that touch the channel, so a
+fix to the logic is made once for both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import socket
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
+from tooljail._wire import (
+    call_info_from_proto,
+    call_state_from_proto,
+    diagnostic_from_proto,
+    error_from_rpc,
+    output_from_proto,
+    result_from_proto,
+    tool_info_from_proto,
+)
+from tooljail.errors import (
+    BadTimeoutError,
+    InvalidRequestError,
+    TooljailError,
+    TransportError,
+)
+from tooljail.v1 import tooljail_pb2 as pb
+from tooljail.v1 import tooljail_pb2_grpc
+
+__all__ = [
+    "CLIENT_KEY",
+    "MAX_RECEIVE_MESSAGE_BYTES",
+    "TARGET_ENV",
+    "default_socket_path",
+    "default_target",
+]
+
+CLIENT_KEY = "tooljail-client"
+"""Metadata naming this client to the daemon (its share of calls is per client)."""
+
+TARGET_ENV = "TOOLJAIL_TARGET"
+"""Environment variable naming the daemon to dial when no target is given."""
+
+MAX_RECEIVE_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest message the SDK accepts (a result carries a tool's whole data)."""
+
+# The generated stub is untyped; this alias gives mypy a typed constructor.
+_new_stub: Callable[[Any], Any] = tooljail_pb2_grpc.ToolRunnerStub
+
+# Target schemes gRPC resolves itself; anything else with "://" is a mistake such
+# as "http://host:port", which gRPC would only reject later and obscurely.
+_GRPC_SCHEMES = frozenset({"unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock"})
+
+
+def default_socket_path() -> Path:
+    """The Unix socket a daemon listens on, and a client dials, by default.
+
+    Returns:
+        `$XDG_RUNTIME_DIR/tooljail/tooljail.sock` when XDG_RUNTIME_DIR is set;
+        otherwise `/run/tooljail/tooljail.sock` for root (the systemd
+        RuntimeDirectory) and `/tmp/tooljail-<uid>/tooljail.sock` for anyone else.
+    """
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir:
+        return Path(runtime_dir) / "tooljail" / "tooljail.sock"
+    uid = os.getuid()
+    if uid == 0:
+        return Path("/run/tooljail/tooljail.sock")
+    return Path(f"/tmp/tooljail-{uid}/tooljail.sock")
+
+
+def default_target() -> str:
+    """The daemon a client dials when it is given no target.
+
+    Returns:
+        The TOOLJAIL_TARGET environment variable when set, else
+        `unix://` + `default_socket_path()`.
+    """
+    env = os.environ.get(TARGET_ENV, "").strip()
+    if env:
+        return env
+    return f"unix://{default_socket_path()}"
+
+
+class _BaseClient:
+    """What `Client` and `AsyncClient` share: everything that does no I/O."""
+
+    _target: str
+    _timeout: float | None
+    _retries: int
+
+    def __init__(
+        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+    ) -> None:
+        self._target = self._normalize_target(default_target() if target is None else target)
+        self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
+        if isinstance(retries, bool) or not isinstance(retries, int):
+            raise TypeError(f"retries must be an int, got {retries!r}")
+        if retries < 0:
+            raise InvalidRequestError(f"retries must be 0 or more, got {retries}")
+        self._retries = retries
+        # Who we are, for the daemon's fairness between agent hosts.
+        self._metadata = ((CLIENT_KEY, f"{socket.gethostname()}/{os.getpid()}"),)
+
+    @staticmethod
+    def _check_seq(from_seq: int) -> int:
+        if isinstance(from_seq, bool) or not isinstance(from_seq, int):
+            raise TypeError(f"from_seq must be an int, got {from_seq!r}")
+        if from_seq < 0:
+            raise InvalidRequestError(f"from_seq must be 0 or more, got {from_seq}")
+        return from_seq
+
+    # --- retries ---
+
+    @staticmethod
+    def _new_call_id() -> str:
+        """An id for a call the caller gave none: retries send the same one."""
+        return uuid.uuid4().hex
+
+    def _should_retry(self, error: TooljailError, attempt: int) -> bool:
+        """Whether to send the same call again after `error` (attempt 0 is the first).
+
+        The retry policy, in one place: only when the daemon could not be
+        reached or the connection dropped, i.e. UNAVAILABLE without tooljail's
+        `ErrorDetail` (`DaemonUnavailableError`). Anything the daemon answered
+        (a `ShuttingDownError`, a `JournalUnavailableError`, or a code this SDK
+        does not know, `UnknownError`) is not a transport failure and is never
+        retried. The call id makes the retry join the call the daemon may
+        already run, never start a second one.
+        """
+        return (
+            attempt < self._retries
+            and isinstance(error, TransportError)
+            and error.status == "UNAVAILABLE"
+        )
+
+    @staticmethod
+    def _backoff_s(attempt: int) -> float:
+        """0.1 s, 0.3 s, 0.9 s, ... (at most 3 s), each with up to 25% jitter."""
+        return min(3.0, 0.1 * float(3**attempt)) * (1 + random.random() / 4)
+
+    @property
+    def target(self) -> str:
+        """The gRPC target this client dials, normalised (e.g. "unix:///run/x.sock")."""
+        return self._target
+
+    @property
+    def timeout(self) -> float | None:
+        """The deadline of each unary RPC in seconds; None means no deadline."""
+        return self._timeout
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(target={self._target!r}, timeout={self._timeout!r})"
+
+    # --- target and channel ---
+
+    @staticmethod
+    def _normalize_target(target: str) -> str:
+        """A gRPC target from what a user may write.
+
+        Accepts "unix:///abs/path", "unix:/abs", "unix:relative" (made absolute),
+        a bare path ("/x/y.sock", "./y.sock", "~/y.sock"), "host:port", and any
+        target with a scheme gRPC resolves ("dns:///h:p", "ipv4:...", ...).
+
+        Raises:
+            TypeError: When the target is not a string.
+            InvalidRequestError: When the target is empty or cannot name a daemon.
+        """
+        if not isinstance(target, str):
+            raise TypeError(f"target must be a str, got {type(target).__name__}")
+        t = target.strip()
+        if not t:
+            raise InvalidRequestError("target is empty: give a socket path or host:port")
+        if t.startswith(("/", "./", "../", "~")):
+            return "unix://" + os.path.abspath(os.path.expanduser(t))
+        scheme, sep, rest = t.partition(":")
+        if sep and scheme == "unix":
+            if rest.startswith("//"):
+                path = rest[2:]
+                if not path.startswith("/"):
+                    raise InvalidRequestError(
+                        f"target {target!r}: unix:// needs an absolute path "
+                        "(three slashes: unix:///path/to.sock)"
+                    )
+                return t
+            if not rest:
+                raise InvalidRequestError(f"target {target!r} names no socket path")
+            return "unix://" + os.path.abspath(os.path.expanduser(rest))
+        if sep and scheme.lower() in _GRPC_SCHEMES:
+            return t
+        if "://" in t:
+            raise InvalidRequestError(
+                f"target {target!r}: unsupported scheme {scheme!r}; use host:port, "
+                "a socket path, or unix:///path/to.sock"
+            )
+        return t
+
+    @staticmethod
+    def _channel_options() -> list[tuple[str, Any]]:
+        """Options for the gRPC channel (same for the sync and the async one)."""
+        return [("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES)]
+
+    # --- argument checks ---
+
+    @staticmethod
+    def _check_seconds(value: float | None, what: str, error: type[TooljailError]) -> float | None:
+        """A duration in seconds: None, or a positive finite number.
+
+        Raises:
+            TypeError: When the value is not a number (bool is not a number here).
+            TooljailError: Of class `error`, when the number is not positive and finite.
+        """
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{what} must be a number of seconds or None, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise error(f"{what} must be a positive number of seconds, got {value!r}")
+        return float(value)
+
+    @staticmethod
+    def _check_tool(tool: str) -> str:
+        if not isinstance(tool, str):
+            raise TypeError(f"tool must be a str (the tool's name), got {type(tool).__name__}")
+        if not tool:
+            raise InvalidRequestError("tool name is empty")
+        return tool
+
+    @staticmethod
+    def _check_call_id(call_id: str | None, *, required: bool) -> str:
+        """A call id as sent on the wire ("" asks the daemon to generate one).
+
+        Raises:
+            TypeError: When the id is not a string (or None where allowed).
+            InvalidRequestError: When the id is empty (or None where required).
+        """
+        if call_id is None and not required:
+            return ""
+        if not isinstance(call_id, str):
+            raise TypeError(f"call_id must be a str, got {type(call_id).__name__}")
+        if not call_id:
+            # "" on the wire means "generate one": an explicit empty id is a bug.
+            raise InvalidRequestError("call_id is empty")
+        return call_id
+
+    @staticmethod
+    def _encode_args(args: dict[str, Any] | None) -> str:
+        """The arguments as the JSON object text of `CallRequest.arguments_json`.
+
+        Raises:
+            TypeError: When `args` is not a dict with str keys (or None for {}).
+            InvalidRequestError: When a value cannot be written as JSON.
+        """
+        if args is None:
+            return "{}"
+        if not isinstance(args, dict):
+            raise TypeError(
+                f"args must be a dict of argument name to value, got {type(args).__name__}"
+            )
+        for key in args:
+            if not isinstance(key, str):
+                raise TypeError(f"argument names must be str, got {key!r}")
+        try:
+            return json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise InvalidRequestError(f"args cannot be sent as JSON: {e}") from e
+
+    def _build_call_request(
+        self,
+        tool: str,
+        args: dict[str, Any] | None,
+        *,
+        timeout: float | None,
+        call_id: str | None,
+    ) -> pb.CallRequest:
+        """The `CallRequest` for a call, after checking every argument.
+
+        Raises:
+            TypeError: When an argument has the wrong type.
+            InvalidRequestError: When the tool name or call id is empty, or the
+                arguments are not JSON-serialisable.
+            BadTimeoutError: When the timeout is not a positive finite number.
+        """
+        checked_timeout = self._check_seconds(timeout, "timeout", BadTimeoutError)
+        return pb.CallRequest(
+            tool=self._check_tool(tool),
+            arguments_json=self._encode_args(args),
+            call_id=self._check_call_id(call_id, required=False) or self._new_call_id(),
+            # 0 on the wire means "the tool's default timeout".
+            timeout_s=checked_timeout or 0.0,
+        )
+
+    # --- decoding ---
+
+    @staticmethod
+    def _protocol_error(e: ValueError) -> TransportError:
+        return TransportError(f"the daemon sent a message this SDK cannot read: {e}")
+
+    @classmethod
+    def _decode_event(cls, event: pb.CallEvent) -> Output | ToolResult | None:
+        """One event of a call's stream; None for events the caller does not see.
+
+        `Started` is skipped, and so is an event kind a newer daemon may add.
+
+        Raises:
+            TransportError: When the event cannot be decoded.
+        """
+        kind = event.WhichOneof("event")
+        try:
+            if kind == "output":
+                return output_from_proto(event.output)
+            if kind == "result":
+                return result_from_proto(event.result)
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+        return None
+
+    @classmethod
+    def _decode_result(cls, m: pb.Result) -> ToolResult:
+        if m.status == pb.STATUS_UNSPECIFIED:
+            # A Result with no status is no result at all.
+            raise cls._no_result_error()
+        try:
+            return result_from_proto(m)
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @classmethod
+    def _decode_tools(cls, resp: pb.ListToolsResponse) -> list[ToolInfo]:
+        try:
+            return [tool_info_from_proto(t) for t in resp.tools]
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @classmethod
+    def _decode_diagnostics(cls, resp: pb.ListToolsResponse) -> list[Diagnostic]:
+        try:
+            return [diagnostic_from_proto(d) for d in resp.diagnostics]
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @classmethod
+    def _decode_call_info(cls, m: pb.CallInfo) -> CallInfo:
+        try:
+            return call_info_from_proto(m)
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @classmethod
+    def _decode_cancel(cls, m: pb.CancelResponse) -> CallState:
+        try:
+            return call_state_from_proto(m.state)
+        except ValueError as e:
+            raise cls._protocol_error(e) from e
+
+    @staticmethod
+    def _no_result_error() -> TransportError:
+        return TransportError(
+            "the call's stream ended without a result; the call may still be running on "
+            "the daemon: ask for it with get_call(call_id)"
+        )
+
+    # --- errors ---
+
+    def _map_rpc_error(self, e: grpc.RpcError) -> TooljailError:
+        """Our exception for a failed RPC (the one mapping of the SDK's edge)."""
+        # A bare grpc.RpcError carries no status; every real call error does.
+        code = e.code() if hasattr(e, "code") else None
+        details = e.details() if hasattr(e, "details") else None
+        trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+        code_name = code.name if code is not None else "UNKNOWN"
+        return error_from_rpc(code_name, details, trailing, target=self._target)
+
+    @staticmethod
+    def _openai_tools(tools: list[ToolInfo]) -> list[dict[str, Any]]:
+        return [t.openai_schema() for t in tools]
+
+
+class _Progress:
+    """How far a caller got in one call's events, to resume it after a drop."""
+
+    def __init__(self, request: pb.CallRequest | pb.AttachRequest) -> None:
+        self._request = request
+        self._last_seq = (
+            max(0, request.from_seq - 1) if isinstance(request, pb.AttachRequest) else 0
+        )
+        self._seen = False
+        self.result: ToolResult | None = None
+
+    def take(self, item: Output | ToolResult | None) -> Output | ToolResult | None:
+        """Note an event; return it unless it is one the caller already has."""
+        if item is None:
+            self._seen = True  # Started: the daemon has the call
+            return None
+        self._seen = True
+        if isinstance(item, ToolResult):
+            self.result = item
+            return item
+        if item.seq:
+            if item.seq <= self._last_seq:
+                return None  # replayed after a resume: the caller has it
+            self._last_seq = item.seq
+        return item
+
+    def resume(self, stub: Any, start: Callable[[], Any], metadata: Any) -> Any:
+        """The RPC that picks up where the broken one stopped.
+
+        Before the daemon was seen to have the call, the same request again
+        (its call id makes the daemon join a call it already runs); after,
+        Attach from the chunk after the last one the caller got.
+        """
+        if not self._seen and isinstance(self._request, pb.CallRequest):
+            return start()
+        call_id = self._request.call_id
+        return stub.Attach(
+            pb.AttachRequest(call_id=call_id, from_seq=self._last_seq + 1),
+            wait_for_ready=False,
+            metadata=metadata,
+        )
