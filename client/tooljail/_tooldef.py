@@ -2,7 +2,11 @@
 
 This module is stdlib-only on purpose: the sandbox runner loads it by file path
 (where neither pydantic nor tooljail is importable) to describe the tools of a
-user module, and the SDK re-exports `tool` from it. What it produces are plain,
+user module, and the SDK re-exports `tool` from it. That is also why it is one
+file of over 500 lines: the daemon copies exactly this file next to the runner
+in every sandbox (`isolation.install_runner`), where a sibling module would not
+resolve; its parts (decorator, `tool_info`, schema inference, docstrings) are
+marked by the order of its functions. What it produces are plain,
 JSON-serialisable dicts; the daemon validates them (see `tooljaild.registry`).
 
 A raw tool spec, as attached by `@tool` to `func.__tooljail_tool__`:
