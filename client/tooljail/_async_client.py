@@ -132,10 +132,7 @@ class AsyncClient(_BaseClient):
         self, call_id: str, *, from_seq: int = 0
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Follows a call the daemon knows. See `Client.attach`."""
-        request = pb.AttachRequest(
-            call_id=self._check_call_id(call_id, required=True),
-            from_seq=self._check_seq(from_seq),
-        )
+        request = self._build_attach_request(call_id, from_seq)
         return self._follow(
             lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
             request,

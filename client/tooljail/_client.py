@@ -227,10 +227,7 @@ class Client(_BaseClient):
             CallNotFoundError: When the daemon does not know the call.
             TooljailError: As for `stream`.
         """
-        request = pb.AttachRequest(
-            call_id=self._check_call_id(call_id, required=True),
-            from_seq=self._check_seq(from_seq),
-        )
+        request = self._build_attach_request(call_id, from_seq)
         return self._follow(
             lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
             request,

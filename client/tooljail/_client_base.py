@@ -304,6 +304,18 @@ class _BaseClient:
             timeout_s=checked_timeout or 0.0,
         )
 
+    def _build_attach_request(self, call_id: str, from_seq: int) -> pb.AttachRequest:
+        """The `AttachRequest` for `attach`, after checking its arguments.
+
+        Raises:
+            TypeError: When an argument has the wrong type.
+            InvalidRequestError: When the id is empty or `from_seq` is negative.
+        """
+        return pb.AttachRequest(
+            call_id=self._check_call_id(call_id, required=True),
+            from_seq=self._check_seq(from_seq),
+        )
+
     # --- decoding ---
 
     @staticmethod
