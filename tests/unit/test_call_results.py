@@ -150,6 +150,8 @@ async def test_results_say_the_state_a_call_ends_in(tmp_path: Path) -> None:
         ({"timeout_s": 180.0}, 0.0, 180.0),  # set, even to the field's default value
         ({"timeout_s": 3.0}, 0.0, 3.0),
         ({}, 20.0, 20.0),
+        ({"max_timeout_s": 5.0}, 0.0, 5.0),  # the default, capped by the tool's bound
+        ({"kill_after_s": 30.0}, 0.0, 7.0),  # loads: no timeout_s of its own to exceed
     ],
 )
 def test_a_calls_timeout(

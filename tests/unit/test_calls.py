@@ -309,7 +309,7 @@ async def test_no_sandbox_means_an_error_result_with_no_effect(harness: Harness)
     assert result.error is not None and result.error.type == "SandboxUnavailable"
 
 
-async def test_stream_replays_from_the_start_and_ends_with_the_caller_result(
+async def test_stream_replays_from_the_start_and_ends_with_the_callers_answer(
     harness: Harness,
 ) -> None:
     async def chatty(request: RunRequest, sink: OutputSink) -> RunOutcome:

@@ -7,7 +7,7 @@ exactly one result (`calls.results` decides what each ending means).
 One start path serves both cases: `submit` starts a call at once when a slot
 and a ready sandbox are free (`_start_now`), else the call's task waits for
 them (`_start_later`); both end in `_start`, and the call's task sees every
-started call through (`_see_through`).
+started call to its end (`_supervise`).
 """
 
 from __future__ import annotations
@@ -128,31 +128,63 @@ class CallManager:
         arguments = terms.parse_arguments(tool, arguments_json, self._settings)
         timeout = terms.timeout_for(tool, timeout_s, self._settings)
         fingerprint = terms.fingerprint(tool.name, arguments)
-        rerun = False
-        if call_id:
-            check_call_id(call_id)
-            existing = self._calls.get(call_id) or self._from_journal(call_id, tool)
-            if existing is not None:
-                if known_call(existing, tool, fingerprint) is not None:
-                    return existing
-                self._calls.pop(call_id, None)  # lost, idempotent: runs again under its id
-                rerun = True
-        else:
-            call_id = uuid.uuid4().hex
+        known, rerun = self._known(call_id, tool, fingerprint)
+        if known is not None:
+            return known
+        call = self._admit(
+            call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
+        )
+        self._journal_admitted(call, arguments_json, rerun)
+        pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
+        run = self._start_now(call, pool)
+        self._calls[call.call_id] = call
+        self._admission.admit(client)
+        task = asyncio.create_task(self._run(call, pool, run), name=f"call-{call.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return call
+
+    def _known(self, call_id: str, tool: Tool, fingerprint: str) -> tuple[Call | None, bool]:
+        """The call already under `call_id` that answers this request (or None),
+        and whether the id is taken over by a rerun of a lost idempotent call.
+
+        Raises:
+            InvalidRequestError: The call id is malformed.
+            CallIdConflictError: The id belongs to a call with other arguments.
+        """
+        if not call_id:
+            return None, False
+        check_call_id(call_id)
+        existing = self._calls.get(call_id) or self._from_journal(call_id, tool)
+        if existing is None:
+            return None, False
+        if known_call(existing, tool, fingerprint) is not None:
+            return existing, False
+        self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
+        return None, True
+
+    def _admit(
+        self,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout_s: float,
+        client: str,
+    ) -> Call:
+        """A new call, if the daemon takes it.
+
+        Raises:
+            ShuttingDownError: The daemon is draining.
+            OverloadedError: No room for it, in all or in its client's share.
+        """
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         self._admission.check_room(client)
         limits = terms.limits_for(tool, self._settings)
-        call = Call(call_id, tool, arguments, fingerprint, timeout, self._settings, limits, client)
-        self._journal_admitted(call, arguments_json, rerun)
-        pool = self._pool_for(tool)
-        run = self._start_now(call, pool)
-        self._calls[call_id] = call
-        self._admission.admit(client)
-        task = asyncio.create_task(self._run(call, pool, run), name=f"call-{call_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return call
+        return Call(
+            call_id, tool, arguments, fingerprint, timeout_s, self._settings, limits, client
+        )
 
     def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
         if self._journal is None:
@@ -299,7 +331,7 @@ class CallManager:
             if run is None:
                 run = await self._start_later(call, pool)
             if run is not None:
-                await self._see_through(call, run)
+                await self._supervise(call, run)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
@@ -309,7 +341,7 @@ class CallManager:
             call.compact()
             self._forget_old()
 
-    async def _see_through(self, call: Call, run: _Run) -> None:
+    async def _supervise(self, call: Call, run: _Run) -> None:
         """Wait for a started call's end; its timeout or a stop kills its sandbox.
         Gives the run's sandbox and slot back."""
         loop = asyncio.get_running_loop()
