@@ -10,8 +10,9 @@ wait for, each a `Once`:
   running", given before the end.
 - `ended`: its final result, which `GetCall` and `Attach` report.
 
-Why a call was stopped from outside is one `StopReason`, set once by
-`request_stop`; the result it leads to is decided in `calls.results`.
+Why a call was stopped from outside is one `StopReason`, given once by
+`request_stop` (`stop_requested`, a `Once` too: a queued call waits for its
+slot or for it); the result it leads to is decided in `calls.results`.
 """
 
 from __future__ import annotations
