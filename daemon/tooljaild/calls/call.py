@@ -18,10 +18,9 @@ slot or for it); the result it leads to is decided in `calls.results`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 from tooljail._types import CallInfo, CallState, StreamKind, ToolResult
@@ -203,17 +202,17 @@ class Call:
         if self._kill is not None:
             self._kill()
 
-    @contextlib.contextmanager
-    def killable(self, kill: Callable[[], None]) -> Iterator[None]:
-        """While inside, `request_stop` calls `kill` (which must not block, and
-        may be called more than once); a stop asked for before calls it at once."""
+    def kill_with(self, kill: Callable[[], None] | None) -> None:
+        """From now on, `request_stop` calls `kill` (which must not block, and may
+        be called more than once); a stop asked for before calls it at once.
+        None: the call runs no more, nothing to kill.
+
+        A plain setter rather than a context manager: this is on every call's
+        path, and a generator-based `with` costs microseconds there.
+        """
         self._kill = kill
-        try:
-            if self.stop_requested.done():
-                kill()
-            yield
-        finally:
-            self._kill = None
+        if kill is not None and self.stop_requested.done():
+            kill()
 
     def answer(self, result: ToolResult) -> None:
         """Give the caller its result, once: the call's end, or "timeout, still running"."""

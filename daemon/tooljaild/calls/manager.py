@@ -371,12 +371,14 @@ class CallManager:
 
         try:
             timers.append(loop.call_later(call.timeout_s, on_timeout))
-            with call.killable(kill):
-                outcome = await run.outcome
-                if killing is not None:
-                    await killing
+            call.kill_with(kill)
+            outcome = await run.outcome
+            if killing is not None:
+                await killing
+            call.kill_with(None)
             self._end(call, results.result_of(call, outcome, call.stop_reason))
         finally:
+            call.kill_with(None)
             for timer in timers:
                 timer.cancel()
             run.pool.release(run.sandbox)
