@@ -118,16 +118,20 @@ class ToolOptions(BaseModel):
         for key, value in self.limits.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"limit {key} must be a whole number >= 0, got {value!r}")
-        if not 1.0 <= self.timeout_s <= self.max_timeout_s:
+        # A tool that sets no timeout_s takes the daemon's default_timeout_s
+        # (capped by max_timeout_s): its field's default value is not checked.
+        own_timeout = "timeout_s" in self.model_fields_set
+        if own_timeout and not 1.0 <= self.timeout_s <= self.max_timeout_s:
             raise ValueError(
                 f"timeout_s must be between 1 and {self.max_timeout_s:g} seconds, "
                 f"got {self.timeout_s:g}"
             )
-        if self.kill_after_s != 0 and not (self.timeout_s < self.kill_after_s <= _MAX_KILL_AFTER_S):
+        floor = self.timeout_s if own_timeout else 0.0
+        if self.kill_after_s != 0 and not (floor < self.kill_after_s <= _MAX_KILL_AFTER_S):
+            above = f"more than timeout_s ({self.timeout_s:g}) and " if own_timeout else ""
             raise ValueError(
-                "kill_after_s must be 0 (kill at the timeout) or more than timeout_s "
-                f"({self.timeout_s:g}) and at most {_MAX_KILL_AFTER_S:g}, "
-                f"got {self.kill_after_s:g}"
+                f"kill_after_s must be 0 (kill at the timeout) or {above}at most "
+                f"{_MAX_KILL_AFTER_S:g}, got {self.kill_after_s:g}"
             )
         return self
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 import grpc.aio
@@ -17,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tooljail._errors import TooljailError
+from tooljail._types import ToolResult
 from tooljail._wire import (
     call_info_to_proto,
     call_state_to_proto,
@@ -28,7 +28,9 @@ from tooljail._wire import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.calls import Call, CallManager
+from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
+from tooljaild.output import Event
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +48,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> pb.ListToolsResponse:
         registry = self._manager.registry
         return pb.ListToolsResponse(
-            tools=[tool_info_to_proto(t.info()) for t in registry.tools()],
+            tools=[tool_info_to_proto(info) for info in self._manager.tool_infos()],
             diagnostics=[diagnostic_to_proto(d) for d in registry.diagnostics],
         )
 
@@ -69,26 +71,16 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         call = await self._submit(request, context)
         # Leaving this generator (client gone) does not stop the call: it runs
         # on, and GetCall answers for it.
-        await _first_of(call.started, call.caller_result)
-        if call.started.done() and not call.started.cancelled():
-            yield pb.CallEvent(
-                started=pb.Started(
-                    call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name
-                )
-            )
+        if await _ran(call, until=call.answered):
+            yield _started(call)
         async for event in call.stream():
-            yield pb.CallEvent(
-                output=pb.Output(
-                    seq=event.seq, stream=stream_kind_to_proto(event.stream), data=event.data
-                )
-            )
-        result = await call.caller_result
-        yield pb.CallEvent(result=result_to_proto(result))
+            yield _output(event)
+        yield pb.CallEvent(result=result_to_proto(await call.answered.wait()))
 
     async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
         call = await self._submit(request, context)
         # A caller that goes away does not stop the call (as for Call).
-        return result_to_proto(await call.answer_waiter())
+        return result_to_proto(await call.answered.wait())
 
     async def Attach(
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
@@ -97,23 +89,12 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             call = self._manager.get(request.call_id)
         except TooljailError as exc:
             await abort_with(context, exc)
-        await _first_of(call.started, call.done.wait())
-        if call.started.done() and not call.started.cancelled():
-            yield pb.CallEvent(
-                started=pb.Started(
-                    call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name
-                )
-            )
+        if await _ran(call, until=call.ended):
+            yield _started(call)
         # To the call's real end: past a timeout its caller already heard, too.
         async for event in call.events.follow(max(1, request.from_seq)):
-            yield pb.CallEvent(
-                output=pb.Output(
-                    seq=event.seq, stream=stream_kind_to_proto(event.stream), data=event.data
-                )
-            )
-        await call.done.wait()
-        assert call.final is not None
-        yield pb.CallEvent(result=result_to_proto(call.final))
+            yield _output(event)
+        yield pb.CallEvent(result=result_to_proto(await call.ended.wait()))
 
     async def GetCall(
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
@@ -133,20 +114,27 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         return pb.CancelResponse(state=call_state_to_proto(state))
 
 
-async def _first_of(*waitables: asyncio.Future[Any] | Coroutine[Any, Any, Any]) -> None:
-    """Wait until one is done. Only tasks made here for coroutines are cancelled after."""
-    if any(isinstance(w, asyncio.Future) and w.done() for w in waitables):
-        for w in waitables:
-            if not isinstance(w, asyncio.Future):
-                w.close()  # never started: nothing to cancel
-        return
-    made = [asyncio.ensure_future(w) for w in waitables if not isinstance(w, asyncio.Future)]
-    futures = [w for w in waitables if isinstance(w, asyncio.Future)]
-    try:
-        await asyncio.wait([*futures, *made], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in made:
-            task.cancel()
+async def _ran(call: Call, until: Once[ToolResult]) -> bool:
+    """Wait until the call runs or `until` is given; True if it runs (or ran).
+
+    Waits on futures of its own (`Once.wait`): a caller that goes away cancels
+    nothing of the call.
+    """
+    if not (call.running.done() or until.done()):
+        await asyncio.wait((call.running.wait(), until.wait()), return_when=asyncio.FIRST_COMPLETED)
+    return call.running.done()
+
+
+def _started(call: Call) -> pb.CallEvent:
+    return pb.CallEvent(
+        started=pb.Started(call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name)
+    )
+
+
+def _output(event: Event) -> pb.CallEvent:
+    return pb.CallEvent(
+        output=pb.Output(seq=event.seq, stream=stream_kind_to_proto(event.stream), data=event.data)
+    )
 
 
 CLIENT_KEY = "tooljail-client"

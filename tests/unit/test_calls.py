@@ -96,7 +96,7 @@ def harness(tmp_path: Path) -> Harness:
 
 async def finish(harness: Harness, tool: str, args: str = "{}", **kw: Any) -> Any:
     call = harness.manager.submit(tool, args, **kw)
-    return await asyncio.wait_for(call.caller_result, 10)
+    return await asyncio.wait_for(call.answered.wait(), 10)
 
 
 async def test_python_code_success_has_stdout_stderr_and_exit_code(harness: Harness) -> None:
@@ -204,7 +204,7 @@ async def test_same_call_id_same_arguments_is_the_same_call(harness: Harness) ->
     first = harness.manager.submit("echo", '{"x": 1}', call_id="job-1")
     again = harness.manager.submit("echo", '{ "x" : 1 }', call_id="job-1")
     assert again is first
-    await first.caller_result
+    await first.answered.wait()
     assert len(harness.sandboxes) == 1
     with pytest.raises(CallIdConflictError, match="other arguments"):
         harness.manager.submit("echo", '{"x": 2}', call_id="job-1")
@@ -213,13 +213,13 @@ async def test_same_call_id_same_arguments_is_the_same_call(harness: Harness) ->
 async def test_timeout_kills_and_says_it_may_still_take_effect(harness: Harness) -> None:
     harness.script = harness.sleeps(30)
     call = harness.manager.submit("execute_python_code", '{"code": "x"}', timeout_s=1)
-    result = await asyncio.wait_for(call.caller_result, 5)
+    result = await asyncio.wait_for(call.answered.wait(), 5)
     assert result.status is CallStatus.TIMEOUT
     assert result.effect is Effect.UNKNOWN
     assert not result.still_running
     assert "may still take effect" in result.message
     assert result.data["stdout"] == "started\n"
-    await call.done.wait()
+    await call.ended.wait()
     assert harness.sandboxes[0].killed
     assert call.state is CallState.TIMED_OUT
 
@@ -227,12 +227,12 @@ async def test_timeout_kills_and_says_it_may_still_take_effect(harness: Harness)
 async def test_kill_after_keeps_the_call_running_detached(harness: Harness) -> None:
     harness.script = harness.sleeps(1.5, then="real outcome")
     call = harness.manager.submit("slow", "{}")
-    caller = await asyncio.wait_for(call.caller_result, 5)
+    caller = await asyncio.wait_for(call.answered.wait(), 5)
     assert caller.status is CallStatus.TIMEOUT
     assert caller.still_running
     assert call.info().state is CallState.RUNNING
     assert call.info().result == caller
-    await asyncio.wait_for(call.done.wait(), 5)
+    await asyncio.wait_for(call.ended.wait(), 5)
     info = call.info()
     assert info.state is CallState.SUCCEEDED
     assert info.result is not None
@@ -244,19 +244,19 @@ async def test_kill_after_keeps_the_call_running_detached(harness: Harness) -> N
 async def test_kill_after_is_a_hard_limit(harness: Harness) -> None:
     harness.script = harness.sleeps(30)
     call = harness.manager.submit("slow", "{}")
-    await asyncio.wait_for(call.done.wait(), 6)
+    await asyncio.wait_for(call.ended.wait(), 6)
     assert call.state is CallState.TIMED_OUT
-    assert call.final is not None and "kill_after_s" in call.final.message
+    assert call.result is not None and "kill_after_s" in call.result.message
     assert harness.sandboxes[0].killed
 
 
 async def test_cancel_running_call(harness: Harness) -> None:
     harness.script = harness.sleeps(30)
     call = harness.manager.submit("echo", "{}", call_id="c1")
-    await asyncio.wait_for(call.started, 5)
+    await asyncio.wait_for(call.running.wait(), 5)
     state = await harness.manager.cancel("c1")
     assert state is CallState.CANCELLED
-    result = call.caller_result.result()
+    result = call.answered.result()
     assert (result.status, result.effect) == (CallStatus.CANCELLED, Effect.UNKNOWN)
     with pytest.raises(CallNotFoundError):
         await harness.manager.cancel("unknown")
@@ -266,12 +266,12 @@ async def test_cancel_queued_call_never_runs(tmp_path: Path) -> None:
     h = Harness(tmp_path, [user_tool()], max_concurrent=1)
     h.script = h.sleeps(30)
     running = h.manager.submit("echo", "{}")
-    await asyncio.wait_for(running.started, 5)
+    await asyncio.wait_for(running.running.wait(), 5)
     queued = h.manager.submit("echo", "{}", call_id="q")
     await asyncio.sleep(0.05)
     assert queued.state is CallState.QUEUED
     await h.manager.cancel("q")
-    result = queued.caller_result.result()
+    result = queued.answered.result()
     assert (result.status, result.effect) == (CallStatus.CANCELLED, Effect.NONE)
     assert len(h.sandboxes) == 1
     await h.manager.cancel(running.call_id)
@@ -291,9 +291,9 @@ async def test_overload_is_refused_with_a_retry_hint(tmp_path: Path) -> None:
 async def test_drain_answers_every_caller(harness: Harness) -> None:
     harness.script = harness.sleeps(30)
     call = harness.manager.submit("echo", "{}")
-    await asyncio.wait_for(call.started, 5)
+    await asyncio.wait_for(call.running.wait(), 5)
     await harness.manager.drain(0.1)
-    result = call.caller_result.result()
+    result = call.answered.result()
     assert result.status is CallStatus.CANCELLED
     assert "shut down" in result.message
     with pytest.raises(ShuttingDownError):
@@ -304,12 +304,12 @@ async def test_no_sandbox_means_an_error_result_with_no_effect(harness: Harness)
     harness.pool = SandboxPool(lambda: FakeSandbox(fail_start=True), 0)
     manager = CallManager(harness.settings, harness.manager.registry, harness.pool)
     call = manager.submit("echo", "{}")
-    result = await asyncio.wait_for(call.caller_result, 5)
+    result = await asyncio.wait_for(call.answered.wait(), 5)
     assert (result.status, result.effect) == (CallStatus.ERROR, Effect.NONE)
     assert result.error is not None and result.error.type == "SandboxUnavailable"
 
 
-async def test_stream_replays_from_the_start_and_ends_with_the_caller_result(
+async def test_stream_replays_from_the_start_and_ends_with_the_callers_answer(
     harness: Harness,
 ) -> None:
     async def chatty(request: RunRequest, sink: OutputSink) -> RunOutcome:
@@ -320,7 +320,7 @@ async def test_stream_replays_from_the_start_and_ends_with_the_caller_result(
 
     harness.script = chatty
     call = harness.manager.submit("execute_python_code", '{"code": "x"}')
-    await call.caller_result
+    await call.answered.wait()
     events = [e async for e in call.stream()]
     assert [(e.seq, e.data) for e in events] == [(1, b"0\n"), (2, b"1\n"), (3, b"2\n")]
 
@@ -330,7 +330,7 @@ async def test_get_forgets_beyond_the_bound(tmp_path: Path) -> None:
     ids = []
     for _ in range(3):
         call = h.manager.submit("echo", "{}")
-        await call.done.wait()
+        await call.ended.wait()
         await asyncio.sleep(0)
         ids.append(call.call_id)
     with pytest.raises(CallNotFoundError):
@@ -350,7 +350,7 @@ async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
 
     h.script = chatty_forever
     call = h.manager.submit("execute_python_code", '{"code": "x"}')
-    result = await asyncio.wait_for(call.caller_result, 5)
+    result = await asyncio.wait_for(call.answered.wait(), 5)
     assert (result.status, result.effect) == (CallStatus.ERROR, Effect.UNKNOWN)
     assert result.error is not None and result.error.type == "OutputLimit"
     assert "10000 bytes" in result.message
@@ -358,9 +358,9 @@ async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
 
 
 async def test_slots_serve_waiters_in_order_and_pass_on_a_cancelled_hand_over() -> None:
-    from tooljaild.calls import _Slots
+    from tooljaild.calls.admission import Slots
 
-    slots = _Slots(1)
+    slots = Slots(1)
     assert slots.try_take()
     assert not slots.try_take()
     order: list[str] = []
@@ -386,9 +386,9 @@ async def test_slots_serve_waiters_in_order_and_pass_on_a_cancelled_hand_over() 
 
 
 async def test_free_slots_go_to_waiting_clients_in_turn() -> None:
-    from tooljaild.calls import _Slots
+    from tooljaild.calls.admission import Slots
 
-    slots = _Slots(1)
+    slots = Slots(1)
     assert slots.try_take()
     order: list[str] = []
 

@@ -387,9 +387,15 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
 
 
 def _encode_value(value: Any) -> dict[str, Any]:
+    """A user tool's return value for its result frame.
+
+    None is "none" (the daemon says the tool had no output); JSON's own values
+    (dicts, lists, tuples, numbers, bools) are "json" and reach the caller as
+    that JSON; anything else is "text", its str().
+    """
     if value is None:
         return {"kind": "none", "value": None}
-    if isinstance(value, (dict, list, tuple)):
+    if isinstance(value, (dict, list, tuple, bool, int, float)):
         return {"kind": "json", "value": _jsonable(value)}
     return {"kind": "text", "value": str(value)}
 

@@ -86,7 +86,8 @@ class Termination(enum.StrEnum):
     EXITED = "exited"
     SIGNALED = "signaled"
     KILLED = "killed"
-    """Killed by the daemon: timeout, cancel or shutdown."""
+    """Killed by the daemon (`Sandbox.kill`). Why is the call's to say: its
+    `calls.StopReason`, which `calls.results` reads before this."""
     CPU_LIMIT = "cpu_limit"
     OUT_OF_MEMORY = "out_of_memory"
     FILE_SIZE_LIMIT = "file_size_limit"

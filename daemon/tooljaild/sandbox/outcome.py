@@ -47,7 +47,8 @@ def outcome_of(
         result: The runner's result frame, if it wrote one.
         exit_frame: The keeper's exit frame, if it wrote one.
         yields: Values a generator tool yielded.
-        killed: The daemon stopped the sandbox (timeout, cancel, shutdown).
+        killed: The daemon killed the sandbox (why: the call's `StopReason`,
+            which `calls.results` reads together with this outcome).
         out_of_memory: The kernel OOM-killed a process of the sandbox (only
             looked at when the tool left no result and died of SIGKILL).
         memory_bytes: The sandbox's memory limit, for the message.

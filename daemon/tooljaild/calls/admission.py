@@ -1,0 +1,146 @@
+"""Who may run a call now, who waits, who is refused, and which id names which call.
+
+- `Slots`: at most `max_concurrent` calls run; free slots go to the waiting
+  clients in turn.
+- `Admission`: the bound on running and queued calls, and each client's share.
+- `known_call`: a request under an id already used is answered by that call,
+  refused (other arguments), or, for a lost call of an idempotent tool, run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections import Counter, OrderedDict, deque
+
+from tooljail._errors import CallIdConflictError, InvalidRequestError, OverloadedError
+from tooljail._types import CallState
+from tooljaild.calls.call import Call
+from tooljaild.config import Settings
+from tooljaild.registry import Tool
+
+CALL_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Slots:
+    """At most `n` calls run at once; the others wait, and free slots go to the
+    waiting clients in turn (in arrival order within each client).
+
+    asyncio.Semaphore cannot be taken without awaiting, which `submit` must not,
+    and knows nothing of clients.
+    """
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiting: OrderedDict[str, deque[asyncio.Future[None]]] = OrderedDict()
+
+    def try_take(self) -> bool:
+        """Take a free slot if one is free and nobody waits for it."""
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self, client: str = "") -> None:
+        """Take a slot, waiting for one in `client`'s turn. Cancel-safe: a slot
+        handed over as the wait is cancelled passes on to the next waiter."""
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(client, deque()).append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot just as the wait was cancelled: pass it on
+            else:
+                queue = self._waiting.get(client)
+                if queue is not None:
+                    with contextlib.suppress(ValueError):
+                        queue.remove(waiter)
+                    if not queue:
+                        del self._waiting[client]
+            raise
+
+    def give(self) -> None:
+        """Give a slot back: to the next waiting client's first waiter, else free."""
+        while self._waiting:
+            client, queue = next(iter(self._waiting.items()))
+            waiter = queue.popleft()
+            if queue:
+                self._waiting.move_to_end(client)  # the next slot: another client first
+            else:
+                del self._waiting[client]
+            if not waiter.done():
+                waiter.set_result(None)  # the slot passes straight to the waiter
+                return
+        self._free += 1
+
+
+class Admission:
+    """The bound on calls running and queued: in all, and per client."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._limit = settings.max_concurrent + settings.max_queue
+        self._per_client = settings.per_client_limit()
+        self._by_client: Counter[str] = Counter()
+        self.active = 0
+        """Calls running and queued."""
+        self.slots = Slots(settings.max_concurrent)
+
+    def check_room(self, client: str) -> None:
+        """Refuse a call the daemon or its client has no room for.
+
+        Raises:
+            OverloadedError: The queue is full, or the client holds its share.
+        """
+        if self.active >= self._limit:
+            raise OverloadedError(
+                f"the daemon is at its bound of {self._limit} running and queued calls; "
+                "try again shortly",
+                retry_after_s=1.0,
+            )
+        if self._by_client[client] >= self._per_client:
+            raise OverloadedError(
+                f"this client already has {self._per_client} running and queued calls, its "
+                "share of the daemon; try again when some have finished",
+                retry_after_s=1.0,
+            )
+
+    def admit(self, client: str) -> None:
+        """Count a call in (after `check_room`)."""
+        self.active += 1
+        self._by_client[client] += 1
+
+    def release(self, client: str) -> None:
+        """Count a call out: it is over."""
+        self.active -= 1
+        self._by_client[client] -= 1
+        if not self._by_client[client]:
+            del self._by_client[client]
+
+
+def check_call_id(call_id: str) -> None:
+    """Raises:
+    InvalidRequestError: The id is not 1 to 128 characters of A-Z a-z 0-9 . _ : -.
+    """
+    if not CALL_ID.match(call_id):
+        raise InvalidRequestError("call_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")
+
+
+def known_call(existing: Call, tool: Tool, fingerprint: str) -> Call | None:
+    """The call that answers a request under `existing`'s id: `existing` itself,
+    or None when it must run again (it was lost, and its tool is idempotent).
+
+    Raises:
+        CallIdConflictError: The id belongs to a call with other arguments.
+    """
+    if existing.fingerprint != fingerprint:
+        raise CallIdConflictError(
+            f"call id {existing.call_id!r} is already used by a call of "
+            f"{existing.tool.name!r} with other arguments; use a new id"
+        )
+    if existing.state is CallState.LOST and tool.options.idempotent:
+        return None
+    return existing

@@ -1,0 +1,243 @@
+"""One call of a tool: its state, what it waits for, and why it was stopped.
+
+A call has one state (`Call.state`, a `CallState`) and three moments others
+wait for, each a `Once`:
+
+- `running`: it got a sandbox and its request is on the way (the sandbox id);
+  never given to a call that ends before it runs.
+- `answered`: its caller's one result. Usually the call's end; for a call
+  past its timeout but allowed to run on (`kill_after_s`), "timeout, still
+  running", given before the end.
+- `ended`: its final result, which `GetCall` and `Attach` report.
+
+Why a call was stopped from outside is one `StopReason`, given once by
+`request_stop` (`stop_requested`, a `Once` too: a queued call waits for its
+slot or for it); the result it leads to is decided in `calls.results`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
+
+from tooljail._types import CallInfo, CallState, StreamKind, ToolResult
+from tooljaild.config import Settings
+from tooljaild.journal import JournalEntry
+from tooljaild.output import Event, EventLog, HeadTail
+from tooljaild.registry import Tool
+from tooljaild.sandbox.base import Limits
+
+T = TypeVar("T")
+
+
+class StopReason(enum.StrEnum):
+    """Why the daemon stopped a call (killed its sandbox, or kept it from starting)."""
+
+    TIMEOUT = "timeout"
+    """It passed its timeout (and was not allowed to run on past it)."""
+    HARD_TIMEOUT = "hard_timeout"
+    """It ran on past its timeout and reached `kill_after_s`."""
+    CANCELLED = "cancelled"
+    """A client cancelled it."""
+    SHUTDOWN = "shutdown"
+    """The daemon shut down before it ended."""
+    OUTPUT_LIMIT = "output_limit"
+    """It wrote more output than `output_limit_bytes`."""
+
+
+class Once(Generic[T]):
+    """A value given once, which any number of tasks may await.
+
+    Each awaiter gets a future of its own (`wait`), resolved directly by `set`:
+    cancelling it (its RPC is gone) cancels nothing else, as `asyncio.shield`
+    would ensure, and the awaiter resumes one turn of the event loop sooner
+    than through a shield. On the call path that turn is part of the time to
+    answer (docs/decisions.md #30).
+    """
+
+    __slots__ = ("_closed", "_given", "_value", "_waiters")
+
+    def __init__(self) -> None:
+        self._value: Any = None
+        self._given = False
+        self._closed = False
+        self._waiters: list[asyncio.Future[T]] = []
+
+    def done(self) -> bool:
+        """True once the value is given."""
+        return self._given
+
+    def result(self) -> T:
+        """The value.
+
+        Raises:
+            asyncio.InvalidStateError: It is not given yet.
+        """
+        if not self._given:
+            raise asyncio.InvalidStateError("the value is not given yet")
+        value: T = self._value
+        return value
+
+    def set(self, value: T) -> bool:
+        """Give the value and wake every awaiter. Returns False (and changes
+        nothing) when a value was given before or the Once is closed."""
+        if self._given or self._closed:
+            return False
+        self._value, self._given = value, True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(value)
+        return True
+
+    def close(self) -> None:
+        """No value will come: pending awaiters are cancelled, and so is every
+        later `wait`. Does nothing once the value is given."""
+        if self._given:
+            return
+        self._closed = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.cancel()
+
+    def wait(self) -> asyncio.Future[T]:
+        """A future of the value for one awaiter; cancelling it cancels nothing else.
+
+        Already done (awaiting it does not suspend) when the value is given;
+        cancelled when the Once is closed.
+        """
+        waiter: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        if self._given:
+            waiter.set_result(self._value)
+        elif self._closed:
+            waiter.cancel()
+        else:
+            self._waiters.append(waiter)
+        return waiter
+
+
+class Call:
+    """One execution of a tool, from admission to its final result."""
+
+    def __init__(
+        self,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout_s: float,
+        settings: Settings,
+        limits: Limits,
+        client: str = "",
+    ) -> None:
+        self.call_id = call_id
+        self.tool = tool
+        self.arguments = arguments
+        self.fingerprint = fingerprint
+        self.timeout_s = timeout_s
+        self.limits = limits
+        self.client = client
+        """Who asked for the call (see `CallManager.submit`)."""
+        self.state = CallState.QUEUED
+        self.sandbox_id = ""
+        self.created = time.monotonic()
+        self.started_at: float | None = None
+        self.events = EventLog(settings.event_buffer_bytes)
+        kept = max(1024, limits.output_bytes // 2)
+        self.stdout = HeadTail(kept)
+        self.stderr = HeadTail(kept)
+        self.running: Once[str] = Once()
+        """The sandbox id, once the call runs; closed if it ends without running."""
+        self.answered: Once[ToolResult] = Once()
+        """The one result its caller gets (the end, or "timeout, still running")."""
+        self.ended: Once[ToolResult] = Once()
+        """Its final result."""
+        self.stop_requested: Once[StopReason] = Once()
+        """Why it is being stopped, once `request_stop` was called."""
+        self._kill: Callable[[], None] | None = None
+
+    @classmethod
+    def recorded(cls, entry: JournalEntry, tool: Tool, settings: Settings) -> Call:
+        """A call this daemon knows only from the journal: over, with its result."""
+        call = cls(entry.call_id, tool, {}, entry.fingerprint, entry.timeout_s, settings, Limits())
+        call.sandbox_id = entry.sandbox_id or ""
+        call.state = entry.state
+        result = entry.result()
+        if result is not None:  # a journal that recovered holds a result for every call
+            call.answered.set(result)
+            call.ended.set(result)
+        call.running.close()
+        call.stop_requested.close()
+        call.events.close()
+        return call
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why the call is being stopped; None while nobody asked."""
+        return self.stop_requested.result() if self.stop_requested.done() else None
+
+    @property
+    def result(self) -> ToolResult | None:
+        """The final result; None until the call ends."""
+        return self.ended.result() if self.ended.done() else None
+
+    def sink(self, stream: StreamKind, data: bytes) -> None:
+        """Take a chunk of the tool's output (the sandbox's `OutputSink`)."""
+        if stream is StreamKind.STDOUT:
+            self.stdout.add(data)
+        elif stream is StreamKind.STDERR:
+            self.stderr.add(data)
+        self.events.append(stream, data)
+        limit = self.limits.output_limit_bytes
+        if limit and self.stdout.total + self.stderr.total > limit:
+            self.request_stop(StopReason.OUTPUT_LIMIT)
+
+    def request_stop(self, reason: StopReason) -> None:
+        """Stop the call: kill its sandbox while it runs, keep it from starting
+        while it waits. The first reason given is the one its result tells."""
+        self.stop_requested.set(reason)
+        if self._kill is not None:
+            self._kill()
+
+    def kill_with(self, kill: Callable[[], None] | None) -> None:
+        """From now on, `request_stop` calls `kill` (which must not block, and may
+        be called more than once); a stop asked for before calls it at once.
+        None: the call runs no more, nothing to kill.
+
+        A plain setter rather than a context manager: this is on every call's
+        path, and a generator-based `with` costs microseconds there.
+        """
+        self._kill = kill
+        if kill is not None and self.stop_requested.done():
+            kill()
+
+    def answer(self, result: ToolResult) -> None:
+        """Give the caller its result, once: the call's end, or "timeout, still running"."""
+        self.answered.set(result)
+
+    def end(self, state: CallState, result: ToolResult) -> None:
+        """Settle the call: its final state and result; its caller hears it if not yet."""
+        self.state = state
+        self.answered.set(result)
+        self.ended.set(result)
+        self.running.close()
+        self.stop_requested.close()
+
+    def compact(self) -> None:
+        """Let go of what only a running call needs (its result is built by now)."""
+        self.arguments = {}
+        self.stdout, self.stderr = HeadTail(0), HeadTail(0)
+
+    def info(self) -> CallInfo:
+        result = self.result
+        if result is None and self.answered.done():
+            result = self.answered.result()
+        return CallInfo(call_id=self.call_id, tool=self.tool.name, state=self.state, result=result)
+
+    async def stream(self, from_seq: int = 1) -> AsyncIterator[Event]:
+        """The call's output chunks, live, ending where the caller's result stands."""
+        async for event in self.events.follow(from_seq, until=self.answered.wait()):
+            yield event

@@ -1,0 +1,464 @@
+"""The call manager: admits calls, starts them, sees them to their end, remembers them.
+
+It knows nothing of gRPC. A call goes QUEUED -> RUNNING -> one final state; its
+output goes to an `EventLog` that any number of readers follow; its caller gets
+exactly one result (`calls.results` decides what each ending means).
+
+One start path serves both cases: `submit` starts a call at once when a slot
+and a ready sandbox are free (`_start_now`), else the call's task waits for
+them (`_start_later`); both end in `_start`, and the call's task sees every
+started call to its end (`_supervise`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from tooljail._errors import CallNotFoundError, ShuttingDownError, ToolNotFoundError
+from tooljail._types import CallState, ToolInfo, ToolResult
+from tooljaild.calls import results, terms
+from tooljaild.calls.admission import Admission, check_call_id, known_call
+from tooljaild.calls.call import Call, StopReason
+from tooljaild.config import Settings
+from tooljaild.journal import Journal, JournalError
+from tooljaild.registry import Registry, Tool
+from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
+from tooljaild.sandbox.pool import SandboxPool
+
+log = logging.getLogger(__name__)
+
+PRUNE_EVERY = 1000
+"""Finished calls between two prunings of the journal (by age and row count)."""
+KEPT_EVENT_LOGS = 64
+"""Finished calls whose output chunks stay readable; older ones keep only their result."""
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A started call: its sandbox (from `pool`) holds its request, and `outcome`
+    waits for the run's end. A run also holds one of the manager's slots."""
+
+    pool: SandboxPool
+    sandbox: Sandbox
+    outcome: Coroutine[Any, Any, RunOutcome]
+
+
+class CallManager:
+    """Admits, runs, times out, cancels and remembers calls."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        registry: Registry,
+        pool: SandboxPool | Callable[[Tool], SandboxPool],
+        journal: Journal | None = None,
+    ) -> None:
+        """
+        Args:
+            pool: Where every call's sandbox comes from; or, per tool, the pool of
+                its sandbox profile (`PoolSet.pool_for`).
+        """
+        self._settings = settings
+        self._registry = registry
+        self._pool_for = (lambda _tool: pool) if isinstance(pool, SandboxPool) else pool
+        self._calls: OrderedDict[str, Call] = OrderedDict()
+        self._with_events: OrderedDict[str, Call] = OrderedDict()
+        self._admission = Admission(settings)
+        self._slots = self._admission.slots
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._journal = journal
+        self._finished_since_prune = 0
+        self._unrecorded: list[tuple[Call, ToolResult]] = []
+        """Calls answered but not yet journaled as over (see `_end`)."""
+        self.draining = False
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    @property
+    def active(self) -> int:
+        """Calls queued or running."""
+        return self._admission.active
+
+    def tool_infos(self) -> list[ToolInfo]:
+        """The served tools, with the timeouts in force on this daemon."""
+        return [terms.tool_info(t, self._settings) for t in self._registry.tools()]
+
+    # ------------------------------------------------------------------ admission
+
+    def submit(
+        self,
+        tool_name: str,
+        arguments_json: str,
+        call_id: str = "",
+        timeout_s: float = 0.0,
+        client: str = "",
+    ) -> Call:
+        """Admit a call, or return the call already admitted under the same id.
+
+        `client` names who asks (an agent host): each client may hold at most
+        `max_calls_per_client` running and queued calls, and free slots go to
+        the waiting clients in turn, so one cannot starve the others.
+
+        A known id is answered even while the daemon drains: a client retrying
+        after a dropped connection re-attaches to its call.
+
+        With a free slot and a ready sandbox, the call's request is in its
+        sandbox before this returns.
+
+        Raises:
+            ShuttingDownError: The daemon is draining (and the id is not known).
+            ToolNotFoundError: No such tool.
+            InvalidRequestError: The arguments are not JSON, or the call id is malformed.
+            InvalidArgumentsError: The arguments do not fit the tool's schema.
+            BadTimeoutError: The timeout is outside the tool's bounds.
+            CallIdConflictError: The id belongs to a call with other arguments.
+            OverloadedError: The queue is full.
+        """
+        tool = self._registry.get(tool_name)
+        arguments = terms.parse_arguments(tool, arguments_json, self._settings)
+        timeout = terms.timeout_for(tool, timeout_s, self._settings)
+        fingerprint = terms.fingerprint(tool.name, arguments)
+        known, rerun = self._known(call_id, tool, fingerprint)
+        if known is not None:
+            return known
+        call = self._admit(
+            call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
+        )
+        self._journal_admitted(call, arguments_json, rerun)
+        pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
+        run = self._start_now(call, pool)
+        self._calls[call.call_id] = call
+        self._admission.admit(client)
+        task = asyncio.create_task(self._run(call, pool, run), name=f"call-{call.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return call
+
+    def _known(self, call_id: str, tool: Tool, fingerprint: str) -> tuple[Call | None, bool]:
+        """The call already under `call_id` that answers this request (or None),
+        and whether the id is taken over by a rerun of a lost idempotent call.
+
+        Raises:
+            InvalidRequestError: The call id is malformed.
+            CallIdConflictError: The id belongs to a call with other arguments.
+        """
+        if not call_id:
+            return None, False
+        check_call_id(call_id)
+        existing = self._calls.get(call_id) or self._from_journal(call_id, tool)
+        if existing is None:
+            return None, False
+        if known_call(existing, tool, fingerprint) is not None:
+            return existing, False
+        self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
+        return None, True
+
+    def _admit(
+        self,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout_s: float,
+        client: str,
+    ) -> Call:
+        """A new call, if the daemon takes it.
+
+        Raises:
+            ShuttingDownError: The daemon is draining.
+            OverloadedError: No room for it, in all or in its client's share.
+        """
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        self._admission.check_room(client)
+        limits = terms.limits_for(tool, self._settings)
+        return Call(
+            call_id, tool, arguments, fingerprint, timeout_s, self._settings, limits, client
+        )
+
+    def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
+        if self._journal is None:
+            return
+        # Committed before the call can start: a call the journal does not know
+        # never ran, so a retry after a crash cannot run it twice.
+        self._journal.admitted(
+            call.call_id,
+            tool=call.tool.name,
+            fingerprint=call.fingerprint,
+            arguments_json=arguments_json,
+            timeout_s=call.timeout_s,
+            idempotent=call.tool.options.idempotent,
+            replace=rerun,
+        )
+
+    # ------------------------------------------------------------------ lookups
+
+    def _from_journal(self, call_id: str, tool: Tool | None = None) -> Call | None:
+        """A call the journal knows (over, or lost to a crash), as a finished Call."""
+        if self._journal is None:
+            return None
+        entry = self._journal.get(call_id)
+        if entry is None:
+            return None
+        if tool is None or tool.name != entry.tool:
+            try:
+                tool = self._registry.get(entry.tool)
+            except ToolNotFoundError:  # served no more: the record still answers
+                tool = Tool(name=entry.tool, input_schema={"type": "object"}, source="user")
+        return Call.recorded(entry, tool, self._settings)
+
+    def get(self, call_id: str) -> Call:
+        """The call with that id, from memory or else from the journal.
+
+        Raises:
+            CallNotFoundError: The daemon does not know or no longer remembers it.
+        """
+        call = self._calls.get(call_id) or self._from_journal(call_id)
+        if call is None:
+            raise CallNotFoundError(
+                f"no call {call_id!r} is known to this daemon (it may have been "
+                "forgotten: the journal keeps calls for a bounded time and number)"
+            )
+        return call
+
+    async def cancel(self, call_id: str) -> CallState:
+        """Stop a call; wait up to 10 s for its end. Returns its state afterwards.
+
+        Raises:
+            CallNotFoundError: Unknown id.
+        """
+        call = self.get(call_id)
+        if not call.state.finished:
+            call.request_stop(StopReason.CANCELLED)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(call.ended.wait(), 10.0)
+        return call.state
+
+    # ------------------------------------------------------------------ running
+
+    def _start_now(self, call: Call, pool: SandboxPool) -> _Run | None:
+        """Start the call before `submit` returns, when nothing has to wait.
+
+        With a free slot and a ready sandbox, the request goes into the
+        sandbox's pipe right here: the tool starts while the RPC handler is
+        still answering, a task switch earlier than from the call's own task.
+        None (nothing held) when something has to wait: the call's task starts it.
+        """
+        if not self._slots.try_take():
+            return None
+        sandbox = pool.try_acquire()
+        if sandbox is None:
+            self._slots.give()
+            return None
+        try:
+            return self._start(call, pool, sandbox)
+        except SandboxError:
+            # Broke down while it waited: the call's own task gets another.
+            self._slots.give()
+            return None
+
+    async def _start_later(self, call: Call, pool: SandboxPool) -> _Run | None:
+        """Wait for a slot, then for a sandbox, and start the call; None when it
+        ended without running (stopped while queued; no sandbox to be had)."""
+        if not await self._wait_for_slot(call):
+            self._end(call, results.not_run(call, results.NOT_STARTED))
+            return None
+        try:
+            if call.stop_reason is not None:  # stopped as its slot came
+                self._end(call, results.not_run(call, results.NOT_STARTED))
+            else:
+                try:
+                    sandbox = await pool.acquire()
+                except SandboxError as exc:
+                    self._end(call, results.sandbox_failed(call, str(exc)))
+                else:
+                    return self._start(call, pool, sandbox)
+        except BaseException:
+            self._slots.give()
+            raise
+        self._slots.give()
+        return None
+
+    async def _wait_for_slot(self, call: Call) -> bool:
+        """Take a slot, queued in the call's client's turn; False if the call is
+        stopped first."""
+        if self._slots.try_take():
+            return True
+        slot = asyncio.ensure_future(self._slots.take(call.client))
+        either: set[asyncio.Future[Any]] = {slot, call.stop_requested.wait()}
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if slot.done():
+            return True
+        slot.cancel()  # a slot handed over meanwhile passes on (see `Slots.take`)
+        return False
+
+    def _start(self, call: Call, pool: SandboxPool, sandbox: Sandbox) -> _Run:
+        """Send the call's request into `sandbox` and mark the call running.
+
+        Raises:
+            SandboxError: The sandbox broke down (it is given back to `pool`).
+        """
+        request = terms.run_request(call.tool, call.arguments, call.limits)
+        try:
+            outcome = sandbox.begin(request, call.sink)
+        except BaseException:
+            pool.release(sandbox)
+            raise
+        call.state = CallState.RUNNING
+        call.started_at = time.monotonic()
+        call.sandbox_id = sandbox.id
+        call.running.set(sandbox.id)
+        if self._journal is not None:
+            try:
+                self._journal.running(call.call_id, sandbox.id)
+            except JournalError as exc:  # the call runs on; its end says it, or it is lost
+                log.error("cannot journal call %s as running: %s", call.call_id, exc)
+        return _Run(pool, sandbox, outcome)
+
+    async def _run(self, call: Call, pool: SandboxPool, run: _Run | None) -> None:
+        """The call's task: start it unless `submit` did, see it through, let go."""
+        try:
+            if run is None:
+                run = await self._start_later(call, pool)
+            if run is not None:
+                await self._supervise(call, run)
+        except Exception as exc:  # a bug of ours must still answer the caller
+            log.exception("call %s failed inside the daemon", call.call_id)
+            self._end(call, results.internal_error(call, exc))
+        finally:
+            self._admission.release(call.client)
+            call.events.close()
+            call.compact()
+            self._forget_old()
+
+    async def _supervise(self, call: Call, run: _Run) -> None:
+        """Wait for a started call's end; its timeout or a stop kills its sandbox.
+        Gives the run's sandbox and slot back."""
+        loop = asyncio.get_running_loop()
+        killing: asyncio.Future[None] | None = None
+        timers: list[asyncio.TimerHandle] = []
+
+        # The run is awaited right here; a timeout or a stop kills the sandbox
+        # from a callback, and the run then ends with the tree.
+        def kill() -> None:
+            nonlocal killing
+            if killing is None:
+                killing = asyncio.ensure_future(run.sandbox.kill())
+
+        def on_timeout() -> None:
+            kill_after = call.tool.options.kill_after_s
+            if kill_after > call.timeout_s and call.stop_reason is None:
+                # The caller hears "timeout, still running" now; the call runs on
+                # detached until kill_after_s, and GetCall tells its real end.
+                call.answer(results.timed_out(call, still_running=True))
+                timers.append(
+                    loop.call_later(
+                        kill_after - call.timeout_s, call.request_stop, StopReason.HARD_TIMEOUT
+                    )
+                )
+            else:
+                call.request_stop(StopReason.TIMEOUT)
+
+        try:
+            timers.append(loop.call_later(call.timeout_s, on_timeout))
+            call.kill_with(kill)
+            outcome = await run.outcome
+            if killing is not None:
+                await killing
+            call.kill_with(None)
+            self._end(call, results.result_of(call, outcome, call.stop_reason))
+        finally:
+            call.kill_with(None)
+            for timer in timers:
+                timer.cancel()
+            run.pool.release(run.sandbox)
+            self._slots.give()
+
+    # ------------------------------------------------------------------ the end
+
+    def _end(self, call: Call, result: ToolResult) -> None:
+        call.end(results.state_of(result), result)
+        # Recorded a turn of the event loop later, once the caller's RPC has
+        # answered: the journal's write is then not on the call's path. A crash
+        # in between (microseconds) leaves the call `lost` in the journal.
+        if not self._unrecorded:
+            asyncio.get_running_loop().call_soon(self._record_ends)
+        self._unrecorded.append((call, result))
+
+    def _record_ends(self) -> None:
+        ends, self._unrecorded = self._unrecorded, []
+        for call, result in ends:
+            self._journal_finished(call, result)
+            log.info(
+                "call finished",
+                extra={
+                    "call_id": call.call_id,
+                    "tool": call.tool.name,
+                    "status": result.status.value,
+                    "duration_s": round(result.duration_s, 4),
+                    "sandbox": call.sandbox_id,
+                },
+            )
+
+    def _journal_finished(self, call: Call, result: ToolResult) -> None:
+        if self._journal is None:
+            return
+        try:
+            self._journal.finished(call.call_id, call.state, result.model_dump_json())
+        except JournalError as exc:
+            # After a restart the call shows as lost: honest, if less precise.
+            log.error("cannot journal the end of call %s: %s", call.call_id, exc)
+            return
+        self._finished_since_prune += 1
+        if self._finished_since_prune >= PRUNE_EVERY:
+            self._finished_since_prune = 0
+            try:
+                self._journal.prune()
+            except JournalError as exc:
+                log.error("cannot prune the journal: %s", exc)
+
+    def _forget_old(self) -> None:
+        """Bound memory: drop the oldest finished calls and old output logs."""
+        limit = self._settings.remembered_calls
+        while len(self._calls) > limit:
+            oldest_id, oldest = next(iter(self._calls.items()))
+            if not oldest.state.finished:
+                break
+            del self._calls[oldest_id]
+        if self._calls:
+            newest = next(reversed(self._calls.values()))
+            if newest.state.finished:
+                self._with_events[newest.call_id] = newest
+        while len(self._with_events) > KEPT_EVENT_LOGS:
+            _, old = self._with_events.popitem(last=False)
+            old.events.release()
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking calls, let running ones finish for `grace_s`, then stop them.
+
+        Every stopped call gets its result (cancelled, effect unknown) before
+        this returns.
+        """
+        self.draining = True
+        running = [c for c in self._calls.values() if not c.state.finished]
+        if running:
+            log.info("draining %d calls for up to %.1fs", len(running), grace_s)
+            await asyncio.wait([c.ended.wait() for c in running], timeout=grace_s)
+        for call in self._calls.values():
+            if not call.state.finished:
+                call.request_stop(StopReason.SHUTDOWN)
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=15.0)
+        self._record_ends()

@@ -1,0 +1,272 @@
+"""What every ending of a call means: one pure function to its `ToolResult`.
+
+Two words describe an ending, each from the side that knows it: the sandbox
+says how the tool's process ended (`Termination`, in the run's `RunOutcome`),
+and the call says why the daemon stopped it, if it did (`StopReason`). A stop
+decides: a killed run means nothing by itself. See DESIGN.md "Result
+semantics".
+
+Effects: a tool that ended by itself (returned, raised, exited, crashed) has
+`effect=applied`: whatever it did is done and nothing more will happen. A tool
+stopped from outside (timeout, cancel, shutdown, output limit) or whose runner
+vanished has `effect=unknown`. A call that never reached a sandbox has
+`effect=none`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tooljail._types import (
+    TIMEOUT_MESSAGE,
+    CallState,
+    CallStatus,
+    Effect,
+    ToolError,
+    ToolResult,
+)
+from tooljaild.calls.call import Call, StopReason
+from tooljaild.sandbox.base import RunOutcome, Termination
+
+NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
+CANCELLED_MESSAGE = (
+    "The call was cancelled while it ran. It may have taken effect in part: check "
+    "before calling it again."
+)
+SHUTDOWN_MESSAGE = (
+    "The daemon shut down while the call ran. It may have taken effect in part: check "
+    "before calling it again."
+)
+NOT_STARTED = "the call was cancelled before it started"
+PYTHON_BUILTINS = {"execute_python_code", "execute_python_code_stream", "execute_python_file"}
+ENVELOPE_KEYS = {"status", "data", "message", "error"}
+
+_FAILED_BY_ITSELF = {
+    Termination.RAISED,
+    Termination.EXITED,
+    Termination.SIGNALED,
+    Termination.CPU_LIMIT,
+    Termination.FILE_SIZE_LIMIT,
+    Termination.OUT_OF_MEMORY,
+}
+"""Endings where the tool's own process is over: whatever it did is done."""
+
+
+def result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolResult:
+    """The result of a call that ran: what its run reported, read in the light
+    of why the daemon stopped it (`stop`; None when it did not).
+
+    Pure but for the clock (the duration ends now).
+    """
+    if stop is not None:
+        return stopped(call, stop)
+    t = outcome.termination
+    if t is Termination.RETURNED or (t is Termination.EXITED and outcome.exit_code == 0):
+        return _succeeded(call, outcome)
+    if t is Termination.KILLED:  # a kill the call did not ask for: no stop reason to tell
+        error = ToolError(type="Killed", message="the daemon killed the sandbox")
+        return _failed(call, outcome, Effect.UNKNOWN, "The tool was killed.", error)
+    error = outcome.error or ToolError(type="Error", message="the tool failed")
+    effect = Effect.APPLIED if t in _FAILED_BY_ITSELF else Effect.UNKNOWN
+    return _failed(call, outcome, effect, _failure_message(outcome, error), error)
+
+
+def stopped(call: Call, stop: StopReason) -> ToolResult:
+    """The result of a running call the daemon stopped (killed) for `stop`."""
+    if stop is StopReason.TIMEOUT:
+        return timed_out(call, still_running=False)
+    if stop is StopReason.HARD_TIMEOUT:
+        return timed_out(call, still_running=False).model_copy(
+            update={
+                "message": f"The call was killed at its kill_after_s limit of "
+                f"{call.tool.options.kill_after_s:g}s; it may have taken effect in part.",
+            }
+        )
+    if stop is StopReason.OUTPUT_LIMIT:
+        limit = call.limits.output_limit_bytes
+        return _result(
+            call,
+            status=CallStatus.ERROR,
+            effect=Effect.UNKNOWN,
+            message=f"The tool wrote more than {limit} bytes of output and was stopped. "
+            "It may have taken effect in part: check before calling it again.",
+            data=_python_data(call, None),
+            error=ToolError(type="OutputLimit", message=f"output past {limit} bytes"),
+        )
+    return _result(
+        call,
+        status=CallStatus.CANCELLED,
+        effect=Effect.UNKNOWN,
+        message=CANCELLED_MESSAGE if stop is StopReason.CANCELLED else SHUTDOWN_MESSAGE,
+        data=_python_data(call, None),
+        error=ToolError(type="Cancelled", message=f"stopped: {stop}"),
+    )
+
+
+def timed_out(call: Call, *, still_running: bool) -> ToolResult:
+    """The result of a call past its timeout; `still_running`: it runs on, detached."""
+    message = TIMEOUT_MESSAGE.format(timeout=call.timeout_s)
+    if still_running:
+        message += (
+            f" It keeps running detached for up to {call.tool.options.kill_after_s:g}s "
+            f"from its start; ask for call {call.call_id!r} later to learn how it ended."
+        )
+    return _result(
+        call,
+        status=CallStatus.TIMEOUT,
+        effect=Effect.UNKNOWN,
+        message=message,
+        still_running=still_running,
+        data=_python_data(call, None),
+        error=ToolError(type="Timeout", message=f"no result within {call.timeout_s:g}s"),
+    )
+
+
+def not_run(call: Call, why: str) -> ToolResult:
+    """The result of a call stopped before it reached a sandbox."""
+    return _result(
+        call,
+        status=CallStatus.CANCELLED,
+        effect=Effect.NONE,
+        message=f"The tool did not run: {why}.",
+        error=ToolError(type="Cancelled", message=why),
+    )
+
+
+def sandbox_failed(call: Call, why: str) -> ToolResult:
+    """The result of a call for which no sandbox could be started."""
+    return _result(
+        call,
+        status=CallStatus.ERROR,
+        effect=Effect.NONE,
+        message="The tool did not run: no sandbox could be started. Try again later.",
+        error=ToolError(type="SandboxUnavailable", message=why),
+    )
+
+
+def internal_error(call: Call, exc: Exception) -> ToolResult:
+    """The result of a call the daemon itself failed (a bug of ours)."""
+    return _result(
+        call,
+        status=CallStatus.ERROR,
+        effect=Effect.UNKNOWN,
+        message="The daemon failed while running the call; it may have taken effect.",
+        error=ToolError(type="InternalError", message=f"{type(exc).__name__}: {exc}"),
+    )
+
+
+def state_of(result: ToolResult) -> CallState:
+    """The state a call ends in with `result` (RUNNING: it runs on, detached)."""
+    if result.still_running:
+        return CallState.RUNNING
+    return {
+        CallStatus.SUCCESS: CallState.SUCCEEDED,
+        CallStatus.PARTIAL: CallState.SUCCEEDED,
+        CallStatus.ERROR: CallState.FAILED,
+        CallStatus.TIMEOUT: CallState.TIMED_OUT,
+        CallStatus.CANCELLED: CallState.CANCELLED,
+        CallStatus.LOST: CallState.LOST,
+    }[result.status]
+
+
+def _succeeded(call: Call, outcome: RunOutcome) -> ToolResult:
+    if call.tool.builtin in PYTHON_BUILTINS:
+        return _result(
+            call, status=CallStatus.SUCCESS, effect=Effect.APPLIED, data=_python_data(call, 0)
+        )
+    value, kind = outcome.value, outcome.value_kind
+    if kind == "none":
+        streamed = f"Tool streamed {outcome.yields} values" if outcome.yields else ""
+        return _result(
+            call,
+            status=CallStatus.SUCCESS,
+            effect=Effect.APPLIED,
+            message=streamed or NO_OUTPUT_MESSAGE,
+        )
+    envelope = envelope_of(value) if kind == "json" else None
+    if envelope is not None:
+        return _result(call, effect=Effect.APPLIED, **envelope)
+    return _result(call, status=CallStatus.SUCCESS, effect=Effect.APPLIED, data=value)
+
+
+def _failed(
+    call: Call, outcome: RunOutcome, effect: Effect, message: str, error: ToolError
+) -> ToolResult:
+    exit_code = -outcome.signal if outcome.signal else outcome.exit_code
+    return _result(
+        call,
+        status=CallStatus.ERROR,
+        effect=effect,
+        message=message,
+        error=error,
+        data=_python_data(call, exit_code),
+    )
+
+
+def _failure_message(outcome: RunOutcome, error: ToolError) -> str:
+    t = outcome.termination
+    if t is Termination.RAISED:
+        return f"The tool raised {error.type}: {error.message}"
+    if t is Termination.EXITED:
+        return f"The program exited with code {outcome.exit_code}."
+    if t in (
+        Termination.SIGNALED,
+        Termination.CPU_LIMIT,
+        Termination.FILE_SIZE_LIMIT,
+        Termination.OUT_OF_MEMORY,
+    ):
+        return f"The program was terminated: {error.message}."
+    return f"The tool failed: {error.message}"
+
+
+def _result(call: Call, **fields: Any) -> ToolResult:
+    return ToolResult(
+        call_id=call.call_id,
+        tool=call.tool.name,
+        duration_s=time.monotonic() - (call.started_at or call.created),
+        output_bytes=call.stdout.total + call.stderr.total,
+        truncated=call.stdout.truncated or call.stderr.truncated,
+        **fields,
+    )
+
+
+def _python_data(call: Call, exit_code: int | None) -> dict[str, Any] | None:
+    """The Python tools' data ({stdout, stderr, exit_code}); None for other tools."""
+    if call.tool.builtin not in PYTHON_BUILTINS:
+        return None
+    return {"stdout": call.stdout.text(), "stderr": call.stderr.text(), "exit_code": exit_code}
+
+
+def envelope_of(value: Any) -> dict[str, Any] | None:
+    """Read a returned dict of exactly the envelope shape as the result itself."""
+    if not isinstance(value, dict) or not value or not set(value) <= ENVELOPE_KEYS:
+        return None
+    if "status" not in value:
+        if set(value) != {"error"}:
+            return None
+        value = {"status": "error", **value}
+    try:
+        status = CallStatus(value["status"])
+    except ValueError:
+        return None
+    if status in (CallStatus.TIMEOUT, CallStatus.CANCELLED, CallStatus.LOST):
+        return None  # only the daemon says these
+    raw_error = value.get("error")
+    error = None
+    if raw_error is not None:
+        if isinstance(raw_error, dict):
+            error = ToolError(
+                type=str(raw_error.get("type", "Error")),
+                message=str(raw_error.get("message", "")),
+                traceback=str(raw_error.get("traceback", "")),
+            )
+        else:
+            error = ToolError(type="Error", message=str(raw_error))
+    message = value.get("message")
+    return {
+        "status": status,
+        "data": value.get("data"),
+        "message": "" if message is None else str(message),
+        "error": error,
+    }
