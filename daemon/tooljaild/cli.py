@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooljaild.sandbox.kinds import KINDS
+
 EXIT_OK, EXIT_TOOL_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
@@ -46,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
     serve.add_argument(
         "--backend",
-        choices=["process", "docker"],
+        choices=KINDS,
         help="where tools run unless their sandbox profile says otherwise: process "
         "(default) or docker (containers of docker.image; needs a Docker engine)",
     )
@@ -249,8 +251,9 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _check_tools(args: argparse.Namespace) -> int:
+    """`tools --check`: load the tool files as the daemon would, and report."""
     from tooljaild.config import ConfigError, load_settings
-    from tooljaild.loader import load_registry
+    from tooljaild.daemon import DaemonError
 
     try:
         settings = load_settings(args.config, tools_dirs=args.tools_dirs)
@@ -260,40 +263,56 @@ def _check_tools(args: argparse.Namespace) -> int:
     if not settings.tools_dirs:
         print("tooljail: no tools directory: pass --tools-dir DIR", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        registry = asyncio.run(_load_for_check(_check_settings(settings)))
+    except DaemonError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _report_check(registry, as_json=args.json)
 
-    async def load() -> Any:
-        import tempfile
 
-        from tooljaild.sandbox.isolation import install_runner, resolve, sandbox_python
-        from tooljaild.sandbox.process import SandboxContext
+def _check_settings(settings: Any) -> Any:
+    """The daemon's settings, made mild for a check: it reports, it never refuses.
 
-        iso = resolve(
-            "none" if settings.isolation == "none" else "best-effort",
-            bwrap=settings.sandbox.bwrap,
-            sandbox_user=settings.sandbox.user,
-            use_cgroups=False,
-        )
-        python = sandbox_python(settings.sandbox.python, iso)
-        with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
-            os.chmod(tmp, 0o711)
-            context = SandboxContext(
-                workspace_root=Path(tmp) / "ws",
-                runner_dir=install_runner(Path(tmp)),
-                isolation=iso,
-                shared_dirs=tuple(d.resolve() for d in settings.tools_dirs),
-            )
-            config = settings.sandbox.model_copy(update={"python": python})
-            sandbox = config.build(context, settings.limits)
-            try:
-                await sandbox.start()
-                return await load_registry(settings.tools_dirs, sandbox)
-            finally:
-                await sandbox.close()
+    Tools are described in a process sandbox (no engine needed), at best-effort
+    isolation (a strict host check is `tooljail doctor`'s), without cgroups.
+    """
+    return settings.model_copy(
+        update={
+            "isolation": "none" if settings.isolation == "none" else "best-effort",
+            "backend": "process",
+            "sandbox": settings.sandbox.model_copy(update={"use_cgroups": False}),
+        }
+    )
 
-    registry = asyncio.run(load())
+
+async def _load_for_check(settings: Any) -> Any:
+    """The registry, loaded the daemon's way (`open_sandboxes`, `load_tools`) in a temp dir.
+
+    Raises:
+        DaemonError: The sandboxes cannot be made (a directory the sandbox uid cannot reach).
+    """
+    import tempfile
+
+    from tooljaild.builtin_tools import BUILTIN_TOOLS
+    from tooljaild.daemon import load_tools, open_sandboxes
+    from tooljaild.pools import PoolSet
+
+    with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
+        os.chmod(tmp, 0o711)
+        sandboxes = await open_sandboxes(settings, state_dir=Path(tmp), daemon_id="check")
+        try:
+            default = PoolSet(settings, sandboxes.factory).default
+            return await load_tools(settings, sandboxes, default, BUILTIN_TOOLS)
+        finally:
+            await sandboxes.close()
+
+
+def _report_check(registry: Any, *, as_json: bool) -> int:
+    """Print the user tools and the diagnostics; exit 1 when any is an error."""
     users = [t for t in registry.tools() if t.source == "user"]
     errors = [d for d in registry.diagnostics if d.severity == "error"]
-    if args.json:
+    if as_json:
         print(
             json.dumps(
                 {
