@@ -158,14 +158,19 @@ class Daemon:
         self._open_journal()
         self._check_listen()
         s = self.settings
-        self.sandboxes = await open_sandboxes(
-            s, state_dir=s.state_dir, daemon_id=self.daemon_id, table=self._table
-        )
-        self.pools = PoolSet(s, self.sandboxes.factory, self._table)
-        await self._ready_default_backend()
-        registry = await self._load_tools()
-        warm = await self._start_pools(registry)
-        await self._serve(registry, warm)
+        try:
+            self.sandboxes = await open_sandboxes(
+                s, state_dir=s.state_dir, daemon_id=self.daemon_id, table=self._table
+            )
+            self.pools = PoolSet(s, self.sandboxes.factory, self._table)
+            await self._ready_default_backend()
+            registry = await self._load_tools()
+            warm = await self._start_pools(registry)
+            await self._serve(registry, warm)
+        except BaseException:
+            if self._socket is not None:
+                self._socket.discard()  # the private bind directory, if still there
+            raise
 
     def _make_state_dirs(self) -> None:
         s = self.settings
@@ -275,8 +280,6 @@ class Daemon:
                 self._socket.publish()
                 self._socket_path = self._socket.path
         except (RuntimeError, DaemonError) as exc:
-            if self._socket is not None:
-                self._socket.discard()
             await self._close_sandboxes()
             if isinstance(exc, DaemonError):
                 raise

@@ -446,11 +446,17 @@ class DockerBackend(Backend):
 class FakeBackend(Backend):
     """Scripted sandboxes (`FakeSandbox`) for tests: no processes, no engine.
 
-    Not in `BACKENDS`: a test puts it under a kind of its table, e.g.
-    `{**BACKENDS, "process": FakeBackend}`, to run a real daemon without sandboxes.
+    Not in `BACKENDS`: a test puts it in place of a kind of its table, e.g.
+    `{**BACKENDS, "process": FakeBackend.posing_as("process")}`, to run a real
+    daemon without sandboxes.
     """
 
     kind = "fake"
+
+    @classmethod
+    def posing_as(cls, kind: str) -> type[Backend]:
+        """This entry under another kind (a table's key is its entry's kind)."""
+        return type(f"{cls.__name__}As{kind.title()}", (cls,), {"kind": kind})
 
     def factory(self, profile: Profile) -> Callable[[], Sandbox]:
         return FakeSandbox
@@ -474,12 +480,18 @@ class Sandboxes:
     Args:
         settings: The daemon's settings.
         host: What every backend shares.
-        table: The backends by kind; tests may swap in `FakeBackend`.
+        table: The backends by kind; tests may swap in `FakeBackend.posing_as(kind)`.
+
+    Raises:
+        ValueError: An entry's kind is not its key (profiles name backends by kind).
     """
 
     def __init__(
         self, settings: Settings, host: Host, table: Mapping[str, type[Backend]] = BACKENDS
     ) -> None:
+        wrong = [key for key, entry in table.items() if entry.kind != key]
+        if wrong:
+            raise ValueError(f"backend table entries under another kind than their own: {wrong}")
         self.settings = settings
         self.table = table
         self.backends = {kind: entry(settings, host) for kind, entry in table.items()}
