@@ -3,6 +3,11 @@
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
 for `images` and `serve --backend docker`, no Docker engine) answers.
+
+Over 500 lines, on purpose: the parser and one short handler per command, each
+read top to bottom; the work is elsewhere (`daemon`, `doctor`, `images`, the
+SDK), so a module per command would add only imports. Handlers import lazily:
+`tooljail call` must not pay for the daemon's modules.
 """
 
 from __future__ import annotations
@@ -10,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -253,7 +257,7 @@ def _tools(args: argparse.Namespace) -> int:
 def _check_tools(args: argparse.Namespace) -> int:
     """`tools --check`: load the tool files as the daemon would, and report."""
     from tooljaild.config import ConfigError, load_settings
-    from tooljaild.daemon import DaemonError
+    from tooljaild.daemon import DaemonError, check_tool_files
 
     try:
         settings = load_settings(args.config, tools_dirs=args.tools_dirs)
@@ -264,48 +268,11 @@ def _check_tools(args: argparse.Namespace) -> int:
         print("tooljail: no tools directory: pass --tools-dir DIR", file=sys.stderr)
         return EXIT_USAGE
     try:
-        registry = asyncio.run(_load_for_check(_check_settings(settings)))
+        registry = asyncio.run(check_tool_files(settings))
     except DaemonError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return _report_check(registry, as_json=args.json)
-
-
-def _check_settings(settings: Any) -> Any:
-    """The daemon's settings, made mild for a check: it reports, it never refuses.
-
-    Tools are described in a process sandbox (no engine needed), at best-effort
-    isolation (a strict host check is `tooljail doctor`'s), without cgroups.
-    """
-    return settings.model_copy(
-        update={
-            "isolation": "none" if settings.isolation == "none" else "best-effort",
-            "backend": "process",
-            "sandbox": settings.sandbox.model_copy(update={"use_cgroups": False}),
-        }
-    )
-
-
-async def _load_for_check(settings: Any) -> Any:
-    """The registry, loaded the daemon's way (`open_sandboxes`, `load_tools`) in a temp dir.
-
-    Raises:
-        DaemonError: The sandboxes cannot be made (a directory the sandbox uid cannot reach).
-    """
-    import tempfile
-
-    from tooljaild.builtin_tools import BUILTIN_TOOLS
-    from tooljaild.daemon import load_tools, open_sandboxes
-    from tooljaild.pools import PoolSet
-
-    with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
-        os.chmod(tmp, 0o711)
-        sandboxes = await open_sandboxes(settings, state_dir=Path(tmp), daemon_id="check")
-        try:
-            default = PoolSet(settings, sandboxes.factory).default
-            return await load_tools(settings, sandboxes, default, BUILTIN_TOOLS)
-        finally:
-            await sandboxes.close()
 
 
 def _report_check(registry: Any, *, as_json: bool) -> int:

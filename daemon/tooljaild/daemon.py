@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2
 
-from tooljaild.builtin_tools import builtin_tools
+from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.journal import Journal, JournalError
@@ -114,6 +115,37 @@ async def load_tools(
         return await load_registry(settings.tools_dirs, sandbox, builtins=builtins)
     finally:
         await sandbox.close()
+
+
+async def check_tool_files(settings: Settings) -> Registry:
+    """Load the tool files the daemon's way, without serving (`tooljail tools --check`).
+
+    The same assembly as `Daemon.start` (`open_sandboxes`, `load_tools`), made
+    mild, since a check reports and never refuses: a process sandbox (no engine
+    needed), best-effort isolation (a strict host check is `tooljail doctor`'s),
+    no cgroups, in a temporary state directory.
+
+    Raises:
+        DaemonError: The sandboxes cannot be made (a directory the sandbox uid
+            cannot reach).
+    """
+    import tempfile
+
+    mild = settings.model_copy(
+        update={
+            "isolation": "none" if settings.isolation == "none" else "best-effort",
+            "backend": "process",
+            "sandbox": settings.sandbox.model_copy(update={"use_cgroups": False}),
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
+        os.chmod(tmp, 0o711)
+        sandboxes = await open_sandboxes(mild, state_dir=Path(tmp), daemon_id="check")
+        try:
+            default = PoolSet(mild, sandboxes.factory).default
+            return await load_tools(mild, sandboxes, default, BUILTIN_TOOLS)
+        finally:
+            await sandboxes.close()
 
 
 class Daemon:
