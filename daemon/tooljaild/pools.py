@@ -1,7 +1,8 @@
 """One warm pool per sandbox profile: which backend, image, network and limits a call gets.
 
 A tool's profile is its `@tool(sandbox=...)` choices over the daemon's defaults
-(`backend`, `docker.image`, `docker.network`), plus the sandbox-wide part of its
+(`backend`, `docker.image`, `docker.network`), as its backend's entry in the
+table reads them (`sandbox.backends`), plus the sandbox-wide part of its
 limits (memory, processes and CPUs of the whole sandbox, /tmp and workspace
 sizes: what a sandbox is built with). Per-call limits (rlimits, output) travel
 with each request instead, so tools that differ only in those share a pool.

@@ -356,6 +356,7 @@ class Sandboxes:
         self.settings = settings
         self.table = table
         self.backends = {kind: entry(settings, host) for kind, entry in table.items()}
+        self._closed = False
 
     def __getitem__(self, kind: str) -> Backend:
         return self.backends[kind]
@@ -392,7 +393,10 @@ class Sandboxes:
         return self.backends[profile.backend].promises(profile)
 
     async def close(self) -> None:
-        """Close every backend, even when one fails (it logs)."""
+        """Close every backend, even when one fails (it logs). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
         for backend in self.backends.values():
             try:
                 await backend.close()
