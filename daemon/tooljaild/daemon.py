@@ -308,14 +308,17 @@ class Daemon:
             server, self.port, health = create_server(
                 self.manager, address, max_request_bytes=s.max_request_bytes
             )
-            if self._socket is not None:
-                self._socket.publish()
-                self._socket_path = self._socket.path
-        except (RuntimeError, DaemonError) as exc:
+        except RuntimeError as exc:
             await self._close_sandboxes()
-            if isinstance(exc, DaemonError):
-                raise
             raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
+        if self._socket is not None:
+            try:
+                self._socket.publish()
+            except DaemonError:
+                await server.stop(None)
+                await self._close_sandboxes()
+                raise
+            self._socket_path = self._socket.path
         self._server, self._health = server, health
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
         await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

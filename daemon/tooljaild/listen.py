@@ -172,8 +172,9 @@ def prepare_socket(listen: str) -> SocketPlan:
         finally:
             probe.close()
     try:
-        # mkdtemp makes it 0700; a short name keeps the bind path under the
-        # 107-byte limit of a Unix socket address wherever the final one fits.
+        # mkdtemp makes it 0700. Its name and the socket's ("/.XXXXXXXX/s") are
+        # no longer than "/tooljail.sock", so the bind path fits the 107-byte
+        # limit of a Unix socket address wherever the default name does.
         private = Path(tempfile.mkdtemp(prefix=".", dir=path.parent))
     except OSError as exc:
         raise _refused(f"cannot create a directory in {path.parent}: {exc}") from exc
