@@ -3,6 +3,11 @@
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
 for `images` and `serve --backend docker`, no Docker engine) answers.
+
+Over 500 lines, on purpose: the parser and one short handler per command, each
+read top to bottom; the work is elsewhere (`daemon`, `doctor`, `images`, the
+SDK), so a module per command would add only imports. Handlers import lazily:
+`tooljail call` must not pay for the daemon's modules.
 """
 
 from __future__ import annotations
@@ -10,10 +15,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
+
+from tooljaild.sandbox.kinds import KINDS
 
 EXIT_OK, EXIT_TOOL_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -46,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--pool-size", type=int, help="sandboxes kept ready (0: none)")
     serve.add_argument(
         "--backend",
-        choices=["process", "docker"],
+        choices=KINDS,
         help="where tools run unless their sandbox profile says otherwise: process "
         "(default) or docker (containers of docker.image; needs a Docker engine)",
     )
@@ -249,8 +255,9 @@ def _tools(args: argparse.Namespace) -> int:
 
 
 def _check_tools(args: argparse.Namespace) -> int:
+    """`tools --check`: load the tool files as the daemon would, and report."""
     from tooljaild.config import ConfigError, load_settings
-    from tooljaild.loader import load_registry
+    from tooljaild.daemon import DaemonError, check_tool_files
 
     try:
         settings = load_settings(args.config, tools_dirs=args.tools_dirs)
@@ -260,40 +267,19 @@ def _check_tools(args: argparse.Namespace) -> int:
     if not settings.tools_dirs:
         print("tooljail: no tools directory: pass --tools-dir DIR", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        registry = asyncio.run(check_tool_files(settings))
+    except DaemonError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _report_check(registry, as_json=args.json)
 
-    async def load() -> Any:
-        import tempfile
 
-        from tooljaild.sandbox.isolation import install_runner, resolve, sandbox_python
-        from tooljaild.sandbox.process import SandboxContext
-
-        iso = resolve(
-            "none" if settings.isolation == "none" else "best-effort",
-            bwrap=settings.sandbox.bwrap,
-            sandbox_user=settings.sandbox.user,
-            use_cgroups=False,
-        )
-        python = sandbox_python(settings.sandbox.python, iso)
-        with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
-            os.chmod(tmp, 0o711)
-            context = SandboxContext(
-                workspace_root=Path(tmp) / "ws",
-                runner_dir=install_runner(Path(tmp)),
-                isolation=iso,
-                shared_dirs=tuple(d.resolve() for d in settings.tools_dirs),
-            )
-            config = settings.sandbox.model_copy(update={"python": python})
-            sandbox = config.build(context, settings.limits)
-            try:
-                await sandbox.start()
-                return await load_registry(settings.tools_dirs, sandbox)
-            finally:
-                await sandbox.close()
-
-    registry = asyncio.run(load())
+def _report_check(registry: Any, *, as_json: bool) -> int:
+    """Print the user tools and the diagnostics; exit 1 when any is an error."""
     users = [t for t in registry.tools() if t.source == "user"]
     errors = [d for d in registry.diagnostics if d.severity == "error"]
-    if args.json:
+    if as_json:
         print(
             json.dumps(
                 {

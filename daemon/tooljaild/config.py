@@ -21,12 +21,11 @@ from pydantic_settings import (
 
 from tooljail._client import default_socket_path
 from tooljail.errors import TooljailError
+from tooljaild.sandbox.backends import BackendKind, BackendSettings
 from tooljaild.sandbox.base import Limits
-from tooljaild.sandbox.docker import DockerSandboxConfig
-from tooljaild.sandbox.process import ProcessSandboxConfig
 
-Backend = Literal["process", "docker"]
-"""The sandbox backends a tool can run in."""
+Backend = BackendKind
+"""The sandbox backends a tool can run in (the keys of `sandbox.backends.BACKENDS`)."""
 
 
 def default_state_dir() -> Path:
@@ -36,8 +35,12 @@ def default_state_dir() -> Path:
     return Path(base) / "tooljail"
 
 
-class Settings(BaseSettings):
-    """Everything an operator can set."""
+class Settings(BaseSettings, BackendSettings):
+    """Everything an operator can set.
+
+    `backend` and each backend's table (`[sandbox]`, `[docker]`) come from
+    `BackendSettings`, next to the backend table: a new backend adds its own there.
+    """
 
     model_config = SettingsConfigDict(
         env_prefix="TOOLJAIL_", env_nested_delimiter="__", extra="forbid"
@@ -64,13 +67,6 @@ class Settings(BaseSettings):
     isolation: Literal["strict", "best-effort", "none"] = "best-effort"
     """strict: refuse to start unless every isolation feature is active; best-effort:
     use what the host has and say what is missing; none: no namespaces."""
-    backend: Backend = "process"
-    """The backend of every tool whose sandbox profile names none (the built-ins
-    included): "process" (namespaces on this host) or "docker" (containers)."""
-    sandbox: ProcessSandboxConfig = Field(default_factory=ProcessSandboxConfig)
-    """The process backend's settings."""
-    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
-    """The docker backend's settings: image, docker_host, network, ..."""
     pool_size: int = Field(default=4, ge=0, le=256)
     """Started sandboxes kept ready; 0 starts one per call."""
     pool_idle_ttl_s: float = Field(default=300.0, gt=0)

@@ -1,63 +1,48 @@
 """Assembling the daemon: settings -> sandboxes, tools, calls, server; and its life.
 
 `Daemon.start` makes everything ready (the pools warm before the socket says
-SERVING); `Daemon.stop` drains: it refuses new calls, lets running calls finish
-within the grace period, stops the rest and answers their callers.
+SERVING), in named steps; `Daemon.stop` drains: it refuses new calls, lets
+running calls finish within the grace period, stops the rest and answers their
+callers.
 
 Backends. Each tool runs in its sandbox profile's pool (`tooljaild.pools`): the
 daemon's default backend (`backend`, `serve --backend`) unless the tool names
-another. The Docker engine is connected only when some profile uses it; when it
-first answers, the daemon removes the sandbox containers earlier runs with the
-same state directory left behind (a crash), and at shutdown it removes its own.
-With `backend = "docker"` the daemon refuses to start while no engine answers or
-the image is missing; with the process default it starts anyway, and each call
-of a docker-backed tool fails, saying why, until the engine answers.
+another. Every backend comes from one table (`sandbox.backends`), assembled by
+`open_sandboxes`, which `tooljail tools --check` uses too. The Docker engine is
+connected only when some profile uses it; when it first answers, the daemon
+removes the sandbox containers earlier runs with the same state directory left
+behind (a crash), and at shutdown it removes its own. When the default
+backend's sandboxes cannot be made (no engine answers, the image is missing)
+the daemon refuses to start; when only some tools' cannot, it starts anyway,
+and each call of those tools fails, saying why, until they can.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
-import socket
-from collections.abc import Callable
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
+from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.journal import Journal, JournalError
+from tooljaild.listen import SocketPlan, is_loopback, prepare_socket, sd_notify
 from tooljaild.loader import load_registry
 from tooljaild.pools import PoolSet, Profile
-from tooljaild.registry import Registry
-from tooljaild.sandbox.base import Sandbox, SandboxError
-from tooljaild.sandbox.cgroups import cgroup_name_for
-from tooljaild.sandbox.docker import (
-    DockerContext,
-    DockerEngine,
-    EngineUnavailableError,
-    new_daemon_id,
-    remove_own_containers,
-    remove_stale_containers,
-)
-from tooljaild.sandbox.docker_engine import explain, image_missing_message
-from tooljaild.sandbox.isolation import (
-    Isolation,
-    IsolationError,
-    install_runner,
-    reachable,
-    sandbox_python,
-)
-from tooljaild.sandbox.isolation import resolve as resolve_isolation
+from tooljaild.registry import Registry, Tool
+from tooljaild.sandbox.backends import BACKENDS, Backend, Host, Sandboxes
+from tooljaild.sandbox.docker import new_daemon_id
+from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
-from tooljaild.sandbox.process import SandboxContext, zygote_for
 from tooljaild.server import SERVICE_NAME, create_server
 
 log = logging.getLogger(__name__)
@@ -79,105 +64,148 @@ class DaemonError(TooljailError):
         self.unavailable = unavailable
 
 
-class Daemon:
-    """One tooljail daemon: its pool, registry, call manager and gRPC server."""
+async def open_sandboxes(
+    settings: Settings,
+    *,
+    state_dir: Path,
+    daemon_id: str,
+    table: Mapping[str, type[Backend]] = BACKENDS,
+) -> Sandboxes:
+    """Every backend of `table`, prepared for `settings` (the daemon's and `tools --check`'s).
 
-    def __init__(self, settings: Settings) -> None:
+    Args:
+        settings: The settings (the check passes its own, milder ones).
+        state_dir: Where the runner is installed and the backends keep state.
+        daemon_id: Labels what the backends make (containers).
+        table: The backends by kind.
+
+    Raises:
+        DaemonError: A backend cannot be used as configured (isolation = strict
+            on a host that lacks a feature, a directory the sandbox uid cannot reach).
+    """
+    host = await asyncio.to_thread(_host, settings, state_dir, daemon_id)
+    sandboxes = Sandboxes(settings, host, table)
+    try:
+        await sandboxes.prepare()
+    except IsolationError as exc:
+        await sandboxes.close()
+        raise DaemonError(str(exc)) from exc
+    return sandboxes
+
+
+def _host(settings: Settings, state_dir: Path, daemon_id: str) -> Host:
+    """What every backend shares; installs the runner (blocking: run it in a thread)."""
+    return Host(
+        state_dir=state_dir.resolve(),
+        workspace_root=state_dir / "workspaces",
+        runner_dir=install_runner(state_dir),
+        shared_dirs=tuple(d.resolve() for d in (*settings.tools_dirs, *settings.files_dirs)),
+        daemon_id=daemon_id,
+    )
+
+
+async def load_tools(
+    settings: Settings, sandboxes: Sandboxes, profile: Profile, builtins: tuple[Tool, ...]
+) -> Registry:
+    """The registry: `builtins` and the user tools, described in a sandbox of `profile`."""
+    if not settings.tools_dirs:
+        return Registry(builtins=builtins)
+    sandbox = sandboxes.factory(profile)()
+    try:
+        await sandbox.start()
+        return await load_registry(settings.tools_dirs, sandbox, builtins=builtins)
+    finally:
+        await sandbox.close()
+
+
+async def check_tool_files(settings: Settings) -> Registry:
+    """Load the tool files the daemon's way, without serving (`tooljail tools --check`).
+
+    The same assembly as `Daemon.start` (`open_sandboxes`, `load_tools`), made
+    mild, since a check reports and never refuses: a process sandbox (no engine
+    needed), best-effort isolation (a strict host check is `tooljail doctor`'s),
+    no cgroups, in a temporary state directory.
+
+    Raises:
+        DaemonError: The sandboxes cannot be made (a directory the sandbox uid
+            cannot reach).
+    """
+    import tempfile
+
+    mild = settings.model_copy(
+        update={
+            "isolation": "none" if settings.isolation == "none" else "best-effort",
+            "backend": "process",
+            "sandbox": settings.sandbox.model_copy(update={"use_cgroups": False}),
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
+        os.chmod(tmp, 0o711)
+        sandboxes = await open_sandboxes(mild, state_dir=Path(tmp), daemon_id="check")
+        try:
+            default = PoolSet(mild, sandboxes.factory).default
+            return await load_tools(mild, sandboxes, default, BUILTIN_TOOLS)
+        finally:
+            await sandboxes.close()
+
+
+class Daemon:
+    """One tooljail daemon: its sandboxes, registry, call manager and gRPC server.
+
+    Args:
+        settings: What the operator set.
+        backends: The backend table; tests may swap in `sandbox.backends.FakeBackend`.
+    """
+
+    def __init__(
+        self, settings: Settings, *, backends: Mapping[str, type[Backend]] = BACKENDS
+    ) -> None:
         self.settings = settings
         self.port = 0
-        self.isolation: Isolation | None = None
-        self.context: SandboxContext | None = None
+        self.sandboxes: Sandboxes | None = None
         self.pools: PoolSet | None = None
         self.manager: CallManager | None = None
         self.journal: Journal | None = None
         self.daemon_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
-        self.docker_context: DockerContext | None = None
-        self._engine: DockerEngine | None = None
+        self._table = backends
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
+        self._socket: SocketPlan | None = None
         self._socket_path: Path | None = None
+        """Where the socket was published (removed at stop)."""
 
     @property
     def pool(self) -> SandboxPool | None:
         """The default profile's pool (the built-ins')."""
         return None if self.pools is None else self.pools.pool(self.pools.default)
 
-    def _factory(self, profile: Profile) -> Callable[[], Sandbox]:
-        """What makes one sandbox of `profile` (for its pool)."""
-        s = self.settings
-        limits = profile.sandbox_limits(s.limits)
-        if profile.backend == "docker":
-            update = {"image": profile.image, "network": profile.network}
-            config = s.docker.model_copy(update=update)
-            context = self.docker_context
-            assert context is not None
-            return lambda: config.build(context, limits)
-
-        def process_sandbox() -> Sandbox:
-            # Read at each build: start() may still swap the python or add the zygote.
-            assert self.context is not None
-            return s.sandbox.build(self.context, limits)
-
-        return process_sandbox
-
-    def _new_sandbox(self) -> Sandbox:
-        """A sandbox of the default profile (to describe the user tools)."""
-        assert self.pools is not None
-        return self._factory(self.pools.default)()
-
-    def _sweep(self, client: Any) -> None:
-        """Remove containers of earlier runs (a crash); on an engine thread, once."""
-        assert self.docker_context is not None
-        removed = remove_stale_containers(
-            client, self.daemon_id, state_dir=self.docker_context.state_dir
-        )
-        if removed:
-            log.info("removed %d sandbox containers left by an earlier run", removed)
-
-    async def _engine_check(self, images: list[str]) -> dict[str, str]:
-        """Connect to the engine (which sweeps leftovers) and look for `images`.
-
-        Returns:
-            Why each image cannot be used now (no engine, or not in it); {}: all can.
-        """
-        assert self._engine is not None
-        try:
-            client = await self._engine.client()
-        except EngineUnavailableError as exc:
-            return dict.fromkeys(images, str(exc))
-        from docker.errors import DockerException, ImageNotFound
-
-        problems: dict[str, str] = {}
-        for image in images:
-            try:
-                await self._engine.call(client.images.get, image)
-            except ImageNotFound as exc:
-                problems[image] = image_missing_message(image, exc)
-            except (DockerException, OSError) as exc:
-                where = self._engine.where
-                problems[image] = f"the Docker engine at {where} failed: {explain(exc)}"
-        return problems
-
-    async def _start_zygote(self) -> None:
-        s = self.settings
-        assert self.context is not None and self.isolation is not None
-        if not (self.isolation.namespaces and s.sandbox.zygote) or self.context.zygote:
-            return
-        zygote = zygote_for(s.sandbox, self.context, s.limits)
-        try:
-            await zygote.start()
-        except SandboxError as exc:
-            log.warning("no zygote, sandboxes start one by one: %s", exc)
-        else:
-            self.context = dataclasses.replace(self.context, zygote=zygote)
-
     async def start(self) -> None:
-        """Start serving.
+        """Start serving: each step below, in order.
 
         Raises:
-            DaemonError: When the address or state directory cannot be used.
+            DaemonError: When the address, the state directory, the journal or
+                the default backend cannot be used; the message says why.
         """
+        self._make_state_dirs()
+        self._open_journal()
+        self._check_listen()
+        s = self.settings
+        try:
+            self.sandboxes = await open_sandboxes(
+                s, state_dir=s.state_dir, daemon_id=self.daemon_id, table=self._table
+            )
+            self.pools = PoolSet(s, self.sandboxes.factory, self._table)
+            await self._ready_default_backend()
+            registry = await self._load_tools()
+            warm = await self._start_pools(registry)
+            await self._serve(registry, warm)
+        except BaseException:
+            if self._socket is not None:
+                self._socket.discard()  # the private bind directory, if still there
+            raise
+
+    def _make_state_dirs(self) -> None:
         s = self.settings
         try:
             # 0711: a sandbox's uid may pass through to its own workspace (by name),
@@ -187,98 +215,115 @@ class Daemon:
                 directory.chmod(0o711)
         except OSError as exc:
             raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
-        self._open_journal()
+
+    def _check_listen(self) -> None:
+        """A Unix socket's place is checked and prepared; TCP only on loopback unless allowed."""
+        s = self.settings
         if s.listen.startswith("unix:"):
-            self._socket_path = _prepare_socket(s.listen)
-        elif not s.allow_insecure_tcp and not _is_loopback(s.listen):
+            self._socket = prepare_socket(s.listen)
+        elif not s.allow_insecure_tcp and not is_loopback(s.listen):
             raise DaemonError(
                 f"refusing to serve plaintext TCP on {s.listen}: anyone who reaches it could "
                 "run code here. Listen on a Unix socket or a loopback address "
                 "(127.0.0.1:PORT, [::1]:PORT, localhost:PORT), or set allow_insecure_tcp = "
                 "true (TOOLJAIL_ALLOW_INSECURE_TCP=true) on a network you trust"
             )
-        try:
-            self.isolation = await asyncio.to_thread(
-                resolve_isolation,
-                s.isolation,
-                bwrap=s.sandbox.bwrap,
-                sandbox_user=s.sandbox.user,
-                use_cgroups=s.sandbox.use_cgroups,
-                cgroup_name=cgroup_name_for(s.state_dir),
+
+    async def _ready_default_backend(self) -> None:
+        """Refuse to start unless the default profile's sandboxes can be made; warm it.
+
+        Raises:
+            DaemonError: They cannot (no engine, no image): the built-ins could not run.
+        """
+        assert self.sandboxes is not None and self.pools is not None
+        s, default = self.settings, self.pools.default
+        problem = (await self.sandboxes.unusable([default])).get(default)
+        if problem is not None:
+            await self._close_sandboxes()
+            raise DaemonError(
+                f"the default backend is {default.backend}, but {problem.why}; or serve with "
+                '--backend process (backend = "process")',
+                unavailable=problem.unavailable,
             )
-        except IsolationError as exc:
-            raise DaemonError(str(exc)) from exc
-        if self.isolation.tracker is not None:
-            # What a killed daemon on this state directory left: kill and remove.
-            swept = await asyncio.to_thread(self.isolation.tracker.sweep_stale)
-            if swept:
-                log.warning("removed %d sandbox cgroups a previous daemon left behind", swept)
-        shared = tuple(d.resolve() for d in (*s.tools_dirs, *s.files_dirs))
-        try:
-            python = sandbox_python(s.sandbox.python, self.isolation)
-        except IsolationError as exc:
-            raise DaemonError(str(exc)) from exc
-        if python != s.sandbox.python:
-            s.sandbox = s.sandbox.model_copy(update={"python": python})
-        _check_reachable(self.isolation, (s.state_dir, *shared))
-        self.context = SandboxContext(
-            workspace_root=s.workspace_root,
-            runner_dir=await asyncio.to_thread(install_runner, s.state_dir),
-            isolation=self.isolation,
-            shared_dirs=shared,
+        await self.sandboxes.warm([default])
+        fields = {"isolation": s.isolation, "backend": s.backend}
+        for backend in self.sandboxes.backends.values():
+            fields.update(backend.log_fields())
+        log.info("isolation", extra=fields)
+
+    async def _load_tools(self) -> Registry:
+        """Built-ins described for this daemon, user tools described in a sandbox."""
+        assert self.sandboxes is not None and self.pools is not None
+        s, default = self.settings, self.pools.default
+        builtins = builtin_tools(
+            self.sandboxes.promises(default), [d.resolve() for d in s.files_dirs]
         )
-        # The engine connects on first use (never, when no profile is docker's).
-        self._engine = s.docker.engine(on_connect=self._sweep)
-        self.docker_context = DockerContext.from_process_context(
-            self.context,
-            engine=self._engine,
-            state_dir=s.state_dir.resolve(),
-            daemon_id=self.daemon_id,
-        )
-        self.pools = PoolSet(s, self._factory)
-        if s.backend == "process":
-            await self._start_zygote()
-        else:
-            problem = (await self._engine_check([s.docker.image])).get(s.docker.image)
-            if problem is not None:
-                unavailable = not self._engine.connected
-                self._engine.close()
-                raise DaemonError(
-                    f"the default backend is docker, but {problem}; or serve with "
-                    '--backend process (backend = "process")',
-                    unavailable=unavailable,
-                )
-        log.info(
-            "isolation",
-            extra={
-                "isolation": s.isolation,
-                "backend": s.backend,
-                "python": s.sandbox.python,
-                "features": {f.name: f.status for f in self.isolation.features},
-            },
-        )
-        registry = await self._load_tools()
+        registry = await load_tools(s, self.sandboxes, default, builtins)
         for d in registry.diagnostics:
             log.warning(
                 "tool problem: %s",
                 d.message,
                 extra={"code": d.code, "file": d.file, "tool": d.tool},
             )
-        warm = await self._start_pools(registry)
+        return registry
+
+    async def _start_pools(self, registry: Registry) -> list[Profile]:
+        """Start the pools of the default profile and of every served tool's profile.
+
+        A profile's pool starts only when its backend can make its sandboxes (a
+        docker profile: the engine answers and has its image); otherwise the
+        pool is made at the tool's first call, which then fails saying why (and
+        the pool keeps trying, with its back-off).
+
+        Returns:
+            The profiles whose pools were started.
+        """
+        assert self.sandboxes is not None and self.pools is not None
+        profiles = self.pools.profiles(registry.tools())
+        await self.sandboxes.warm(profiles)
+        problems = await self.sandboxes.unusable(profiles)
+        failing: dict[tuple[str, str], list[str]] = {}
+        for tool in registry.tools():
+            profile = self.pools.profile_for(tool)
+            if profile in problems:
+                failing.setdefault((profile.backend, problems[profile].why), []).append(tool.name)
+        for (kind, why), names in failing.items():
+            log.warning(
+                "%s-backed tools will fail until this is fixed: %s",
+                kind,
+                why,
+                extra={"tools": names},
+            )
+        started = [p for p in profiles if p not in problems]
+        for profile in started:
+            self.pools.pool(profile)
+        return started
+
+    async def _serve(self, registry: Registry, warm: list[Profile]) -> None:
+        """Listen, wait (bounded) for the warm pools, then say SERVING."""
+        assert self.pools is not None
+        s = self.settings
         self.manager = CallManager(s, registry, self.pools.pool_for, journal=self.journal)
+        address = s.listen if self._socket is None else self._socket.bind_address
         try:
             server, self.port, health = create_server(
-                self.manager, s.listen, max_request_bytes=s.max_request_bytes
+                self.manager, address, max_request_bytes=s.max_request_bytes
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
             raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
+        if self._socket is not None:
+            try:
+                self._socket.publish()
+            except DaemonError:
+                await server.stop(None)
+                await self._close_sandboxes()
+                raise
+            self._socket_path = self._socket.path
         self._server, self._health = server, health
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
         await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
-        if self._socket_path is not None:
-            os.chmod(self._socket_path, 0o660)
         late = await self.pools.wait_ready(warm, timeout_s=30.0)
         if late:
             log.warning(
@@ -296,74 +341,18 @@ class Daemon:
                 "pool_size": s.pool_size,
             },
         )
-        _sd_notify("READY=1")
-
-    async def _start_pools(self, registry: Registry) -> list[Profile]:
-        """Start the pools of the default profile and of every served tool's profile.
-
-        A docker profile's pool starts only when the engine answers and has its
-        image; otherwise the pool is made at the tool's first call, which then
-        fails saying why (and the pool keeps trying, with its back-off).
-
-        Returns:
-            The profiles whose pools were started.
-        """
-        assert self.pools is not None
-        profiles = self.pools.profiles(registry.tools())
-        if self.settings.backend != "process" and any(p.backend == "process" for p in profiles):
-            await self._start_zygote()
-        images = sorted({p.image for p in profiles if p.backend == "docker" and p.image})
-        problems = await self._engine_check(images) if images else {}
-        for image, problem in problems.items():
-            names = [t.name for t in registry.tools() if self.pools.profile_for(t).image == image]
-            log.warning(
-                "docker-backed tools will fail until this is fixed: %s",
-                problem,
-                extra={"tools": names},
-            )
-        started = [p for p in profiles if p.image not in problems]
-        for profile in started:
-            self.pools.pool(profile)
-        return started
+        sd_notify("READY=1")
 
     async def _close_sandboxes(self) -> None:
-        """Close every pool, then remove whatever container of ours is left."""
+        """Close every pool, then every backend (which removes what is left of ours)."""
         if self.pools is not None:
             await self.pools.close()
-        engine = self._engine
-        if engine is None:
-            return
-        if engine.connected:
-            try:
-                client = await engine.client()
-                removed = await asyncio.wait_for(
-                    engine.call(
-                        remove_own_containers,
-                        client,
-                        self.daemon_id,
-                        state_dir=self.docker_context.state_dir if self.docker_context else None,
-                    ),
-                    engine.request_timeout_s,
-                )
-                if removed:
-                    log.info("removed %d sandbox containers at shutdown", removed)
-            except Exception as exc:  # the next start sweeps them
-                log.warning("cannot remove this daemon's containers: %s", explain(exc))
-        engine.close()
-
-    async def _load_tools(self) -> Registry:
-        if not self.settings.tools_dirs:
-            return Registry()
-        sandbox = self._new_sandbox()
-        try:
-            await sandbox.start()
-            return await load_registry(self.settings.tools_dirs, sandbox)
-        finally:
-            await sandbox.close()
+        if self.sandboxes is not None:
+            await self.sandboxes.close()
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop. Every call in flight gets its result before this returns."""
-        _sd_notify("STOPPING=1")
+        sd_notify("STOPPING=1")
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
@@ -373,10 +362,6 @@ class Daemon:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)
         await self._close_sandboxes()
-        if self.context is not None and self.context.zygote is not None:
-            await self.context.zygote.close()
-        if self.isolation is not None and self.isolation.tracker is not None:
-            await asyncio.to_thread(self.isolation.tracker.close)
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()
@@ -424,61 +409,3 @@ class Daemon:
         await stop.wait()
         log.info("signal received: draining")
         await self.stop()
-
-
-def _check_reachable(iso: Isolation, paths: tuple[Path, ...]) -> None:
-    """Under namespaces the sandbox uid must be able to walk down to what it binds."""
-    if not iso.namespaces or iso.uid is None:
-        return
-    gid = iso.gid if iso.gid is not None else iso.uid
-    for path in paths:
-        if path.exists() and not reachable(path, iso.uid, gid):
-            raise DaemonError(
-                f"the sandbox user (uid {iso.uid}) cannot reach {path}: every directory "
-                "above it needs the search bit for others (chmod o+x), or choose a "
-                "directory under /var/lib, /srv or /opt"
-            )
-
-
-def _is_loopback(listen: str) -> bool:
-    import ipaddress
-
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _prepare_socket(listen: str) -> Path:
-    path = Path(listen.removeprefix("unix://").removeprefix("unix:"))
-    if not path.is_absolute():
-        raise DaemonError(f"the Unix socket path must be absolute: {listen}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-    except OSError as exc:
-        raise DaemonError(f"cannot create {path.parent}: {exc}") from exc
-    if path.exists() or path.is_symlink():
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(str(path))
-        except OSError:
-            path.unlink()  # left by a daemon that died: nobody listens on it
-        else:
-            raise DaemonError(f"another process is already listening on {path}")
-        finally:
-            probe.close()
-    return path
-
-
-def _sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.sendto(state.encode(), address)

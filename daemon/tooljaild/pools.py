@@ -1,7 +1,8 @@
 """One warm pool per sandbox profile: which backend, image, network and limits a call gets.
 
 A tool's profile is its `@tool(sandbox=...)` choices over the daemon's defaults
-(`backend`, `docker.image`, `docker.network`), plus the sandbox-wide part of its
+(`backend`, `docker.image`, `docker.network`), as its backend's entry in the
+table reads them (`sandbox.backends`), plus the sandbox-wide part of its
 limits (memory, processes and CPUs of the whole sandbox, /tmp and workspace
 sizes: what a sandbox is built with). Per-call limits (rlimits, output) travel
 with each request instead, so tools that differ only in those share a pool.
@@ -18,14 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
-from tooljaild.config import Backend, Settings
+from tooljaild.config import Settings
 from tooljaild.registry import Tool
+from tooljaild.sandbox.backends import BACKENDS, Backend, Profile
 from tooljaild.sandbox.base import Limits, Sandbox
-from tooljaild.sandbox.docker import image_reference
 from tooljaild.sandbox.pool import SandboxPool
 
 __all__ = ["SANDBOX_LIMITS", "PoolSet", "Profile", "limits_for"]
@@ -44,42 +43,24 @@ def limits_for(settings: Settings, tool: Tool) -> Limits:
     return limits
 
 
-@dataclass(frozen=True)
-class Profile:
-    """What a sandbox is built with. Equal profiles share one pool."""
-
-    backend: Backend
-    image: str | None = None
-    """The full image reference (docker only)."""
-    network: bool = False
-    """The engine's default network (docker only; process sandboxes never have one)."""
-    limits: tuple[tuple[str, Any], ...] = ()
-    """The `SANDBOX_LIMITS` values, as (name, value) pairs."""
-
-    def sandbox_limits(self, base: Limits) -> Limits:
-        """`base` with this profile's sandbox-wide limits."""
-        return base.model_copy(update=dict(self.limits))
-
-    def describe(self) -> str:
-        """For logs: "docker tooljail/python:latest, no network" or "process"."""
-        if self.backend == "process":
-            return "process"
-        return f"docker {self.image}, {'network' if self.network else 'no network'}"
-
-
 class PoolSet:
     """The daemon's pools, one per profile in use.
 
     Args:
         settings: The daemon's settings (defaults, pool size, idle TTL).
         factory: For a profile, what makes one new, not yet started sandbox of it.
+        table: The backends by kind, which decide a tool's profile from its choices.
     """
 
     def __init__(
-        self, settings: Settings, factory: Callable[[Profile], Callable[[], Sandbox]]
+        self,
+        settings: Settings,
+        factory: Callable[[Profile], Callable[[], Sandbox]],
+        table: Mapping[str, type[Backend]] = BACKENDS,
     ) -> None:
         self._settings = settings
         self._factory = factory
+        self._table = table
         self._pools: dict[Profile, SandboxPool] = {}
         self._by_tool: dict[str, tuple[Tool, Profile]] = {}
         self._closed = False
@@ -89,18 +70,9 @@ class PoolSet:
     def _profile(self, tool: Tool | None, limits: Limits) -> Profile:
         s = self._settings
         chosen = tool.options.sandbox if tool is not None else None
-        backend: Backend = (chosen.backend if chosen else None) or s.backend
+        kind = (chosen.backend if chosen else None) or s.backend
         sandbox_limits = tuple((name, getattr(limits, name)) for name in SANDBOX_LIMITS)
-        if backend == "process":
-            return Profile("process", limits=sandbox_limits)
-        image = s.docker.image
-        network = s.docker.network
-        if chosen is not None:
-            if chosen.image is not None:
-                image = image_reference(chosen.image)
-            if chosen.network is not None:
-                network = chosen.network
-        return Profile("docker", image, network, sandbox_limits)
+        return self._table[kind].profile(s, chosen, sandbox_limits)
 
     def profile_for(self, tool: Tool) -> Profile:
         """The profile the tool's calls run in."""

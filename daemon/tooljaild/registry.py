@@ -1,13 +1,9 @@
-"""The tools the daemon serves: built-ins, user tools, and their load diagnostics.
+"""The tools the daemon serves: what a tool is, its arguments' check, the registry.
 
-Loading user tools happens in three steps, so that user code never runs in the
-daemon's process:
-
-1. `find_tool_files` lists the candidate files of the configured directories.
-2. A sandbox runner imports each file and describes it with
-   `tooljail._tooldef.collect_tools` (raw, JSON-serialisable specs).
-3. `build_user_tools` validates those specs into `Tool`s, and `Registry` puts
-   them next to the built-ins, reporting every problem as a `Diagnostic`.
+`Tool` (with its `ToolOptions` and `SandboxProfile`) is a tool as the daemon
+serves it; `Registry` holds the served ones by name next to the diagnostics of
+loading them. The built-ins are in `builtin_tools`; loading user tools (in a
+sandbox, never here) is in `loader`.
 
 `validate_arguments` checks a call's arguments against a tool's schema before
 any sandbox is used, with one error message a person or a model can act on.
@@ -19,33 +15,29 @@ import difflib
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import json_type_name
 from tooljail._types import Diagnostic, ToolInfo
 from tooljail._wire import bounded
 from tooljaild.sandbox.base import Limits
+from tooljaild.sandbox.kinds import BackendKind
 
 __all__ = [
-    "BUILTIN_TOOLS",
     "Registry",
     "SandboxProfile",
     "Tool",
     "ToolOptions",
-    "build_user_tools",
-    "find_tool_files",
     "validate_arguments",
 ]
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What a tool name may be (what the OpenAI and Anthropic APIs accept)."""
 
-_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MAX_KILL_AFTER_S = 86400.0
 
 
@@ -59,7 +51,7 @@ class SandboxProfile(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    backend: Literal["process", "docker"] | None = None
+    backend: BackendKind | None = None
     """The backend; None: the daemon's default (`serve --backend`)."""
     image: str | None = None
     """The docker image: a sandbox image's name ("python") or a full reference
@@ -175,74 +167,6 @@ class Tool(BaseModel):
             streaming=self.options.streaming,
             source=self.source,
         )
-
-
-def _code_schema(what: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"code": {"type": "string", "description": what}},
-        "required": ["code"],
-        "additionalProperties": False,
-    }
-
-
-BUILTIN_TOOLS: tuple[Tool, ...] = (
-    Tool(
-        name="execute_python_code",
-        description=(
-            "Run Python 3 code in a fresh, isolated sandbox and return what it printed. "
-            "Returns {stdout, stderr, exit_code}; exit_code 0 means success. Use print() to "
-            "see values: nothing is echoed. Each call starts from a clean interpreter, so "
-            "define everything you need in the same code. The network is off, and the "
-            "sandbox has a time limit and a memory limit."
-        ),
-        input_schema=_code_schema("The complete Python source to run, as a script."),
-        source="builtin",
-        builtin="execute_python_code",
-    ),
-    Tool(
-        name="execute_python_code_stream",
-        description=(
-            "Run Python 3 code in a fresh, isolated sandbox, streaming every line of output "
-            "as it is printed. Use it for long-running code whose progress matters. The "
-            "final result is the same as execute_python_code: {stdout, stderr, exit_code}. "
-            "The network is off, and the sandbox has a time limit and a memory limit."
-        ),
-        input_schema=_code_schema("The complete Python source to run, as a script."),
-        options=ToolOptions(streaming=True),
-        source="builtin",
-        builtin="execute_python_code_stream",
-    ),
-    Tool(
-        name="execute_python_file",
-        description=(
-            "Run an existing Python file (.py) in an isolated sandbox, like "
-            "`python path args...`. The path is relative to the call's workspace, or to a "
-            "scripts directory configured for the daemon; paths outside them are refused. "
-            "Returns {stdout, stderr, exit_code}; exit_code 0 means success."
-        ),
-        input_schema={
-            "type": "object",
-            "properties": {
-                "path": {
-                    "type": "string",
-                    "description": "The .py file to run, relative to the workspace.",
-                },
-                "args": {
-                    "type": "array",
-                    "items": {"type": "string"},
-                    "default": [],
-                    "description": "Command-line arguments passed to the script (sys.argv[1:]).",
-                },
-            },
-            "required": ["path"],
-            "additionalProperties": False,
-        },
-        source="builtin",
-        builtin="execute_python_file",
-    ),
-)
-"""The tools every daemon serves."""
 
 
 # --- argument validation ---------------------------------------------------------
@@ -383,200 +307,6 @@ def _short(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# --- loading user tools ----------------------------------------------------------
-
-
-def find_tool_files(dirs: list[Path]) -> tuple[list[Path], list[Diagnostic]]:
-    """List the tool modules of the configured directories.
-
-    Only `*.py` files directly in each directory count (no recursion), sorted by
-    name, directories in the order given. Files whose name starts with "_" are
-    helpers the tools may import, and are skipped without a diagnostic.
-
-    Args:
-        dirs: The tool directories.
-
-    Returns:
-        (files, diagnostics). A file is skipped with an error diagnostic when its
-        stem is not a Python identifier ("bad_file_name") or it is a symlink to a
-        place outside its directory ("path_escape"); a missing or unreadable
-        directory gives "bad_tools_dir".
-    """
-    files: list[Path] = []
-    diagnostics: list[Diagnostic] = []
-    seen_dirs: set[Path] = set()
-    for directory in dirs:
-        try:
-            root = directory.resolve(strict=True)
-            if not root.is_dir():
-                raise NotADirectoryError(f"{directory} is not a directory")
-            entries = sorted(directory.iterdir(), key=lambda p: p.name)
-        except OSError as exc:
-            diagnostics.append(
-                Diagnostic(
-                    severity="error",
-                    code="bad_tools_dir",
-                    message=f"cannot read tools directory {directory}: {exc.strerror or exc}",
-                    file=str(directory),
-                )
-            )
-            continue
-        if root in seen_dirs:
-            continue
-        seen_dirs.add(root)
-        for entry in entries:
-            if entry.suffix != ".py" or entry.name.startswith("_"):
-                continue
-            if not _MODULE_NAME.match(entry.stem):
-                diagnostics.append(
-                    Diagnostic(
-                        severity="error",
-                        code="bad_file_name",
-                        message=f"{entry.name} is not loaded: a tool file's name must be a "
-                        "Python identifier (letters, digits, _; not starting with a digit)",
-                        file=str(entry),
-                    )
-                )
-                continue
-            target = entry.resolve()
-            if not target.is_relative_to(root):
-                diagnostics.append(
-                    Diagnostic(
-                        severity="error",
-                        code="path_escape",
-                        message=f"{entry.name} is not loaded: it links to {target}, outside "
-                        f"the tools directory {root}",
-                        file=str(entry),
-                    )
-                )
-                continue
-            # Directories named x.py and dangling links are not modules.
-            if target.is_file():
-                files.append(entry)
-    return files, diagnostics
-
-
-def build_user_tools(described: list[dict[str, Any]]) -> tuple[list[Tool], list[Diagnostic]]:
-    """Validate the raw specs the runner reported into `Tool`s.
-
-    Args:
-        described: One item per file: {"file": str, "specs": [raw specs from
-            `collect_tools`], "problems": [problem dicts], "error": {"type",
-            "message", "traceback"} or None when the import succeeded}.
-
-    Returns:
-        (tools, diagnostics). A spec with a bad name ("bad_name"), schema
-        ("bad_schema") or options ("bad_options") is left out with an error
-        diagnostic; a module that failed to import gives "import_failed".
-    """
-    tools: list[Tool] = []
-    diagnostics: list[Diagnostic] = []
-    for item in described:
-        file = str(item.get("file", ""))
-        error = item.get("error")
-        if error:
-            diagnostics.append(_import_failed(file, error))
-        for problem in item.get("problems") or []:
-            diagnostics.append(_problem_diagnostic(file, problem))
-        for spec in item.get("specs") or []:
-            tool_or_problem = _build_tool(file, spec)
-            if isinstance(tool_or_problem, Tool):
-                tools.append(tool_or_problem)
-            else:
-                diagnostics.append(tool_or_problem)
-    return tools, diagnostics
-
-
-def _import_failed(file: str, error: object) -> Diagnostic:
-    info = error if isinstance(error, dict) else {"message": str(error)}
-    kind = info.get("type") or "Exception"
-    message = f"could not import {file}: {kind}: {info.get('message', '')}".rstrip(": ")
-    if info.get("traceback"):
-        message += "\n" + str(info["traceback"]).rstrip()
-    return Diagnostic(severity="error", code="import_failed", message=message, file=file)
-
-
-def _problem_diagnostic(file: str, problem: object) -> Diagnostic:
-    if not isinstance(problem, dict):
-        problem = {"message": str(problem)}
-    severity = problem.get("severity")
-    return Diagnostic(
-        severity=severity if severity in ("error", "warning") else "error",
-        code=str(problem.get("code") or "bad_tool"),
-        message=str(problem.get("message", "")),
-        file=file,
-        tool=str(problem.get("tool") or ""),
-    )
-
-
-def _build_tool(file: str, spec: object) -> Tool | Diagnostic:
-    def bad(code: str, message: str, tool: str = "") -> Diagnostic:
-        return Diagnostic(severity="error", code=code, message=message, file=file, tool=tool)
-
-    if not isinstance(spec, dict):
-        return bad("bad_spec", f"a tool spec must be an object, got {json_type_name(spec)}")
-    name = spec.get("name")
-    if not isinstance(name, str) or not TOOL_NAME.match(name):
-        return bad(
-            "bad_name",
-            f"tool name {name!r} is invalid: use 1 to 64 letters, digits, '_' or '-'",
-            str(name or spec.get("function") or ""),
-        )
-    function = spec.get("function")
-    if not isinstance(function, str) or not function:
-        return bad("bad_spec", f"tool '{name}' does not say which function to call", name)
-    schema = spec.get("input_schema")
-    if not isinstance(schema, dict):
-        return bad("bad_schema", f"input schema of tool '{name}' must be an object", name)
-    try:
-        jsonschema.Draft202012Validator.check_schema(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        where = _dotted(list(exc.absolute_path)) or "the top level"
-        return bad(
-            "bad_schema",
-            f"input schema of tool '{name}' is not valid JSON Schema at {where}: {exc.message}",
-            name,
-        )
-    if schema.get("type") != "object":
-        return bad(
-            "bad_schema",
-            f"input schema of tool '{name}' must have type \"object\" (named arguments), "
-            f"got {schema.get('type')!r}",
-            name,
-        )
-    options = spec.get("options") or {}
-    try:
-        tool_options = ToolOptions.model_validate(options)
-    except ValidationError as exc:
-        return bad("bad_options", f"options of tool '{name}': {_readable(exc)}", name)
-    description = spec.get("description")
-    return Tool(
-        name=name,
-        description=description if isinstance(description, str) else "",
-        input_schema=schema,
-        options=tool_options,
-        source="user",
-        module_path=file,
-        function=function,
-        file=file,
-    )
-
-
-def _readable(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(part) for part in err["loc"])
-        message = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            known = SandboxProfile if err["loc"][:1] == ("sandbox",) else ToolOptions
-            what = "sandbox key" if known is SandboxProfile else "option"
-            message = f"unknown {what} (known: {', '.join(known.model_fields)})"
-        elif err["type"] == "model_type" and err["loc"] == ("sandbox",):
-            message = "must be a dict, e.g. {'backend': 'docker', 'image': 'python'}"
-        parts.append(f"{where}: {message}" if where else message)
-    return "; ".join(parts)
-
-
 # --- the registry ----------------------------------------------------------------
 
 
@@ -587,7 +317,8 @@ class Registry:
         user_tools: User tools in load order; of two tools with one name, the
             first is served.
         diagnostics: Diagnostics from `find_tool_files` and `build_user_tools`.
-        builtins: The built-in tools; they win every name collision.
+        builtins: The built-in tools; they win every name collision. None:
+            `builtin_tools.BUILTIN_TOOLS` (described without a daemon).
 
     Raises:
         ValueError: When two built-ins share a name (a programming error).
@@ -598,8 +329,11 @@ class Registry:
         user_tools: Iterable[Tool] = (),
         diagnostics: Iterable[Diagnostic] = (),
         *,
-        builtins: Iterable[Tool] = BUILTIN_TOOLS,
+        builtins: Iterable[Tool] | None = None,
     ) -> None:
+        if builtins is None:
+            # Imported here: the built-ins are `Tool`s, defined above.
+            builtins = _default_builtins()
         self._tools: dict[str, Tool] = {}
         self._diagnostics = list(diagnostics)
         for tool in builtins:
@@ -655,3 +389,27 @@ class Registry:
     def diagnostics(self) -> list[Diagnostic]:
         """Problems found while loading, in the order they were found."""
         return list(self._diagnostics)
+
+
+def _default_builtins() -> tuple[Tool, ...]:
+    # Imported here: the built-ins are `Tool`s, defined in this module.
+    from tooljaild.builtin_tools import BUILTIN_TOOLS
+
+    return BUILTIN_TOOLS
+
+
+_MOVED = {
+    "BUILTIN_TOOLS": "tooljaild.builtin_tools",
+    "build_user_tools": "tooljaild.loader",
+    "find_tool_files": "tooljaild.loader",
+}
+"""Names that lived here before the built-ins and the loading had modules of their own."""
+
+
+def __getattr__(name: str) -> Any:
+    # Old imports keep working; imported lazily, since both modules import this one.
+    if name in _MOVED:
+        import importlib
+
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

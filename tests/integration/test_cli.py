@@ -217,3 +217,12 @@ def test_serve_refuses_plaintext_tcp_beyond_loopback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "refusing to serve plaintext TCP on 0.0.0.0:0" in proc.stderr
     assert "allow_insecure_tcp" in proc.stderr
+
+
+def test_serve_refuses_an_unknown_key_in_a_nested_table_naming_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[limits]\nmemroy_bytes = 1\n")
+    proc = _cli("serve", "--config", str(config), "--state-dir", str(tmp_path), timeout=30)
+    assert proc.returncode == 2, proc
+    assert "limits.memroy_bytes" in proc.stderr
+    assert "Extra inputs are not permitted" in proc.stderr

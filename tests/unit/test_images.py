@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from docker.errors import APIError, ImageNotFound
 
-from tooljaild import cli, images
+from tooljaild import cli, image_base, images
 from tooljaild.doctor import check_docker
 from tooljaild.images import ImageSpec, State
 
@@ -310,7 +310,7 @@ def test_a_pull_that_hangs_counts_as_no_registry(monkeypatch: pytest.MonkeyPatch
     engine = FakeEngine()
     engine.pull_gate.clear()  # the pull never answers
     engine.store[f"{images.OFFLINE_REPOSITORY}:{_recipe_hash()}"] = FakeImage("sha256:b")
-    monkeypatch.setattr(images, "PULL_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(image_base, "PULL_TIMEOUT_S", 0.1)
     lines: list[str] = []
     start = time.monotonic()
     base = images.ensure_base(engine, log=lines.append)
@@ -323,14 +323,14 @@ def test_a_pull_that_hangs_counts_as_no_registry(monkeypatch: pytest.MonkeyPatch
 def test_offline_base_without_debootstrap_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(images.shutil, "which", lambda _: None)
+    monkeypatch.setattr(image_base.shutil, "which", lambda _: None)
     with pytest.raises(images.ImageError, match=r"apt-get install debootstrap.*debian:bookworm"):
         images.ensure_base(FakeEngine(registry=False), log=lambda _: None)
 
 
 def test_offline_base_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(images.shutil, "which", lambda _: "/usr/sbin/debootstrap")
-    monkeypatch.setattr(images.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(image_base.shutil, "which", lambda _: "/usr/sbin/debootstrap")
+    monkeypatch.setattr(image_base.os, "geteuid", lambda: 1000)
     with pytest.raises(images.ImageError, match=r"needs root.*sudo tooljail images build"):
         images.ensure_base(FakeEngine(registry=False), log=lambda _: None)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tooljail._types import StreamKind, ToolError
 from tooljail.errors import TooljailError
@@ -26,7 +26,12 @@ OutputSink = Callable[[StreamKind, bytes], None]
 
 
 class Limits(BaseModel):
-    """Resource limits of one sandbox. Zero means "no limit of this kind"."""
+    """Resource limits of one sandbox. Zero means "no limit of this kind".
+
+    Unknown keys are rejected (a `[limits]` typo is refused at start, by name).
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     cpu_s: int = Field(default=600, ge=0)
     """CPU seconds (RLIMIT_CPU): past it the tool is killed with a CpuLimit error."""

@@ -72,7 +72,7 @@ def resolve(
     use_cgroups: bool = True,
     cgroup_name: str = "tooljail",
 ) -> Isolation:
-    """Find out what this host provides and decide what to use.
+    """Find out what this host provides and decide what to use, feature by feature.
 
     Args:
         cgroup_name: The directory that holds this daemon's sandbox cgroups
@@ -83,65 +83,64 @@ def resolve(
         IsolationError: `strict` and a required feature is missing.
     """
     iso = Isolation(level=level)
-    feats = iso.features
-    root = os.geteuid() == 0
+    _choose_uid(iso, sandbox_user)
+    _track_cgroups(iso, cgroup_name if use_cgroups else None)
+    if level == "none":
+        iso.features.append(Feature("namespaces (bubblewrap)", "n/a", "isolation = none"))
+        iso.features.append(Feature("seccomp filter", "n/a", "isolation = none"))
+        return iso
+    _find_namespaces(iso, bwrap)
+    _choose_seccomp(iso)
+    _hold_to_level(iso)
+    return iso
 
-    if root:
-        try:
-            entry = pwd.getpwnam(sandbox_user)
-            iso.uid, iso.gid = entry.pw_uid, entry.pw_gid
-            feats.append(
-                Feature(
-                    "unprivileged uid",
-                    "active",
-                    f"sandboxes run as {sandbox_user} (uid {iso.uid}), never root",
-                )
-            )
-        except KeyError:
-            feats.append(
-                Feature(
-                    "unprivileged uid",
-                    "missing",
-                    f"no user {sandbox_user!r}: create it (useradd --system "
-                    f"{sandbox_user}) or set sandbox.user",
-                )
-            )
-    else:
-        feats.append(
+
+def _choose_uid(iso: Isolation, sandbox_user: str) -> None:
+    """As root, sandboxes run as `sandbox_user`; otherwise as the daemon's own uid."""
+    if os.geteuid() != 0:
+        iso.features.append(
             Feature("unprivileged uid", "active", f"the daemon itself runs as uid {os.geteuid()}")
         )
+        return
+    try:
+        entry = pwd.getpwnam(sandbox_user)
+    except KeyError:
+        iso.features.append(
+            Feature(
+                "unprivileged uid",
+                "missing",
+                f"no user {sandbox_user!r}: create it (useradd --system "
+                f"{sandbox_user}) or set sandbox.user",
+            )
+        )
+        return
+    iso.uid, iso.gid = entry.pw_uid, entry.pw_gid
+    iso.features.append(
+        Feature(
+            "unprivileged uid",
+            "active",
+            f"sandboxes run as {sandbox_user} (uid {iso.uid}), never root",
+        )
+    )
 
-    tracker = CgroupTracker.detect(cgroup_name) if use_cgroups else None
+
+def _track_cgroups(iso: Isolation, cgroup_name: str | None) -> None:
+    """A writable cgroup tree tracks every process of a call and limits the whole sandbox.
+
+    Args:
+        cgroup_name: See `resolve`; None: cgroups are not used.
+    """
+    tracker = CgroupTracker.detect(cgroup_name) if cgroup_name is not None else None
     iso.tracker = tracker
-    if tracker is not None:
-        where = ", ".join(map(str, tracker.bases))
-        feats.append(
-            Feature(
-                "cgroup tracking",
-                "active",
-                f"v{tracker.version} at {where}: every process of a call is found and killed",
-                required=False,
-            )
-        )
-        limits = sorted(tracker.controllers)
-        lacking = sorted({"memory", "pids", "cpu"} - tracker.controllers)
-        feats.append(
-            Feature(
-                "cgroup limits",
-                "missing" if {"memory", "pids"} - tracker.controllers else "active",
-                f"limits the whole sandbox: {', '.join(limits) or 'nothing'}"
-                + (f"; not delegated: {', '.join(lacking)}" if lacking else ""),
-            )
-        )
-    else:
+    if tracker is None:
         how = (
             "run as root, or under systemd with Delegate=yes; the runner's subreaper "
             "sweep is used instead"
         )
-        feats.append(
+        iso.features.append(
             Feature("cgroup tracking", "missing", f"no writable cgroup tree: {how}", required=False)
         )
-        feats.append(
+        iso.features.append(
             Feature(
                 "cgroup limits",
                 "missing",
@@ -149,36 +148,57 @@ def resolve(
                 "are not bounded, only each process's rlimits",
             )
         )
+        return
+    where = ", ".join(map(str, tracker.bases))
+    iso.features.append(
+        Feature(
+            "cgroup tracking",
+            "active",
+            f"v{tracker.version} at {where}: every process of a call is found and killed",
+            required=False,
+        )
+    )
+    limits = sorted(tracker.controllers)
+    lacking = sorted({"memory", "pids", "cpu"} - tracker.controllers)
+    iso.features.append(
+        Feature(
+            "cgroup limits",
+            "missing" if {"memory", "pids"} - tracker.controllers else "active",
+            f"limits the whole sandbox: {', '.join(limits) or 'nothing'}"
+            + (f"; not delegated: {', '.join(lacking)}" if lacking else ""),
+        )
+    )
 
-    if level == "none":
-        feats.append(Feature("namespaces (bubblewrap)", "n/a", "isolation = none"))
-        feats.append(Feature("seccomp filter", "n/a", "isolation = none"))
-        return iso
 
+def _find_namespaces(iso: Isolation, bwrap: str) -> None:
+    """Namespaces through bubblewrap, when it is installed and works here (a probe)."""
     found = bw.find_bwrap(bwrap)
     if found is None:
-        feats.append(
+        iso.features.append(
             Feature(
                 "namespaces (bubblewrap)",
                 "missing",
                 f"{bwrap} not found: apt-get install bubblewrap (or set sandbox.bwrap to its path)",
             )
         )
-    else:
-        ok, why = bw.probe(found, iso.uid)
-        if ok:
-            iso.bwrap = found
-            feats.append(
-                Feature(
-                    "namespaces (bubblewrap)",
-                    "active",
-                    f"{found}: user, pid, net, ipc, uts, mount, cgroup namespaces; "
-                    "read-only system; private /tmp; no network by default",
-                )
-            )
-        else:
-            feats.append(Feature("namespaces (bubblewrap)", "missing", why))
+        return
+    ok, why = bw.probe(found, iso.uid)
+    if not ok:
+        iso.features.append(Feature("namespaces (bubblewrap)", "missing", why))
+        return
+    iso.bwrap = found
+    iso.features.append(
+        Feature(
+            "namespaces (bubblewrap)",
+            "active",
+            f"{found}: user, pid, net, ipc, uts, mount, cgroup namespaces; "
+            "read-only system; private /tmp; no network by default",
+        )
+    )
 
+
+def _choose_seccomp(iso: Isolation) -> None:
+    """The seccomp filter, where libseccomp is there and bubblewrap can apply it."""
     try:
         from tooljaild.sandbox import seccomp
 
@@ -187,7 +207,7 @@ def resolve(
         available, why = False, str(exc)
     if available and iso.bwrap is not None:
         iso.seccomp = True
-        feats.append(
+        iso.features.append(
             Feature(
                 "seccomp filter",
                 "active",
@@ -195,12 +215,19 @@ def resolve(
             )
         )
     elif available:
-        feats.append(Feature("seccomp filter", "missing", "needs bubblewrap to be applied"))
+        iso.features.append(Feature("seccomp filter", "missing", "needs bubblewrap to be applied"))
     else:
-        feats.append(Feature("seccomp filter", "missing", why))
+        iso.features.append(Feature("seccomp filter", "missing", why))
 
+
+def _hold_to_level(iso: Isolation) -> None:
+    """`strict` refuses what is missing; `best-effort` says it in the log.
+
+    Raises:
+        IsolationError: `strict` and a required feature is missing.
+    """
     missing = iso.missing()
-    if level == "strict" and missing:
+    if iso.level == "strict" and missing:
         raise IsolationError(
             "isolation = strict, but this host lacks: "
             + "; ".join(f"{f.name}: {f.detail}" for f in missing)
@@ -210,9 +237,8 @@ def resolve(
             "isolation feature missing: %s: %s",
             f.name,
             f.detail,
-            extra={"feature": f.name, "isolation": level},
+            extra={"feature": f.name, "isolation": iso.level},
         )
-    return iso
 
 
 def reachable(path: Path, uid: int, gid: int) -> bool:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from tooljail._types import StreamKind
 from tooljaild.sandbox import bwrap as bw
@@ -80,7 +80,9 @@ class SandboxContext:
 
 
 class ProcessSandboxConfig(BaseModel):
-    """Settings of the process backend."""
+    """Settings of the process backend. Unknown keys are rejected, to catch typos."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["process"] = "process"
     python: str = Field(default_factory=default_python)
