@@ -17,9 +17,12 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tooljaild.sandbox.kinds import KINDS
+
+if TYPE_CHECKING:
+    from tooljaild.config import Settings
 
 EXIT_OK, EXIT_TOOL_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -211,10 +214,10 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _refused(exc: Exception) -> int:
     """Exit 3 when no daemon could be reached; 2 when it refused the request."""
-    from tooljail import DaemonUnavailableError, TransportError
+    from tooljail import DaemonUnavailableError, JournalUnavailableError, TransportError
 
     print(f"tooljail: {exc}", file=sys.stderr)
-    if isinstance(exc, DaemonUnavailableError) or (
+    if isinstance(exc, (DaemonUnavailableError, JournalUnavailableError)) or (
         isinstance(exc, TransportError) and exc.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
     ):
         return EXIT_UNAVAILABLE
@@ -272,18 +275,21 @@ def _check_tools(args: argparse.Namespace) -> int:
     except DaemonError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    return _report_check(registry, as_json=args.json)
+    return _report_check(registry, settings, as_json=args.json)
 
 
-def _report_check(registry: Any, *, as_json: bool) -> int:
-    """Print the user tools and the diagnostics; exit 1 when any is an error."""
+def _report_check(registry: Any, settings: Settings, *, as_json: bool) -> int:
+    """Print the user tools (with the timeouts a daemon of these settings puts in
+    force) and the diagnostics; exit 1 when any is an error."""
+    from tooljaild.calls.terms import tool_info
+
     users = [t for t in registry.tools() if t.source == "user"]
     errors = [d for d in registry.diagnostics if d.severity == "error"]
     if as_json:
         print(
             json.dumps(
                 {
-                    "tools": [t.info().model_dump() for t in users],
+                    "tools": [tool_info(t, settings).model_dump() for t in users],
                     "diagnostics": [d.model_dump() for d in registry.diagnostics],
                 },
                 indent=2,
