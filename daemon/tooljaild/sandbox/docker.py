@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import re
@@ -57,14 +56,13 @@ import signal
 import socket
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tooljail._types import StreamKind
 from tooljaild.sandbox.base import (
     Limits,
     OutputSink,
@@ -95,12 +93,8 @@ from tooljaild.sandbox.docker_engine import (
     remove_stale_containers,
 )
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.process import (
-    MAX_FRAME_BYTES,
-    READ_CHUNK,
-    SandboxContext,
-    _pump,
-)
+from tooljaild.sandbox.process import SandboxContext
+from tooljaild.sandbox.runner_channel import CallFrames, RunnerPipes, RunnerSpec
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -140,6 +134,15 @@ _STATUS_POLL_S = 0.5
 """While waiting for the runner to connect: how often to ask whether the container died."""
 _DRAIN_S = 2.0
 """How long output may keep flowing after the result before the container is killed."""
+_RUNNER_SPEC = RunnerSpec(
+    workdir=INSIDE_WORKSPACE,
+    tmpdir="/tmp",
+    tooldef=f"{INSIDE_RUNNER_DIR}/_tooldef.py",
+    # The keeper is pid 1 of the container's own pid namespace: the worker may
+    # end every other process itself and report last.
+    seal=True,
+    keeper=True,
+)
 
 
 # ---------------------------------------------------------------------- config
@@ -276,16 +279,6 @@ class DockerSandboxConfig(BaseModel):
 # ---------------------------------------------------------------------- sandbox
 
 
-class _FramesProtocol(asyncio.StreamReaderProtocol):
-    """Notices when the frame pipe ends: nothing in the container can report any more."""
-
-    ended = False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.ended = True
-        super().connection_lost(exc)
-
-
 class DockerSandbox(Sandbox):
     """A container whose runner (keeper + worker) waits for one request."""
 
@@ -304,13 +297,7 @@ class DockerSandbox(Sandbox):
         self._init_pid: int | None = None
         self._pidfd: int | None = None
         self._memory_cgroup: tuple[int, Path] | None = None
-        self._stdin: asyncio.StreamWriter | None = None
-        self._stdout: asyncio.StreamReader | None = None
-        self._stderr: asyncio.StreamReader | None = None
-        self._frames: asyncio.StreamReader | None = None
-        self._frames_protocol: _FramesProtocol | None = None
-        self._transports: list[asyncio.BaseTransport] = []
-        self._files: list[Any] = []
+        self._pipes: RunnerPipes | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._start_called = False
         self._create_sent = False
@@ -325,24 +312,13 @@ class DockerSandbox(Sandbox):
             self._ready
             and not self._used
             and not self._closed
-            and not (self._frames_protocol is not None and self._frames_protocol.ended)
+            and not (self._pipes is not None and self._pipes.ended)
         )
 
     @property
     def init_pid(self) -> int | None:
         """The host pid of the container's first process (the runner's keeper)."""
         return self._init_pid
-
-    def _base_env(self) -> dict[str, str]:
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": INSIDE_WORKSPACE,
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONIOENCODING": "utf-8",
-        }
 
     # ------------------------------------------------------------------ start
 
@@ -382,12 +358,9 @@ class DockerSandbox(Sandbox):
         self._listener = None
         with contextlib.suppress(OSError):
             (self._channel / SOCKET_NAME).unlink()
-        await self._connect_pipes(*ours)
-        try:
-            ready = await asyncio.wait_for(self._read_frame(), max(0.1, deadline - loop.time()))
-        except TimeoutError:
-            ready = None
-        if ready is None or ready.get("t") != "ready":
+        self._pipes = RunnerPipes(*ours)
+        ready = await self._pipes.ready(max(0.1, deadline - loop.time()))
+        if ready is None:
             raise SandboxError(
                 f"sandbox {self.id}: the runner in container {self.container_name} did not "
                 f"say it was ready: {await self._logs(client) or 'no output'}"
@@ -595,33 +568,6 @@ class DockerSandbox(Sandbox):
                 os.close(fd)
         return ours[0], ours[1], ours[2], ours[3]
 
-    async def _connect_pipes(
-        self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        # Owned by the sandbox at once: `close` closes them, whatever is attached.
-        files = [os.fdopen(stdin_w, "wb", buffering=0)]
-        files += [os.fdopen(fd, "rb", buffering=0) for fd in (stdout_r, stderr_r, frames_r)]
-        self._files = files
-        self._stdout = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        self._stderr = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        for reader, file in ((self._stdout, files[1]), (self._stderr, files[2])):
-            transport, _ = await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
-                file,
-            )
-            self._transports.append(transport)
-        self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
-        self._frames_protocol = _FramesProtocol(self._frames, loop=loop)
-        protocol = self._frames_protocol
-        transport, _ = await loop.connect_read_pipe(lambda: protocol, files[3])
-        self._transports.append(transport)
-        w_transport, w_protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, files[0]
-        )
-        self._transports.append(w_transport)
-        self._stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
-
     async def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run an engine request that makes something; `close` waits for it.
 
@@ -649,110 +595,45 @@ class DockerSandbox(Sandbox):
 
     # ------------------------------------------------------------------ run
 
-    async def _read_frame(self) -> dict[str, Any] | None:
-        assert self._frames is not None
-        while True:
-            try:
-                line = await self._frames.readline()
-            except ValueError:
-                log.warning("sandbox %s sent an oversized frame", self.id)
-                continue
-            if not line:
-                return None
-            try:
-                frame = json.loads(line)
-            except ValueError:
-                continue  # tool code wrote junk into the frame pipe
-            if isinstance(frame, dict):
-                return frame
-
     async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
-        if not self._ready or self._used or self._closed:
+        return await self.begin(request, sink)
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
+        """Write the request into the runner's pipe now; return what waits for the end."""
+        if not self._ready or self._pipes is None or self._used or self._closed:
             raise SandboxError(f"sandbox {self.id} is not ready for a request")
         self._used = True
-        stdin, stdout, stderr = self._stdin, self._stdout, self._stderr
-        assert stdin is not None and stdout is not None and stderr is not None
-        message = {
-            "kind": request.kind,
-            **request.payload,
-            "limits": request.limits.rlimits(),
-            "cwd": INSIDE_WORKSPACE,
-            "env": {**self._base_env(), **request.env},
-            "tooldef": f"{INSIDE_RUNNER_DIR}/_tooldef.py",
-            # The keeper is pid 1 of the container's own pid namespace: the
-            # worker may end every other process itself and report last.
-            "seal": True,
-        }
-        try:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            await stdin.drain()
-            stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the runner died before reading: reported as runner_lost below
+        return self._run_to_end(self._pipes.begin(request, _RUNNER_SPEC, sink))
 
-        pumps = [
-            asyncio.create_task(_pump(stdout, StreamKind.STDOUT, sink)),
-            asyncio.create_task(_pump(stderr, StreamKind.STDERR, sink)),
-        ]
-        frames_task = asyncio.create_task(self._collect_frames(sink))
-        try:
-            # The frame pipe ends when every process that holds it is gone: the
-            # keeper (pid 1), so the whole container, at the latest.
-            result, exit_frame, yields = await frames_task
-            _, pending = await asyncio.wait(pumps, timeout=_DRAIN_S)
-            if pending:
-                # Something escaped the seal and keeps the pipes open: end it all.
-                await self._kill_container()
-                await asyncio.wait(pending, timeout=_DRAIN_S)
-        finally:
-            for task in (*pumps, frames_task):
-                if not task.done():
-                    task.cancel()
+    async def _run_to_end(self, end: CallFrames) -> RunOutcome:
+        assert self._pipes is not None
+        # The frame pipe ends when every process that holds it is gone: the
+        # keeper (pid 1), so the whole container, at the latest.
+        await end.done
+        if end.broken is not None:
+            await self._kill_container()  # it broke the protocol: nothing it says counts
+        elif end.sealed or end.exit_frame is not None:
+            # A frame proves nothing (tool code can write one): end the
+            # container now, without waiting (decision 31).
+            self._kill_now()
+        # Something that escaped the seal and keeps the pipes open is killed.
+        await self._pipes.drain(self._kill_container, _DRAIN_S)
         oom = False
-        if (
-            result is None
-            and not self._killed
-            and exit_frame is not None
-            and exit_frame.get("signal") == signal.SIGKILL
-        ):
+        sig = end.exit_frame.get("signal") if end.exit_frame else None
+        if end.result is None and not self._killed and sig == signal.SIGKILL:
             oom = await self._oom_killed()
-        return self._outcome(result, exit_frame, yields, oom)
+        return self._outcome(end, oom)
 
-    async def _collect_frames(
-        self, sink: OutputSink
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
-        result: dict[str, Any] | None = None
-        yields = 0
-        while True:
-            frame = await self._read_frame()
-            if frame is None:
-                return result, None, yields
-            kind = frame.get("t")
-            if kind == "yield":
-                yields += 1
-                sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
-            elif kind == "result" and result is None:
-                result = frame
-                if frame.get("sealed"):
-                    return result, None, yields
-            elif kind == "exit":
-                return result, frame, yields
-
-    def _outcome(
-        self,
-        result: dict[str, Any] | None,
-        exit_frame: dict[str, Any] | None,
-        yields: int,
-        oom: bool,
-    ) -> RunOutcome:
+    def _outcome(self, end: CallFrames, oom: bool) -> RunOutcome:
         return outcome_of(
-            result,
-            exit_frame,
-            yields,
+            end.result,
+            end.exit_frame,
+            end.yields,
             killed=self._killed,
             out_of_memory=oom,
             memory_bytes=self._limits.sandbox_memory_bytes,
             lost_hint="the tool may have killed it, or the container was stopped",
+            protocol_error=end.broken,
         )
 
     async def _oom_killed(self) -> bool:
@@ -783,17 +664,26 @@ class DockerSandbox(Sandbox):
         self._killed = True
         await self._kill_container()
 
+    def _kill_now(self) -> bool:
+        """SIGKILL the container's pid 1 through its pidfd, without waiting.
+
+        Returns:
+            True when it is dead or dying (the kernel then kills all of its pid
+            namespace); False when the engine must be asked.
+        """
+        if self._pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone, and with it everything in the container
+        except OSError:
+            return False  # not ours to signal (a daemon that is not root)
+        return True
+
     async def _kill_container(self) -> None:
         """SIGKILL the container's pid 1: the kernel then kills all of its pid namespace."""
-        if self._pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                return
-            except ProcessLookupError:
-                return  # already gone, and with it everything in the container
-            except OSError:
-                pass  # not ours to signal (a daemon that is not root): ask the engine
-        if self.container_id is None:
+        if self._kill_now() or self.container_id is None:
             return
         try:
             client = await self._engine.client()
@@ -805,12 +695,9 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        if self._stdin is not None and not self._stdin.is_closing():
-            self._stdin.close()  # an unused runner exits on EOF
-        for transport in self._transports:
-            transport.close()
-        for file in self._files:
-            file.close()
+        if self._pipes is not None:
+            self._pipes.close_request()  # an unused runner exits on EOF
+            self._pipes.close()
         if self._listener is not None:
             self._listener.close()
             self._listener = None
