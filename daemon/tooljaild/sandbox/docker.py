@@ -56,7 +56,7 @@ import signal
 import socket
 import struct
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -65,10 +65,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tooljaild.sandbox.base import (
     Limits,
-    OutputSink,
     RunOutcome,
-    RunRequest,
-    Sandbox,
     SandboxError,
 )
 from tooljaild.sandbox.docker_engine import (
@@ -94,7 +91,7 @@ from tooljaild.sandbox.docker_engine import (
 )
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.process import SandboxContext
-from tooljaild.sandbox.runner_channel import CallFrames, RunnerPipes, RunnerSpec
+from tooljaild.sandbox.runner_channel import CallFrames, RunnerPipes, RunnerSandbox, RunnerSpec
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -279,10 +276,11 @@ class DockerSandboxConfig(BaseModel):
 # ---------------------------------------------------------------------- sandbox
 
 
-class DockerSandbox(Sandbox):
+class DockerSandbox(RunnerSandbox):
     """A container whose runner (keeper + worker) waits for one request."""
 
     def __init__(self, config: DockerSandboxConfig, context: DockerContext, limits: Limits) -> None:
+        super().__init__()
         self.id = "sbx-" + uuid.uuid4().hex[:12]
         self.workspace = Path(INSIDE_WORKSPACE)
         """The workspace as the tool sees it (a tmpfs inside the container)."""
@@ -297,14 +295,10 @@ class DockerSandbox(Sandbox):
         self._init_pid: int | None = None
         self._pidfd: int | None = None
         self._memory_cgroup: tuple[int, Path] | None = None
-        self._pipes: RunnerPipes | None = None
         self._pending: set[asyncio.Future[Any]] = set()
         self._start_called = False
         self._create_sent = False
         self._ready = False
-        self._used = False
-        self._killed = False
-        self._closed = False
 
     @property
     def alive(self) -> bool:
@@ -595,36 +589,16 @@ class DockerSandbox(Sandbox):
 
     # ------------------------------------------------------------------ run
 
-    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
-        return await self.begin(request, sink)
+    _drain_s = _DRAIN_S
 
-    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
-        """Write the request into the runner's pipe now; return what waits for the end."""
-        if not self._ready or self._pipes is None or self._used or self._closed:
-            raise SandboxError(f"sandbox {self.id} is not ready for a request")
-        self._used = True
-        return self._run_to_end(self._pipes.begin(request, _RUNNER_SPEC, sink))
+    def _runner_spec(self) -> RunnerSpec:
+        return _RUNNER_SPEC
 
-    async def _run_to_end(self, end: CallFrames) -> RunOutcome:
-        assert self._pipes is not None
-        # The frame pipe ends when every process that holds it is gone: the
-        # keeper (pid 1), so the whole container, at the latest.
-        await end.done
-        if end.broken is not None:
-            await self._kill_container()  # it broke the protocol: nothing it says counts
-        elif end.sealed or end.exit_frame is not None:
-            # A frame proves nothing (tool code can write one): end the
-            # container now, without waiting (decision 31).
-            self._kill_now()
-        # Something that escaped the seal and keeps the pipes open is killed.
-        await self._pipes.drain(self._kill_container, _DRAIN_S)
-        oom = False
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
         sig = end.exit_frame.get("signal") if end.exit_frame else None
+        oom = False
         if end.result is None and not self._killed and sig == signal.SIGKILL:
             oom = await self._oom_killed()
-        return self._outcome(end, oom)
-
-    def _outcome(self, end: CallFrames, oom: bool) -> RunOutcome:
         return outcome_of(
             end.result,
             end.exit_frame,
@@ -660,11 +634,10 @@ class DockerSandbox(Sandbox):
 
     # ------------------------------------------------------------------ end
 
-    async def kill(self) -> None:
-        self._killed = True
-        await self._kill_container()
+    def _kill_now(self) -> None:
+        self._signal_pid1()
 
-    def _kill_now(self) -> bool:
+    def _signal_pid1(self) -> bool:
         """SIGKILL the container's pid 1 through its pidfd, without waiting.
 
         Returns:
@@ -681,9 +654,9 @@ class DockerSandbox(Sandbox):
             return False  # not ours to signal (a daemon that is not root)
         return True
 
-    async def _kill_container(self) -> None:
+    async def _kill_all(self) -> None:
         """SIGKILL the container's pid 1: the kernel then kills all of its pid namespace."""
-        if self._kill_now() or self.container_id is None:
+        if self._signal_pid1() or self.container_id is None:
             return
         try:
             client = await self._engine.client()

@@ -20,7 +20,6 @@ import shutil
 import signal
 import sys
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,18 +27,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from tooljaild.sandbox import bwrap as bw
-from tooljaild.sandbox.base import (
-    Limits,
-    OutputSink,
-    RunOutcome,
-    RunRequest,
-    Sandbox,
-    SandboxError,
-)
+from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.runner_channel import CallFrames, RunnerPipes, RunnerSpec, sandbox_env
+from tooljaild.sandbox.runner_channel import (
+    CallFrames,
+    RunnerPipes,
+    RunnerSandbox,
+    RunnerSpec,
+    sandbox_env,
+)
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
 
 log = logging.getLogger(__name__)
@@ -90,12 +88,13 @@ class ProcessSandboxConfig(BaseModel):
         return ProcessSandbox(self, context, limits or Limits())
 
 
-class ProcessSandbox(Sandbox):
+class ProcessSandbox(RunnerSandbox):
     """A runner (keeper + worker) in its own namespaces, session, workspace and cgroup."""
 
     def __init__(
         self, config: ProcessSandboxConfig, context: SandboxContext, limits: Limits
     ) -> None:
+        super().__init__()
         self.id = "sbx-" + uuid.uuid4().hex[:12]
         self.workspace = context.workspace_root / self.id
         self._config = config
@@ -106,12 +105,8 @@ class ProcessSandbox(Sandbox):
         self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
         self._exited: asyncio.Future[int] | None = None
         """Done when the sandbox's first process (bubblewrap, or pid 1) has ended."""
-        self._pipes: RunnerPipes | None = None
         self._worker_pid: int | None = None
         self._forked = False
-        self._used = False
-        self._killed = False
-        self._closed = False
 
     @property
     def alive(self) -> bool:
@@ -261,15 +256,8 @@ class ProcessSandbox(Sandbox):
     def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
         return build_bwrap_spec(self._config, self._context, self._limits, passed)
 
-    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
-        return await self.begin(request, sink)
-
-    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
-        """Write the request into the runner's pipe now; return what waits for the end."""
-        if self._proc is None or self._pipes is None or self._used or self._closed:
-            raise SandboxError(f"sandbox {self.id} is not ready for a request")
-        self._used = True
-        spec = RunnerSpec(
+    def _runner_spec(self) -> RunnerSpec:
+        return RunnerSpec(
             workdir=self.workdir,
             tmpdir=self._tmpdir,
             tooldef=self._runner_file("_tooldef.py"),
@@ -279,31 +267,19 @@ class ProcessSandbox(Sandbox):
             seal=self._forked,
             keeper=not self._forked,
         )
-        return self._run_to_end(self._pipes.begin(request, spec, sink))
 
-    async def _run_to_end(self, end: CallFrames) -> RunOutcome:
-        assert self._proc and self._pipes and self._exited
+    async def _until_end(self, end: CallFrames) -> None:
+        assert self._exited is not None
         either: set[asyncio.Future[Any]] = {end.done, self._exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if end.broken is not None:
-            await self._kill_tree()  # it broke the protocol: nothing it says counts
-        elif end.sealed or end.exit_frame is not None:
-            # A frame proves nothing (tool code can write one): the daemon ends
-            # the sandbox itself, without waiting (decision 31). After a true
-            # seal or exit frame only an exiting process is left to kill.
-            self._kill_now()
-        elif self._forked:
+        if self._forked and end.broken is None and not end.sealed:
             await self._zygote_exit_frame(end)
         if not end.done.done():
             # The keeper is gone; its last frame, if it wrote one, is already
             # in the pipe. Nothing left can report the tree's end: kill it.
             done, _ = await asyncio.wait({end.done}, timeout=0.5)
             if not done:
-                await self._kill_tree()
-        # Output still in flight drains; anything that keeps the pipes open
-        # past this point escaped the keeper and is killed.
-        await self._pipes.drain(self._kill_tree)
-        return self._outcome(end)
+                await self._kill_all()
 
     async def _zygote_exit_frame(self, end: CallFrames) -> None:
         """A zygote sandbox has no keeper to write the exit frame: the zygote says
@@ -315,12 +291,10 @@ class ProcessSandbox(Sandbox):
             await asyncio.wait({self._exited}, timeout=self._config.start_timeout_s)
         worker_end = self._proc.worker_end
         ended = worker_end.result() if worker_end.done() else None
-        if ended is not None and end.exit_frame is None:
-            end.exit_frame = {"t": "exit", **ended}
-            if not end.done.done():
-                end.done.set_result(None)
+        if ended is not None:
+            end.exited({"t": "exit", **ended})
 
-    def _outcome(self, end: CallFrames) -> RunOutcome:
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
         sig = end.exit_frame.get("signal") if end.exit_frame else None
         return outcome_of(
             end.result,
@@ -335,17 +309,13 @@ class ProcessSandbox(Sandbox):
             protocol_error=end.broken,
         )
 
-    async def kill(self) -> None:
-        self._killed = True
-        await self._kill_tree()
-
     def _kill_now(self) -> None:
         """End a namespaced sandbox without waiting: its pid namespace's end kills all."""
         if self.namespaced and self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
 
-    async def _kill_tree(self) -> None:
+    async def _kill_all(self) -> None:
         proc = self._proc
         if proc is None:
             return
@@ -386,7 +356,7 @@ class ProcessSandbox(Sandbox):
             try:
                 await asyncio.wait_for(proc.wait(), 0.05 if self._used else 0.5)
             except TimeoutError:
-                await self._kill_tree()
+                await self._kill_all()
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 with contextlib.suppress(TimeoutError):

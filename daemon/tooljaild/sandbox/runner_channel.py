@@ -61,14 +61,15 @@ both rejected for the call path's latency.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from tooljail._types import StreamKind
-from tooljaild.sandbox.base import OutputSink, RunRequest
+from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Sandbox, SandboxError
 from tooljaild.sandbox.channels import (
     Frame,
     FrameChannel,
@@ -87,6 +88,7 @@ __all__ = [
     "CallFrames",
     "Frame",
     "RunnerPipes",
+    "RunnerSandbox",
     "RunnerSpec",
     "request_message",
     "sandbox_env",
@@ -317,6 +319,14 @@ class CallFrames:
         if self.sealed:
             self._end()
 
+    def exited(self, frame: Frame) -> None:
+        """The worker's end as another process told it (the zygote): the call is
+        over, and (unless a frame was refused) this is how it ended."""
+        if self.broken is None and self.exit_frame is None:
+            self.exit_frame = frame
+        if not self.done.done():
+            self._end()
+
     def _refuse(self, reason: str) -> None:
         self.broken = reason
         self._end()
@@ -324,6 +334,77 @@ class CallFrames:
     def _end(self) -> None:
         self._channel.discard()
         self.done.set_result(None)
+
+
+class RunnerSandbox(Sandbox):
+    """A sandbox whose runner waits behind `RunnerPipes`: a call's life over the
+    channel, the same for every backend.
+
+    A backend starts its runner, sets `_pipes` once it has the daemon's ends,
+    and supplies what differs: how its runner sees things (`_runner_spec`), how
+    it waits for a call's end (`_until_end`), how it kills (`_kill_now`,
+    `_kill_all`) and what an end means (`_outcome`).
+    """
+
+    _drain_s = 2.0
+    """How long output may keep flowing after the call's end before what holds
+    the pipes open is killed."""
+
+    def __init__(self) -> None:
+        self._pipes: RunnerPipes | None = None
+        self._used = False
+        self._killed = False
+        """The daemon stopped the sandbox (`kill`: timeout, cancel, shutdown)."""
+        self._closed = False
+
+    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
+        return await self.begin(request, sink)
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
+        """Write the request into the runner's pipe now; return what waits for the end."""
+        if self._pipes is None or self._used or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not ready for a request")
+        self._used = True
+        return self._run_to_end(self._pipes.begin(request, self._runner_spec(), sink))
+
+    async def _run_to_end(self, end: CallFrames) -> RunOutcome:
+        assert self._pipes is not None
+        await self._until_end(end)
+        if end.broken is not None:
+            await self._kill_all()  # it broke the protocol: nothing it says counts
+        elif end.sealed or end.exit_frame is not None:
+            # A frame proves nothing (tool code can write one): the daemon ends
+            # the sandbox itself, without waiting (decision 31). After a true
+            # seal or exit frame only an exiting process is left to kill.
+            self._kill_now()
+        # Output still in flight drains; anything that keeps the pipes open
+        # past this point escaped the sandbox's end and is killed.
+        await self._pipes.drain(self._kill_all, self._drain_s)
+        return await self._outcome(end)
+
+    async def kill(self) -> None:
+        self._killed = True
+        await self._kill_all()
+
+    @abc.abstractmethod
+    def _runner_spec(self) -> RunnerSpec:
+        """How this sandbox's runner sees things, for the request."""
+
+    async def _until_end(self, end: CallFrames) -> None:
+        """Return once the call is over (`end.done`, unless the backend knows more)."""
+        await end.done
+
+    @abc.abstractmethod
+    def _kill_now(self) -> None:
+        """End the sandbox's process tree where one call does it, without waiting."""
+
+    @abc.abstractmethod
+    async def _kill_all(self) -> None:
+        """Kill everything in the sandbox, waiting where the backend must."""
+
+    @abc.abstractmethod
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
+        """The call's outcome from its frames and what the backend knows besides."""
 
 
 def _result_problem(frame: Frame, kind: str, seal: bool) -> str | None:
