@@ -91,7 +91,13 @@ from tooljaild.sandbox.docker_engine import (
 )
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.process import SandboxContext
-from tooljaild.sandbox.runner_channel import CallFrames, RunnerPipes, RunnerSandbox, RunnerSpec
+from tooljaild.sandbox.runner_channel import (
+    CallFrames,
+    PipeEnds,
+    RunnerPipes,
+    RunnerSandbox,
+    RunnerSpec,
+)
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -540,27 +546,12 @@ class DockerSandbox(RunnerSandbox):
             return None
         return pid
 
-    def _hand_over(self, conn: socket.socket) -> tuple[int, int, int, int]:
+    def _hand_over(self, conn: socket.socket) -> list[int]:
         """Send the runner its ends of the four pipes; return ours."""
-        theirs: list[int] = []
-        ours: list[int] = []
-        try:
-            for _ in range(4):
-                r, w = os.pipe2(os.O_CLOEXEC)
-                ours.append(r)
-                theirs.append(w)
-            # The request pipe goes the other way: the runner reads, we write.
-            ours[0], theirs[0] = theirs[0], ours[0]
+        with PipeEnds() as ends:
             # One byte and four descriptors into a fresh socket: never blocks.
-            socket.send_fds(conn, [b"\0"], theirs)
-        except BaseException:
-            for fd in ours:
-                os.close(fd)
-            raise
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        return ours[0], ours[1], ours[2], ours[3]
+            socket.send_fds(conn, [b"\0"], ends.theirs)
+        return ends.ours
 
     async def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run an engine request that makes something; `close` waits for it.

@@ -33,6 +33,7 @@ from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.runner_channel import (
     CallFrames,
+    PipeEnds,
     RunnerPipes,
     RunnerSandbox,
     RunnerSpec,
@@ -160,32 +161,14 @@ class ProcessSandbox(RunnerSandbox):
                     self._cgroup = await asyncio.to_thread(tracker.create, self.id, limits)
                 except OSError as exc:
                     log.warning("no cgroup for %s: %s", self.id, exc)
-        # The sandbox's ends ("theirs") are closed here once it has them.
-        theirs: list[int] = []
-        ours: list[int] = []
-        try:
-            stdin_r, stdin_w = os.pipe()
-            theirs.append(stdin_r)
-            ours.append(stdin_w)
-            for _ in range(3):  # stdout, stderr, frames: the sandbox writes, we read
-                r, w = os.pipe()
-                theirs.append(w)
-                ours.append(r)
+        with PipeEnds() as ends:
             if self.namespaced and self._context.zygote is not None:
                 if self._cgroup is not None:
-                    theirs += self._cgroup.open_procs()
-                await self._start_from_zygote(self._context.zygote, theirs)
+                    ends.theirs += self._cgroup.open_procs()
+                await self._start_from_zygote(self._context.zygote, ends.theirs)
             else:
-                await self._start_process(theirs)
-        except BaseException:
-            for fd in ours:
-                os.close(fd)
-            raise
-        finally:
-            for fd in theirs:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._pipes = RunnerPipes(*ours)
+                await self._start_process(ends.theirs)
+        self._pipes = RunnerPipes(*ends.ours)
         await self._await_ready(self._pipes)
 
     async def _start_process(self, theirs: list[int]) -> None:

@@ -63,7 +63,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import json
+import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +89,7 @@ __all__ = [
     "MAX_FRAME_CONTAINERS",
     "CallFrames",
     "Frame",
+    "PipeEnds",
     "RunnerPipes",
     "RunnerSandbox",
     "RunnerSpec",
@@ -152,6 +155,38 @@ def request_message(request: RunRequest, spec: RunnerSpec) -> bytes:
         "seal": spec.seal,
     }
     return json.dumps(message).encode() + b"\n"
+
+
+class PipeEnds:
+    """A sandbox's four pipes while they are handed over: theirs go, ours stay.
+
+    A context manager: on the way out theirs (and anything appended to them)
+    are closed, as the sandbox has them by then or failed to start; ours are
+    closed too when an exception leaves.
+    """
+
+    def __init__(self) -> None:
+        self.ours: list[int] = []
+        """Request write end, stdout, stderr and frame read ends: `RunnerPipes`'s."""
+        self.theirs: list[int] = []
+        """Request read end, stdout, stderr and frame write ends, in that order."""
+
+    def __enter__(self) -> PipeEnds:
+        try:
+            for i in range(4):
+                r, w = os.pipe()  # close-on-exec; pass_fds or SCM_RIGHTS hands them over
+                # The request goes to the runner; the other three come from it.
+                self.ours.append(w if i == 0 else r)
+                self.theirs.append(r if i == 0 else w)
+        except BaseException:
+            self.__exit__(OSError, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        for fd in self.theirs if exc_type is None else self.theirs + self.ours:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class RunnerPipes:
