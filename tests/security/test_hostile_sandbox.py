@@ -30,7 +30,7 @@ pytestmark = pytest.mark.timeout(180)
 
 FRAME_FD = 64
 
-_WRITE = f"""
+WRITE_FRAMES = f"""
 import json, os, stat
 def write(data):
     # The frame pipe, where the runner keeps it: a pipe at descriptor {FRAME_FD}.
@@ -44,7 +44,7 @@ def write(data):
 def flood_code(line: bytes, count: int) -> str:
     """Code that writes `line` `count` times into the frame pipe, in big writes."""
     return (
-        _WRITE
+        WRITE_FRAMES
         + f"""
 block = {line!r} * 10000
 for _ in range({count} // 10000):
@@ -91,11 +91,11 @@ def test_a_giant_line_is_dropped_and_a_flood_of_bytes_ends_the_call(
     """A 20 MiB line without an end is dropped as it comes (the call's own result
     still stands); 80 MiB into the pipe is more than a call may send."""
     before = rss(daemon)
-    code = _WRITE + "write(b'[' * (20 * 2**20))\nprint('REPORT {\"done\": 1}')\n"
+    code = WRITE_FRAMES + "write(b'[' * (20 * 2**20))\nprint('REPORT {\"done\": 1}')\n"
     result = run_code(daemon, code, timeout=120)
     assert result.ok, result
     assert report(result) == {"done": 1}
-    code = _WRITE + "for _ in range(80):\n    write(b'{' * 2**20 + b'\\n')\n"
+    code = WRITE_FRAMES + "for _ in range(80):\n    write(b'{' * 2**20 + b'\\n')\n"
     assert_protocol_error(run_code(daemon, code, timeout=120), "more frame bytes")
     grown = rss(daemon) - before
     assert grown < 40 * MiB, f"the daemon grew by {grown / MiB:.1f} MiB"
@@ -114,7 +114,9 @@ def test_malformed_lines_are_skipped_and_the_real_result_stands(daemon: Security
         b'{"t": "result", "value": [' + b"{}," * 300_000 + b"{}]}",
         b"9" * 100_000,
     ]
-    code = _WRITE + f"for line in {lines!r}:\n    write(b'\\n' + line + b'\\n')\nprint('fine')\n"
+    code = (
+        WRITE_FRAMES + f"for line in {lines!r}:\n    write(b'\\n' + line + b'\\n')\nprint('fine')\n"
+    )
     result = run_code(daemon, code, timeout=60)
     assert result.ok, result
     assert result.data["stdout"] == "fine\n"
@@ -137,7 +139,7 @@ def test_a_forged_frame_of_the_wrong_shape_ends_the_call_with_a_protocol_error(
 ) -> None:
     """The sandbox is killed at once: a child it started does not outlive the call."""
     code = (
-        _WRITE
+        WRITE_FRAMES
         + f"""
 import subprocess, sys, time
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}],
@@ -167,7 +169,7 @@ def test_a_forged_sealed_result_leaves_no_process_running(
     sealed = {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
     sealed["sealed"] = True
     code = (
-        _WRITE
+        WRITE_FRAMES
         + f"""
 import subprocess, sys, time
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {token!r}],
@@ -193,7 +195,7 @@ time.sleep(60)
 
 def test_a_generator_tool_cannot_be_forged_from_code(daemon: SecurityDaemon) -> None:
     """A yield frame is only ever a user tool's: code that writes one fails."""
-    code = _WRITE + 'write(b\'\\n{"t": "yield", "v": "forged"}\\n\')\nprint(\'after\')\n'
+    code = WRITE_FRAMES + 'write(b\'\\n{"t": "yield", "v": "forged"}\\n\')\nprint(\'after\')\n'
     result = run_code(daemon, code, timeout=60)
     assert_protocol_error(result, "cannot yield")
     assert "forged" not in json.dumps(result.data)
