@@ -7,16 +7,10 @@ stdlib-only runner, bind-mounted read-only at /opt/tooljail/runner, started as
 path then goes through no `docker exec` and no container start: `run` writes
 one JSON line into a pipe the runner is already blocked on, and reads.
 
-The channel. A container cannot inherit the daemon's pipes, so the daemon
-hands them over: before the container starts it listens on a Unix socket in a
-per-sandbox host directory (``<state_dir>/docker/<sandbox id>/``, bind-mounted
-read-only at /run/tooljail, reachable by the sandbox uid only); the runner
-connects once and receives the request, stdout, stderr and frame pipes as
-descriptors (SCM_RIGHTS). The daemon checks that the peer is the container's
-first process (its cgroup names the container), then closes the socket and
-unlinks it. From there on the sandbox has exactly the process backend's plumbing
-(pipes, keeper and worker, frames), so the same asyncio logic reads it, and
-tool code sees the same kind of stdout.
+The channel. A container cannot inherit the daemon's pipes: `docker_handover`
+passes them to the runner over a socket before its first call. From there on
+the sandbox speaks the runner channel (`runner_channel`) exactly as a process
+sandbox does; `RunnerSandbox` runs its calls.
 
 Hardened by default (docs/decisions.md has the why):
 - no network (``network_mode=none``) unless the config allows it;
@@ -41,6 +35,12 @@ pool (`DockerEngine.call`, in `docker_engine` with the leftover sweeps), so a
 slow engine never stalls the event loop or the daemon's other threads. The
 engine must share this host's file system (the channel and runner directories
 are bind mounts); a remote DOCKER_HOST is not supported by this backend.
+
+This module is over 500 lines because the backend's config and one
+container's life (create, connect, wait for ready, end, remove) read best
+together; what stands on its own is beside it: the engine and its sweeps
+(`docker_engine`), the pipes' handover (`docker_handover`), the seccomp
+profile (`docker_seccomp`) and a call over the runner channel (`runner_channel`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,6 @@ import re
 import shutil
 import signal
 import socket
-import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,11 +88,11 @@ from tooljaild.sandbox.docker_engine import (
     remove_own_containers,
     remove_stale_containers,
 )
+from tooljaild.sandbox.docker_handover import INSIDE_CHANNEL_DIR, INSIDE_SOCKET, Handover
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.process import SandboxContext
 from tooljaild.sandbox.runner_channel import (
     CallFrames,
-    PipeEnds,
     RunnerPipes,
     RunnerSandbox,
     RunnerSpec,
@@ -129,9 +128,7 @@ TOOLJAIL_REPOSITORY = "tooljail"
 """Where `tooljail images build NAME` tags its images: `tooljail/NAME:latest`."""
 _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]{0,254}$", re.IGNORECASE)
 INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
-INSIDE_CHANNEL_DIR = "/run/tooljail"
 INSIDE_WORKSPACE = "/workspace"
-SOCKET_NAME = "sandbox.sock"
 
 _STATUS_POLL_S = 0.5
 """While waiting for the runner to connect: how often to ask whether the container died."""
@@ -297,7 +294,7 @@ class DockerSandbox(RunnerSandbox):
         self._engine = context.engine
         self._limits = limits
         self._channel = context.channel_root / self.id
-        self._listener: socket.socket | None = None
+        self._handover: Handover | None = None
         self._init_pid: int | None = None
         self._pidfd: int | None = None
         self._memory_cgroup: tuple[int, Path] | None = None
@@ -348,16 +345,14 @@ class DockerSandbox(RunnerSandbox):
         client = await self._engine.client()
         # A few quick local file-system calls, made here rather than on a thread
         # so that a cancelled start cannot leave a listening socket behind.
-        self._listener = self._open_channel()
+        self._handover = Handover(self._channel, self._config.uid, self._config.gid)
         self._create_sent = True
         self.container_id = await self._tracked(self._create_and_start, client)
         conn = await self._accept(client, deadline)
         with conn:
-            ours = self._hand_over(conn)
-        self._listener.close()
-        self._listener = None
-        with contextlib.suppress(OSError):
-            (self._channel / SOCKET_NAME).unlink()
+            ours = self._handover.hand_over(conn)
+        self._handover.close()
+        self._handover = None
         self._pipes = RunnerPipes(*ours)
         ready = await self._pipes.ready(max(0.1, deadline - loop.time()))
         if ready is None:
@@ -366,41 +361,6 @@ class DockerSandbox(RunnerSandbox):
                 f"say it was ready: {await self._logs(client) or 'no output'}"
             )
         self._ready = True
-
-    def _open_channel(self) -> socket.socket:
-        """Make the channel directory and listen in it."""
-        root = self._context.channel_root
-        root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self._channel.mkdir(mode=0o700)
-        uid, gid = self._config.uid, self._config.gid
-        if os.geteuid() == 0:
-            # Only the sandbox uid (and root) may reach the socket.
-            os.chown(self._channel, uid, gid)
-            socket_mode = 0o600
-        else:
-            # A daemon in the docker group cannot give the directory away: let
-            # anyone pass through it; _accept checks who connected.
-            self._channel.chmod(0o711)
-            socket_mode = 0o666
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            # Bound through a descriptor of the directory: a state directory deep
-            # enough would make the full path longer than sun_path's 108 bytes.
-            dir_fd = os.open(self._channel, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-            finally:
-                os.close(dir_fd)
-            path = self._channel / SOCKET_NAME
-            os.chmod(path, socket_mode)
-            if os.geteuid() == 0:
-                os.chown(path, uid, gid)
-            listener.listen(4)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
-        return listener
 
     def _container_spec(self) -> dict[str, Any]:
         """The arguments of the engine's create request (and its host config)."""
@@ -437,7 +397,6 @@ class DockerSandbox(RunnerSandbox):
             host_config["nano_cpus"] = round(lim.cpus * 1e9)
         if cfg.runtime:
             host_config["runtime"] = cfg.runtime
-        socket_path = f"{INSIDE_CHANNEL_DIR}/{SOCKET_NAME}"
         return {
             "image": cfg.image,
             "name": self.container_name,
@@ -447,7 +406,7 @@ class DockerSandbox(RunnerSandbox):
                 "-B",
                 f"{INSIDE_RUNNER_DIR}/_runner.py",
                 "--connect",
-                socket_path,
+                INSIDE_SOCKET,
             ],
             "command": [],
             "user": cfg.user,
@@ -497,7 +456,7 @@ class DockerSandbox(RunnerSandbox):
     async def _accept(self, client: DockerClient, deadline: float) -> socket.socket:
         """The runner's connection, once it has proved it is this container's."""
         loop = asyncio.get_running_loop()
-        assert self._listener is not None and self.container_id is not None
+        assert self._handover is not None and self.container_id is not None
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -506,52 +465,23 @@ class DockerSandbox(RunnerSandbox):
                     f"connect within {self._config.start_timeout_s:g} s: "
                     f"{await self._logs(client) or 'no output'}"
                 )
-            try:
-                conn, _ = await asyncio.wait_for(
-                    loop.sock_accept(self._listener), min(remaining, _STATUS_POLL_S)
-                )
-            except TimeoutError:
+            accepted = await self._handover.accept(
+                self.container_id, min(remaining, _STATUS_POLL_S)
+            )
+            if accepted is None:
                 status = await self._engine.call(container_status, client, self.container_id)
                 if status not in ("created", "running", "restarting"):
                     raise SandboxError(
                         f"sandbox {self.id}: container {self.container_name} ended ({status}) "
                         f"before its runner connected: {await self._logs(client) or 'no output'}"
-                    ) from None
+                    )
                 continue
-            pid = self._peer_pid(conn)
-            if pid is None:
-                conn.close()
-                continue
+            conn, pid = accepted
             self._init_pid = pid
             self._memory_cgroup = _memory_cgroup(pid)
             with contextlib.suppress(OSError):
                 self._pidfd = os.pidfd_open(pid)
             return conn
-
-    def _peer_pid(self, conn: socket.socket) -> int | None:
-        """The peer's host pid if it runs in this sandbox's container, else None."""
-        assert self.container_id is not None
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid = int(struct.unpack("3i", creds)[0])
-        try:
-            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            cgroups = None
-        if cgroups is not None and self.container_id not in cgroups:
-            log.warning(
-                "sandbox %s: a process (pid %d) not in its container connected to its channel",
-                self.id,
-                pid,
-            )
-            return None
-        return pid
-
-    def _hand_over(self, conn: socket.socket) -> list[int]:
-        """Send the runner its ends of the four pipes; return ours."""
-        with PipeEnds() as ends:
-            # One byte and four descriptors into a fresh socket: never blocks.
-            socket.send_fds(conn, [b"\0"], ends.theirs)
-        return ends.ours
 
     async def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run an engine request that makes something; `close` waits for it.
@@ -662,9 +592,9 @@ class DockerSandbox(RunnerSandbox):
         if self._pipes is not None:
             self._pipes.close_request()  # an unused runner exits on EOF
             self._pipes.close()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if self._handover is not None:
+            self._handover.close()
+            self._handover = None
         if self._pending:
             # A create request still on its thread: its container must be removed too.
             await asyncio.wait(set(self._pending), timeout=self._engine.request_timeout_s)
