@@ -38,25 +38,42 @@ each, which ends any partial line tool code left in the pipe):
 
 A hostile sandbox. The frame pipe is open in the worker, and so in the tool
 code it runs (at a high, close-on-exec descriptor, but reachable: os.write(64,
-...)). Whatever arrives on it is therefore checked as coming from the tool
-(`CallFrames`): frames must fit the request's kind (no `yield` from code, a
-result's shape, no `exit` where no keeper writes one, no seal where none was
-asked for, one result), and a call may send at most `MAX_FRAMES_PER_CALL`
-frames and `MAX_FRAME_BYTES_PER_CALL` bytes, each line at most
-`MAX_FRAME_BYTES` with at most `MAX_FRAME_CONTAINERS` arrays and objects. The
-first thing that breaks a rule ends the call with a ``ProtocolError`` (effect
-unknown) and the sandbox is killed; nothing more from its pipe is parsed. So
-what a sandbox sends costs the daemon a bounded amount of memory per call:
-the held line, one parsed frame, and the yielded values, which go to the
-call's bounded event log. A frame cannot prove that the tree is gone, so a
-sealed result is followed at once by the daemon's own kill of the sandbox
-(`RunnerPipes` users call their backend's immediate kill; see decision 31).
+...)). Whatever arrives on it is therefore read as the tool's own words:
+
+- bounded: a line is held up to `MAX_FRAME_BYTES` (the rest of a longer one is
+  dropped unread), one with more than `MAX_FRAME_CONTAINERS` arrays and
+  objects is not parsed (16 MiB of ``[]`` would be 300 MB of lists), and a
+  call may send `MAX_FRAMES_PER_CALL` lines and `MAX_FRAME_BYTES_PER_CALL`
+  bytes; past either the call ends with a ProtocolError. The yields it may
+  send go to the call's event log (output.py), bounded in bytes of data, and
+  by the frame count in their bookkeeping (~200 bytes each, 20 MB at most);
+- a line that is no frame (not UTF-8, not JSON, not an object, too long,
+  too deep) is skipped: the runner never writes one (`FrameChannel`);
+- a frame must fit the request (`CallFrames`): no `yield` but from a user
+  tool, a result of the right shape for its kind, once, a seal only where
+  one was asked for, an `exit` only where a keeper writes it, no other type.
+  The first that does not ends the call with a ``ProtocolError`` (effect
+  unknown, status error), the sandbox is killed, and nothing more from its
+  pipe is parsed.
+
+A frame cannot prove that the tree is gone. So after a sealed result or an
+exit frame the daemon kills the sandbox itself at once, where that is one
+call that waits for nothing (`RunnerSandbox._kill_now`: a message to the
+zygote, a kill of bubblewrap, a pidfd signal to a container's pid 1), before
+it answers: a forged seal leaves no process running on past the kernel's
+teardown of the sandbox's pid namespace, and whatever holds the call's pipes
+delays the answer until it is dead. (Without a pid namespace, isolation
+"none", a forged exit frame ends the call and the rest is killed when the
+sandbox is closed, as before.)
 
 What tool code can still do on the pipe: claim its own call's result (as it
 could by printing it), or end its call with a ProtocolError. Keeping the pipe
-out of its reach needs the result to come from another process than the one
-that runs the code: a process per call, or the keeper's slower end (no seal),
-both rejected for the call path's latency.
+out of its reach needs the result to come from a process other than the one
+that runs the code: a process per call, or (for code and files) the
+keeper's or zygote's report of the worker's exit status, which loses the
+seal (decision 18, ~1 ms a call) and the error's type and message (only
+the traceback on stderr would remain). Both were rejected for the call
+path's latency (decision 31).
 """
 
 from __future__ import annotations
@@ -81,21 +98,6 @@ from tooljaild.sandbox.channels import (
     PipeReader,
     PipeWriter,
 )
-
-__all__ = [
-    "MAX_FRAMES_PER_CALL",
-    "MAX_FRAME_BYTES",
-    "MAX_FRAME_BYTES_PER_CALL",
-    "MAX_FRAME_CONTAINERS",
-    "CallFrames",
-    "Frame",
-    "PipeEnds",
-    "RunnerPipes",
-    "RunnerSandbox",
-    "RunnerSpec",
-    "request_message",
-    "sandbox_env",
-]
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024 + 4096
 """The longest frame line: the runner's own limit on a result (16 MiB) and room."""
