@@ -7,7 +7,7 @@ when the host allows), with these file descriptors:
     0  request pipe   the daemon writes one JSON line: what to run, and how
     1  stdout pipe    the tool's stdout, raw bytes
     2  stderr pipe    the tool's stderr, raw bytes
-    N  frame pipe     JSON lines from the runner to the daemon (see below)
+    N  frame pipe     JSON lines from the runner to the daemon (the protocol: below)
     A, B              the sandbox's cgroup.procs files, opened by the daemon
 
 Two processes make one sandbox. The *keeper* (the process the daemon started)
@@ -21,21 +21,16 @@ The zygote's sandboxes (see _zygote.py) have no keeper: the zygote forks the
 worker itself (`run_worker`), reaps it, and sweeps the sandbox by killing its
 pid 1, which takes every process in the sandbox's pid namespace with it.
 
-Frames (one JSON object per line, key "t"):
-
-    {"t": "ready", "worker": pid, "keeper": pid, "cgroup": bool}
-    {"t": "yield", "v": <json>}                 one value from a generator tool
-    {"t": "result", "ok": true, "kind": "none"|"json"|"text", "value": ...,
-     "exit_code": int}
-    {"t": "result", "ok": false, "error": {"type", "message", "traceback"},
-     "exit_code": int}
-    ... and "sealed": true in a result when the worker has already killed every
-    other process of the sandbox (see _seal): then it is the last frame that
-    matters, and the daemon need not wait for the keeper's.
-    {"t": "exit", "code": int|null, "signal": int|null}   from the keeper, last
+The request, the frames and what the daemon accepts of them (it treats the
+sandbox as hostile: tool code can write into the frame pipe too) are described
+once, in the daemon's tooljaild/sandbox/runner_channel.py.
 
 This file must stay importable and runnable with nothing but the standard
-library of Python 3.11+: it runs in whatever interpreter the sandbox has.
+library of Python 3.11+: it runs in whatever interpreter the sandbox has. It is
+one file of ~700 lines on purpose: it runs as a script under ``-I`` (no sibling
+module is importable without changing sys.path), install_runner copies it into
+every sandbox's view, and each module more is one more file found and read at
+every sandbox start outside the zygote.
 """
 
 from __future__ import annotations
@@ -59,6 +54,7 @@ from typing import Any
 # most calls never raise, load a module or run a coroutine.
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
+"""The largest frame written; the daemon refuses longer lines (runner_channel)."""
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4

@@ -349,6 +349,126 @@ class _Box:
         self.worker_status: int | None = None
 
 
+class _Zygote:
+    """The zygote at work: its control socket, and the sandboxes it has made."""
+
+    def __init__(self, control: int, seccomp: _Seccomp) -> None:
+        self.seccomp = seccomp
+        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        _check_setns_on_pidfd()
+        self.sock = socket.socket(fileno=control)
+        self.wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.boxes: dict[str, _Box] = {}
+        self.by_pid1: dict[int, _Box] = {}
+        self.by_worker: dict[int, _Box] = {}
+        self.zygote_fds = (self.wake_r, wake_w, control, self.own_pid_ns)
+        """What a worker closes first: the zygote's own descriptors."""
+
+    def serve(self) -> None:
+        """Answer the daemon until it is gone. Returns then (the zygote ends)."""
+        _runner._text_streams()  # the workers' sys.stdout and sys.stderr, made once
+        # Every sandbox is a fork of this process: keep the collector of each from
+        # walking (and so copying, page by page) the objects they all inherit.
+        gc.freeze()
+        self.sock.send(json.dumps({"ready": os.getpid()}).encode())
+        while True:
+            watched: list[Any] = [self.sock, self.wake_r]
+            readable, _, _ = select.select(watched, [], [])
+            if self.wake_r in readable:
+                os.read(self.wake_r, 4096)
+                self._reap()
+            if self.sock in readable and not self._answer():
+                return
+
+    def _reap(self) -> None:
+        """Kill the sandbox of each worker that ended; report each sandbox gone."""
+        reaped = _runner._reap_all()
+        gone = {pid for pid, _ in reaped}
+        for pid, status in reaped:
+            box = self.by_worker.pop(pid, None)
+            if box is not None:
+                box.worker_status = status
+                if box.pid1 not in gone:  # (a reaped pid may be anyone's now)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(box.pid1, signal.SIGKILL)
+        for pid, status in reaped:
+            box = self.by_pid1.pop(pid, None)
+            if box is not None:
+                self.boxes.pop(box.ident, None)
+                self.by_worker.pop(box.worker, None)
+                ended = {
+                    "id": box.ident,
+                    "exit": os.waitstatus_to_exitcode(status),
+                    "worker": _end_of(box.worker_status),
+                }
+                self.sock.send(json.dumps(ended).encode())
+
+    def _answer(self) -> bool:
+        """Serve one request of the daemon's; False when the daemon is gone."""
+        try:
+            message, fds, _, _ = socket.recv_fds(self.sock, 65536, 16)
+        except OSError:
+            return False
+        if not message:
+            return False  # the daemon is gone: so are we (and, with us, nothing else)
+        request = json.loads(message)
+        if request.get("op") == "kill":
+            box = self.boxes.get(request["id"])
+            if box is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(box.pid1, signal.SIGKILL)
+        else:
+            self._spawn(request, fds)
+        return True
+
+    def _spawn(self, request: dict[str, Any], fds: list[int]) -> None:
+        """Make a sandbox (pid 1, then its worker); say which, or why not."""
+        ident = request["id"]
+        flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+        if not request.get("network"):
+            flags |= CLONE_NEWNET
+        try:
+            stack = ctypes.create_string_buffer(PID1_STACK_BYTES)
+            box = _Box(ident, _start_pid1(flags, stack), stack)
+        except OSError as exc:
+            self._refuse(ident, fds, exc)
+            return
+        self.boxes[ident] = box
+        self.by_pid1[box.pid1] = box
+        try:
+            worker, pidfd = _start_worker(box.pid1, self.own_pid_ns)
+        except OSError as exc:
+            os.kill(box.pid1, signal.SIGKILL)  # its exit is reported as it comes
+            self._refuse(ident, fds, exc)
+            return
+        if worker == 0:
+            _worker(request, fds, self.seccomp, pidfd, self.zygote_fds)
+        for fd in fds:
+            os.close(fd)
+        box.worker = worker
+        self.by_worker[worker] = box
+        self.sock.send(json.dumps({"id": ident, "pid": box.pid1}).encode())
+
+    def _refuse(self, ident: str, fds: list[int], exc: OSError) -> None:
+        for fd in fds:
+            os.close(fd)
+        self.sock.send(json.dumps({"id": ident, "error": str(exc)}).encode())
+
+
+def _check_setns_on_pidfd() -> None:
+    """setns() on a pidfd (Linux >= 5.8) is how workers get into their sandbox:
+    fail here, at start-up, where the daemon falls back to one bubblewrap per
+    sandbox, rather than at every spawn."""
+    self_fd = _pidfd_open(os.getpid())
+    try:
+        _setns(self_fd, CLONE_NEWPID)  # our own: changes nothing
+    finally:
+        os.close(self_fd)
+
+
 def main() -> None:
     argv = sys.argv[1:]
     options = dict(zip(argv[::2], argv[1::2], strict=False))
@@ -362,97 +482,7 @@ def main() -> None:
     _become_init(control)
     # pid 1 gets our signal dispositions: none may make it run Python.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    # setns() on a pidfd (Linux >= 5.8) is how workers get into their sandbox:
-    # fail here, at start-up, where the daemon falls back to one bubblewrap per
-    # sandbox, rather than at every spawn.
-    self_fd = _pidfd_open(os.getpid())
-    try:
-        _setns(self_fd, CLONE_NEWPID)  # our own: changes nothing
-    finally:
-        os.close(self_fd)
-    sock = socket.socket(fileno=control)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    boxes: dict[str, _Box] = {}
-    by_pid1: dict[int, _Box] = {}
-    by_worker: dict[int, _Box] = {}
-    zygote_fds = (wake_r, wake_w, control, own_pid_ns)
-    _runner._text_streams()  # the workers' sys.stdout and sys.stderr, made once
-    # Every sandbox is a fork of this process: keep the collector of each from
-    # walking (and so copying, page by page) the objects they all inherit.
-    gc.freeze()
-    sock.send(json.dumps({"ready": os.getpid()}).encode())
-    while True:
-        watched: list[Any] = [sock, wake_r]
-        readable, _, _ = select.select(watched, [], [])
-        if wake_r in readable:
-            os.read(wake_r, 4096)
-            reaped = _runner._reap_all()
-            gone = {pid for pid, _ in reaped}
-            for pid, status in reaped:
-                box = by_worker.pop(pid, None)
-                if box is not None:
-                    box.worker_status = status
-                    if box.pid1 not in gone:  # (a reaped pid may be anyone's now)
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(box.pid1, signal.SIGKILL)
-            for pid, status in reaped:
-                box = by_pid1.pop(pid, None)
-                if box is not None:
-                    boxes.pop(box.ident, None)
-                    by_worker.pop(box.worker, None)
-                    ended = {
-                        "id": box.ident,
-                        "exit": os.waitstatus_to_exitcode(status),
-                        "worker": _end_of(box.worker_status),
-                    }
-                    sock.send(json.dumps(ended).encode())
-        if sock in readable:
-            try:
-                message, fds, _, _ = socket.recv_fds(sock, 65536, 16)
-            except OSError:
-                return
-            if not message:
-                return  # the daemon is gone: so are we (and, with us, nothing else)
-            request = json.loads(message)
-            if request.get("op") == "kill":
-                box = boxes.get(request["id"])
-                if box is not None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(box.pid1, signal.SIGKILL)
-                continue
-            ident = request["id"]
-            flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
-            if not request.get("network"):
-                flags |= CLONE_NEWNET
-            try:
-                stack = ctypes.create_string_buffer(PID1_STACK_BYTES)
-                box = _Box(ident, _start_pid1(flags, stack), stack)
-            except OSError as exc:
-                for fd in fds:
-                    os.close(fd)
-                sock.send(json.dumps({"id": ident, "error": str(exc)}).encode())
-                continue
-            boxes[ident] = box
-            by_pid1[box.pid1] = box
-            try:
-                worker, pidfd = _start_worker(box.pid1, own_pid_ns)
-            except OSError as exc:
-                for fd in fds:
-                    os.close(fd)
-                os.kill(box.pid1, signal.SIGKILL)  # its exit is reported as it comes
-                sock.send(json.dumps({"id": ident, "error": str(exc)}).encode())
-                continue
-            if worker == 0:
-                _worker(request, fds, seccomp, pidfd, zygote_fds)
-            for fd in fds:
-                os.close(fd)
-            box.worker = worker
-            by_worker[worker] = box
-            sock.send(json.dumps({"id": ident, "pid": box.pid1}).encode())
+    _Zygote(control, seccomp).serve()
 
 
 if __name__ == "__main__":

@@ -16,17 +16,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from tooljail._types import StreamKind
 from tooljaild.sandbox.base import OutputSink
 
-log = logging.getLogger(__name__)
-
 Frame = dict[str, Any]
+"""One decoded frame of the runner's (see runner_channel for the protocol)."""
 
 
 class OutputChannel(asyncio.Protocol):
@@ -69,52 +68,130 @@ class OutputChannel(asyncio.Protocol):
             self.closed.set_result(None)
 
 
+@dataclass(frozen=True)
+class Malformed:
+    """A line on the frame pipe that is no frame (only tool code writes those), or
+    a pipe that went past its byte budget (`fatal`): why, in a few words."""
+
+    reason: str
+    fatal: bool = False
+
+
+FrameItem = Frame | Malformed | None
+"""What a frame pipe delivers: a frame, a line that is none, or None at end-of-file."""
+
+_DEEP_CHECK_BYTES = 256 * 1024
+"""Lines longer than this have their brackets counted before they are parsed."""
+
+
 class FrameChannel(asyncio.Protocol):
     """The runner's frame pipe: one JSON object per line, each given to `on_frame`.
 
-    Lines that are not a JSON object (tool code may write into the pipe) are
-    skipped, and so is a line longer than `max_bytes`. At end-of-file
-    `on_frame(None)` is called once.
+    Bounded, whatever the sandbox writes: at most `max_bytes` of a line are held
+    (a longer one is `Malformed`, and the rest of it is dropped unread); a line
+    with more than `max_containers` brackets is refused before it is parsed
+    (each becomes a Python object: 16 MiB of ``[]`` would be 300 MB of lists);
+    text that is not UTF-8, not JSON, nested too deep or not an object is
+    `Malformed`. Empty lines are skipped. At end-of-file `on_frame(None)` is
+    called once. After `discard()` nothing more is parsed or delivered.
+
+    Args:
+        on_frame: Where frames go; the sandbox swaps it as it moves from
+            start-up to its call.
+        max_bytes: The longest line accepted.
+        max_containers: The most ``[`` and ``{`` bytes a line may hold.
     """
 
-    def __init__(self, on_frame: Callable[[Frame | None], None], max_bytes: int) -> None:
+    def __init__(
+        self, on_frame: Callable[[FrameItem], None], max_bytes: int, max_containers: int
+    ) -> None:
         self.on_frame = on_frame
-        """Where frames go; the sandbox swaps it as it moves from start-up to its call."""
+        self.received = 0
+        """Bytes read so far, frames and anything else."""
+        self.ended = False
+        """End-of-file was seen: nothing in the sandbox can write a frame any more."""
         self._max_bytes = max_bytes
+        self._max_containers = max_containers
         self._buffer = bytearray()
         self._skipping = False  # inside an oversized line, until its end
-        self._ended = False
+        self._discarding = False
+        self._budget: int | None = None
+
+    def discard(self) -> None:
+        """Parse and deliver nothing more (the pipe is still read to its end)."""
+        self._discarding = True
+        self._buffer = bytearray()
+
+    def limit(self, max_bytes: int) -> None:
+        """Deliver `Malformed` once, and discard the rest, past `max_bytes` more bytes."""
+        self._budget = self.received + max_bytes
 
     def data_received(self, data: bytes) -> None:
-        self._buffer += data
-        while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                if len(self._buffer) > self._max_bytes:
-                    log.warning("a sandbox sent an oversized frame; skipped")
-                    self._buffer.clear()
-                    self._skipping = True
-                return
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            if self._skipping:
-                self._skipping = False
-                continue
-            if not line.strip():
-                continue
-            try:
-                frame = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(frame, dict):
-                self.on_frame(frame)
+        self.received += len(data)
+        if self._discarding:
+            return
+        if self._budget is not None and self.received > self._budget:
+            self.discard()
+            self.on_frame(Malformed("more frame bytes than one call may send", fatal=True))
+            return
+        # split() runs in C: a flood of empty lines costs no Python loop per byte.
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        for i, line in enumerate(lines):
+            if i == 0 and (self._buffer or self._skipping):
+                if self._skipping:  # the end of an oversized line: dropped
+                    self._skipping = False
+                    continue
+                self._buffer += line
+                line, self._buffer = bytes(self._buffer), bytearray()
+            if line:
+                self._line(line)
+                if self._discarding:
+                    return
+        self._hold(rest)
+
+    def _hold(self, part: bytes) -> None:
+        """Keep the start of a line until its end comes, up to `max_bytes`."""
+        if self._skipping or not part:
+            return
+        if len(self._buffer) + len(part) > self._max_bytes:
+            self._buffer = bytearray()
+            self._skipping = True
+            self.on_frame(Malformed(f"a line longer than {self._max_bytes} bytes"))
+            return
+        self._buffer += part
+
+    def _line(self, line: bytes) -> None:
+        if len(line) > self._max_bytes:
+            self.on_frame(Malformed(f"a line longer than {self._max_bytes} bytes"))
+            return
+        if not line.strip():
+            return
+        if len(line) > _DEEP_CHECK_BYTES and (
+            line.count(b"[") + line.count(b"{") > self._max_containers
+        ):
+            self.on_frame(Malformed(f"more than {self._max_containers} JSON arrays and objects"))
+            return
+        try:
+            frame = json.loads(line.decode("utf-8"))
+        except UnicodeDecodeError:
+            self.on_frame(Malformed("a line that is not UTF-8"))
+            return
+        except (ValueError, RecursionError):  # int digits past the limit raise ValueError too
+            self.on_frame(Malformed("a line that is not JSON"))
+            return
+        if not isinstance(frame, dict):
+            self.on_frame(Malformed("a JSON line that is not an object"))
+            return
+        self.on_frame(frame)
 
     def eof_received(self) -> bool:
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self._ended:
-            self._ended = True
+        if not self.ended:
+            self.ended = True
+            self._buffer = bytearray()
             self.on_frame(None)
 
 

@@ -7,16 +7,10 @@ stdlib-only runner, bind-mounted read-only at /opt/tooljail/runner, started as
 path then goes through no `docker exec` and no container start: `run` writes
 one JSON line into a pipe the runner is already blocked on, and reads.
 
-The channel. A container cannot inherit the daemon's pipes, so the daemon
-hands them over: before the container starts it listens on a Unix socket in a
-per-sandbox host directory (``<state_dir>/docker/<sandbox id>/``, bind-mounted
-read-only at /run/tooljail, reachable by the sandbox uid only); the runner
-connects once and receives the request, stdout, stderr and frame pipes as
-descriptors (SCM_RIGHTS). The daemon checks that the peer is the container's
-first process (its cgroup names the container), then closes the socket and
-unlinks it. From there on the sandbox has exactly the process backend's plumbing
-(pipes, keeper and worker, frames), so the same asyncio logic reads it, and
-tool code sees the same kind of stdout.
+The channel. A container cannot inherit the daemon's pipes: `docker_handover`
+passes them to the runner over a socket before its first call. From there on
+the sandbox speaks the runner channel (`runner_channel`) exactly as a process
+sandbox does; `RunnerSandbox` runs its calls.
 
 Hardened by default (docs/decisions.md has the why):
 - no network (``network_mode=none``) unless the config allows it;
@@ -41,6 +35,12 @@ pool (`DockerEngine.call`, in `docker_engine` with the leftover sweeps), so a
 slow engine never stalls the event loop or the daemon's other threads. The
 engine must share this host's file system (the channel and runner directories
 are bind mounts); a remote DOCKER_HOST is not supported by this backend.
+
+This module is over 500 lines because the backend's config and one
+container's life (create, connect, wait for ready, end, remove) read best
+together; what stands on its own is beside it: the engine and its sweeps
+(`docker_engine`), the pipes' handover (`docker_handover`), the seccomp
+profile (`docker_seccomp`) and a call over the runner channel (`runner_channel`).
 """
 
 from __future__ import annotations
@@ -48,14 +48,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import re
 import shutil
 import signal
 import socket
-import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,13 +62,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tooljail._types import StreamKind
 from tooljaild.sandbox.base import (
     Limits,
-    OutputSink,
     RunOutcome,
-    RunRequest,
-    Sandbox,
     SandboxError,
 )
 from tooljaild.sandbox.docker_engine import (
@@ -94,12 +88,14 @@ from tooljaild.sandbox.docker_engine import (
     remove_own_containers,
     remove_stale_containers,
 )
+from tooljaild.sandbox.docker_handover import INSIDE_CHANNEL_DIR, INSIDE_SOCKET, Handover
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.process import (
-    MAX_FRAME_BYTES,
-    READ_CHUNK,
-    SandboxContext,
-    _pump,
+from tooljaild.sandbox.process import SandboxContext
+from tooljaild.sandbox.runner_channel import (
+    CallFrames,
+    RunnerPipes,
+    RunnerSandbox,
+    RunnerSpec,
 )
 
 if TYPE_CHECKING:
@@ -132,14 +128,21 @@ TOOLJAIL_REPOSITORY = "tooljail"
 """Where `tooljail images build NAME` tags its images: `tooljail/NAME:latest`."""
 _IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]{0,254}$", re.IGNORECASE)
 INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
-INSIDE_CHANNEL_DIR = "/run/tooljail"
 INSIDE_WORKSPACE = "/workspace"
-SOCKET_NAME = "sandbox.sock"
 
 _STATUS_POLL_S = 0.5
 """While waiting for the runner to connect: how often to ask whether the container died."""
 _DRAIN_S = 2.0
 """How long output may keep flowing after the result before the container is killed."""
+_RUNNER_SPEC = RunnerSpec(
+    workdir=INSIDE_WORKSPACE,
+    tmpdir="/tmp",
+    tooldef=f"{INSIDE_RUNNER_DIR}/_tooldef.py",
+    # The keeper is pid 1 of the container's own pid namespace: the worker may
+    # end every other process itself and report last.
+    seal=True,
+    keeper=True,
+)
 
 
 # ---------------------------------------------------------------------- config
@@ -276,20 +279,11 @@ class DockerSandboxConfig(BaseModel):
 # ---------------------------------------------------------------------- sandbox
 
 
-class _FramesProtocol(asyncio.StreamReaderProtocol):
-    """Notices when the frame pipe ends: nothing in the container can report any more."""
-
-    ended = False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.ended = True
-        super().connection_lost(exc)
-
-
-class DockerSandbox(Sandbox):
+class DockerSandbox(RunnerSandbox):
     """A container whose runner (keeper + worker) waits for one request."""
 
     def __init__(self, config: DockerSandboxConfig, context: DockerContext, limits: Limits) -> None:
+        super().__init__()
         self.id = "sbx-" + uuid.uuid4().hex[:12]
         self.workspace = Path(INSIDE_WORKSPACE)
         """The workspace as the tool sees it (a tmpfs inside the container)."""
@@ -300,24 +294,14 @@ class DockerSandbox(Sandbox):
         self._engine = context.engine
         self._limits = limits
         self._channel = context.channel_root / self.id
-        self._listener: socket.socket | None = None
+        self._handover: Handover | None = None
         self._init_pid: int | None = None
         self._pidfd: int | None = None
         self._memory_cgroup: tuple[int, Path] | None = None
-        self._stdin: asyncio.StreamWriter | None = None
-        self._stdout: asyncio.StreamReader | None = None
-        self._stderr: asyncio.StreamReader | None = None
-        self._frames: asyncio.StreamReader | None = None
-        self._frames_protocol: _FramesProtocol | None = None
-        self._transports: list[asyncio.BaseTransport] = []
-        self._files: list[Any] = []
         self._pending: set[asyncio.Future[Any]] = set()
         self._start_called = False
         self._create_sent = False
         self._ready = False
-        self._used = False
-        self._killed = False
-        self._closed = False
 
     @property
     def alive(self) -> bool:
@@ -325,24 +309,13 @@ class DockerSandbox(Sandbox):
             self._ready
             and not self._used
             and not self._closed
-            and not (self._frames_protocol is not None and self._frames_protocol.ended)
+            and not (self._pipes is not None and self._pipes.ended)
         )
 
     @property
     def init_pid(self) -> int | None:
         """The host pid of the container's first process (the runner's keeper)."""
         return self._init_pid
-
-    def _base_env(self) -> dict[str, str]:
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": INSIDE_WORKSPACE,
-            "TMPDIR": "/tmp",
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONIOENCODING": "utf-8",
-        }
 
     # ------------------------------------------------------------------ start
 
@@ -372,62 +345,22 @@ class DockerSandbox(Sandbox):
         client = await self._engine.client()
         # A few quick local file-system calls, made here rather than on a thread
         # so that a cancelled start cannot leave a listening socket behind.
-        self._listener = self._open_channel()
+        self._handover = Handover(self._channel, self._config.uid, self._config.gid)
         self._create_sent = True
         self.container_id = await self._tracked(self._create_and_start, client)
         conn = await self._accept(client, deadline)
         with conn:
-            ours = self._hand_over(conn)
-        self._listener.close()
-        self._listener = None
-        with contextlib.suppress(OSError):
-            (self._channel / SOCKET_NAME).unlink()
-        await self._connect_pipes(*ours)
-        try:
-            ready = await asyncio.wait_for(self._read_frame(), max(0.1, deadline - loop.time()))
-        except TimeoutError:
-            ready = None
-        if ready is None or ready.get("t") != "ready":
+            ours = self._handover.hand_over(conn)
+        self._handover.close()
+        self._handover = None
+        self._pipes = RunnerPipes(*ours)
+        ready = await self._pipes.ready(max(0.1, deadline - loop.time()))
+        if ready is None:
             raise SandboxError(
                 f"sandbox {self.id}: the runner in container {self.container_name} did not "
                 f"say it was ready: {await self._logs(client) or 'no output'}"
             )
         self._ready = True
-
-    def _open_channel(self) -> socket.socket:
-        """Make the channel directory and listen in it."""
-        root = self._context.channel_root
-        root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        self._channel.mkdir(mode=0o700)
-        uid, gid = self._config.uid, self._config.gid
-        if os.geteuid() == 0:
-            # Only the sandbox uid (and root) may reach the socket.
-            os.chown(self._channel, uid, gid)
-            socket_mode = 0o600
-        else:
-            # A daemon in the docker group cannot give the directory away: let
-            # anyone pass through it; _accept checks who connected.
-            self._channel.chmod(0o711)
-            socket_mode = 0o666
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        try:
-            # Bound through a descriptor of the directory: a state directory deep
-            # enough would make the full path longer than sun_path's 108 bytes.
-            dir_fd = os.open(self._channel, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                listener.bind(f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}")
-            finally:
-                os.close(dir_fd)
-            path = self._channel / SOCKET_NAME
-            os.chmod(path, socket_mode)
-            if os.geteuid() == 0:
-                os.chown(path, uid, gid)
-            listener.listen(4)
-            listener.setblocking(False)
-        except BaseException:
-            listener.close()
-            raise
-        return listener
 
     def _container_spec(self) -> dict[str, Any]:
         """The arguments of the engine's create request (and its host config)."""
@@ -464,7 +397,6 @@ class DockerSandbox(Sandbox):
             host_config["nano_cpus"] = round(lim.cpus * 1e9)
         if cfg.runtime:
             host_config["runtime"] = cfg.runtime
-        socket_path = f"{INSIDE_CHANNEL_DIR}/{SOCKET_NAME}"
         return {
             "image": cfg.image,
             "name": self.container_name,
@@ -474,7 +406,7 @@ class DockerSandbox(Sandbox):
                 "-B",
                 f"{INSIDE_RUNNER_DIR}/_runner.py",
                 "--connect",
-                socket_path,
+                INSIDE_SOCKET,
             ],
             "command": [],
             "user": cfg.user,
@@ -524,7 +456,7 @@ class DockerSandbox(Sandbox):
     async def _accept(self, client: DockerClient, deadline: float) -> socket.socket:
         """The runner's connection, once it has proved it is this container's."""
         loop = asyncio.get_running_loop()
-        assert self._listener is not None and self.container_id is not None
+        assert self._handover is not None and self.container_id is not None
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -533,94 +465,23 @@ class DockerSandbox(Sandbox):
                     f"connect within {self._config.start_timeout_s:g} s: "
                     f"{await self._logs(client) or 'no output'}"
                 )
-            try:
-                conn, _ = await asyncio.wait_for(
-                    loop.sock_accept(self._listener), min(remaining, _STATUS_POLL_S)
-                )
-            except TimeoutError:
+            accepted = await self._handover.accept(
+                self.container_id, min(remaining, _STATUS_POLL_S)
+            )
+            if accepted is None:
                 status = await self._engine.call(container_status, client, self.container_id)
                 if status not in ("created", "running", "restarting"):
                     raise SandboxError(
                         f"sandbox {self.id}: container {self.container_name} ended ({status}) "
                         f"before its runner connected: {await self._logs(client) or 'no output'}"
-                    ) from None
+                    )
                 continue
-            pid = self._peer_pid(conn)
-            if pid is None:
-                conn.close()
-                continue
+            conn, pid = accepted
             self._init_pid = pid
             self._memory_cgroup = _memory_cgroup(pid)
             with contextlib.suppress(OSError):
                 self._pidfd = os.pidfd_open(pid)
             return conn
-
-    def _peer_pid(self, conn: socket.socket) -> int | None:
-        """The peer's host pid if it runs in this sandbox's container, else None."""
-        assert self.container_id is not None
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid = int(struct.unpack("3i", creds)[0])
-        try:
-            cgroups = Path(f"/proc/{pid}/cgroup").read_text()
-        except OSError:
-            cgroups = None
-        if cgroups is not None and self.container_id not in cgroups:
-            log.warning(
-                "sandbox %s: a process (pid %d) not in its container connected to its channel",
-                self.id,
-                pid,
-            )
-            return None
-        return pid
-
-    def _hand_over(self, conn: socket.socket) -> tuple[int, int, int, int]:
-        """Send the runner its ends of the four pipes; return ours."""
-        theirs: list[int] = []
-        ours: list[int] = []
-        try:
-            for _ in range(4):
-                r, w = os.pipe2(os.O_CLOEXEC)
-                ours.append(r)
-                theirs.append(w)
-            # The request pipe goes the other way: the runner reads, we write.
-            ours[0], theirs[0] = theirs[0], ours[0]
-            # One byte and four descriptors into a fresh socket: never blocks.
-            socket.send_fds(conn, [b"\0"], theirs)
-        except BaseException:
-            for fd in ours:
-                os.close(fd)
-            raise
-        finally:
-            for fd in theirs:
-                os.close(fd)
-        return ours[0], ours[1], ours[2], ours[3]
-
-    async def _connect_pipes(
-        self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        # Owned by the sandbox at once: `close` closes them, whatever is attached.
-        files = [os.fdopen(stdin_w, "wb", buffering=0)]
-        files += [os.fdopen(fd, "rb", buffering=0) for fd in (stdout_r, stderr_r, frames_r)]
-        self._files = files
-        self._stdout = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        self._stderr = asyncio.StreamReader(limit=READ_CHUNK, loop=loop)
-        for reader, file in ((self._stdout, files[1]), (self._stderr, files[2])):
-            transport, _ = await loop.connect_read_pipe(
-                lambda r=reader: asyncio.StreamReaderProtocol(r, loop=loop),  # type: ignore[misc]
-                file,
-            )
-            self._transports.append(transport)
-        self._frames = asyncio.StreamReader(limit=MAX_FRAME_BYTES, loop=loop)
-        self._frames_protocol = _FramesProtocol(self._frames, loop=loop)
-        protocol = self._frames_protocol
-        transport, _ = await loop.connect_read_pipe(lambda: protocol, files[3])
-        self._transports.append(transport)
-        w_transport, w_protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, files[0]
-        )
-        self._transports.append(w_transport)
-        self._stdin = asyncio.StreamWriter(w_transport, w_protocol, None, loop)
 
     async def _tracked(self, fn: Callable[..., T], *args: Any) -> T:
         """Run an engine request that makes something; `close` waits for it.
@@ -649,110 +510,25 @@ class DockerSandbox(Sandbox):
 
     # ------------------------------------------------------------------ run
 
-    async def _read_frame(self) -> dict[str, Any] | None:
-        assert self._frames is not None
-        while True:
-            try:
-                line = await self._frames.readline()
-            except ValueError:
-                log.warning("sandbox %s sent an oversized frame", self.id)
-                continue
-            if not line:
-                return None
-            try:
-                frame = json.loads(line)
-            except ValueError:
-                continue  # tool code wrote junk into the frame pipe
-            if isinstance(frame, dict):
-                return frame
+    _drain_s = _DRAIN_S
 
-    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
-        if not self._ready or self._used or self._closed:
-            raise SandboxError(f"sandbox {self.id} is not ready for a request")
-        self._used = True
-        stdin, stdout, stderr = self._stdin, self._stdout, self._stderr
-        assert stdin is not None and stdout is not None and stderr is not None
-        message = {
-            "kind": request.kind,
-            **request.payload,
-            "limits": request.limits.rlimits(),
-            "cwd": INSIDE_WORKSPACE,
-            "env": {**self._base_env(), **request.env},
-            "tooldef": f"{INSIDE_RUNNER_DIR}/_tooldef.py",
-            # The keeper is pid 1 of the container's own pid namespace: the
-            # worker may end every other process itself and report last.
-            "seal": True,
-        }
-        try:
-            stdin.write(json.dumps(message).encode() + b"\n")
-            await stdin.drain()
-            stdin.close()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the runner died before reading: reported as runner_lost below
+    def _runner_spec(self) -> RunnerSpec:
+        return _RUNNER_SPEC
 
-        pumps = [
-            asyncio.create_task(_pump(stdout, StreamKind.STDOUT, sink)),
-            asyncio.create_task(_pump(stderr, StreamKind.STDERR, sink)),
-        ]
-        frames_task = asyncio.create_task(self._collect_frames(sink))
-        try:
-            # The frame pipe ends when every process that holds it is gone: the
-            # keeper (pid 1), so the whole container, at the latest.
-            result, exit_frame, yields = await frames_task
-            _, pending = await asyncio.wait(pumps, timeout=_DRAIN_S)
-            if pending:
-                # Something escaped the seal and keeps the pipes open: end it all.
-                await self._kill_container()
-                await asyncio.wait(pending, timeout=_DRAIN_S)
-        finally:
-            for task in (*pumps, frames_task):
-                if not task.done():
-                    task.cancel()
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
+        sig = end.exit_frame.get("signal") if end.exit_frame else None
         oom = False
-        if (
-            result is None
-            and not self._killed
-            and exit_frame is not None
-            and exit_frame.get("signal") == signal.SIGKILL
-        ):
+        if end.result is None and not self._killed and sig == signal.SIGKILL:
             oom = await self._oom_killed()
-        return self._outcome(result, exit_frame, yields, oom)
-
-    async def _collect_frames(
-        self, sink: OutputSink
-    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
-        result: dict[str, Any] | None = None
-        yields = 0
-        while True:
-            frame = await self._read_frame()
-            if frame is None:
-                return result, None, yields
-            kind = frame.get("t")
-            if kind == "yield":
-                yields += 1
-                sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
-            elif kind == "result" and result is None:
-                result = frame
-                if frame.get("sealed"):
-                    return result, None, yields
-            elif kind == "exit":
-                return result, frame, yields
-
-    def _outcome(
-        self,
-        result: dict[str, Any] | None,
-        exit_frame: dict[str, Any] | None,
-        yields: int,
-        oom: bool,
-    ) -> RunOutcome:
         return outcome_of(
-            result,
-            exit_frame,
-            yields,
+            end.result,
+            end.exit_frame,
+            end.yields,
             killed=self._killed,
             out_of_memory=oom,
             memory_bytes=self._limits.sandbox_memory_bytes,
             lost_hint="the tool may have killed it, or the container was stopped",
+            protocol_error=end.broken,
         )
 
     async def _oom_killed(self) -> bool:
@@ -779,21 +555,29 @@ class DockerSandbox(Sandbox):
 
     # ------------------------------------------------------------------ end
 
-    async def kill(self) -> None:
-        self._killed = True
-        await self._kill_container()
+    def _kill_now(self) -> None:
+        self._signal_pid1()
 
-    async def _kill_container(self) -> None:
+    def _signal_pid1(self) -> bool:
+        """SIGKILL the container's pid 1 through its pidfd, without waiting.
+
+        Returns:
+            True when it is dead or dying (the kernel then kills all of its pid
+            namespace); False when the engine must be asked.
+        """
+        if self._pidfd is None:
+            return False
+        try:
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # already gone, and with it everything in the container
+        except OSError:
+            return False  # not ours to signal (a daemon that is not root)
+        return True
+
+    async def _kill_all(self) -> None:
         """SIGKILL the container's pid 1: the kernel then kills all of its pid namespace."""
-        if self._pidfd is not None:
-            try:
-                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
-                return
-            except ProcessLookupError:
-                return  # already gone, and with it everything in the container
-            except OSError:
-                pass  # not ours to signal (a daemon that is not root): ask the engine
-        if self.container_id is None:
+        if self._signal_pid1() or self.container_id is None:
             return
         try:
             client = await self._engine.client()
@@ -805,15 +589,12 @@ class DockerSandbox(Sandbox):
         if self._closed:
             return
         self._closed = True
-        if self._stdin is not None and not self._stdin.is_closing():
-            self._stdin.close()  # an unused runner exits on EOF
-        for transport in self._transports:
-            transport.close()
-        for file in self._files:
-            file.close()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if self._pipes is not None:
+            self._pipes.close_request()  # an unused runner exits on EOF
+            self._pipes.close()
+        if self._handover is not None:
+            self._handover.close()
+            self._handover = None
         if self._pending:
             # A create request still on its thread: its container must be removed too.
             await asyncio.wait(set(self._pending), timeout=self._engine.request_timeout_s)

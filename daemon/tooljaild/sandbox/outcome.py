@@ -1,21 +1,19 @@
 """What a sandbox's runner reported, as a `RunOutcome`: the same for every backend.
 
-The runner's frames (see runner/_runner.py) say how a call ended: a result
-frame when the tool returned or raised, and the keeper's exit frame with the
-worker's exit code or signal. This module turns them, and what the backend
-knows besides (it killed the sandbox; the kernel killed it for memory), into
-one typed outcome.
+The runner's frames (the protocol is in runner_channel) say how a call ended:
+a result frame when the tool returned or raised, and the keeper's exit frame
+with the worker's exit code or signal. This module turns them, and what the
+backend knows besides (it killed the sandbox; the kernel killed it for memory;
+the sandbox broke the frame protocol), into one typed outcome.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 from tooljail._types import ToolError
 from tooljaild.sandbox.base import RunOutcome, Termination
-
-Frame = dict[str, Any]
+from tooljaild.sandbox.channels import Frame
 
 _SIGNAL_REASONS: dict[int, tuple[Termination, str, str]] = {
     signal.SIGXCPU.value: (
@@ -40,6 +38,7 @@ def outcome_of(
     out_of_memory: bool,
     memory_bytes: int,
     lost_hint: str = "the tool may have killed it",
+    protocol_error: str | None = None,
 ) -> RunOutcome:
     """The outcome of one call.
 
@@ -53,11 +52,25 @@ def outcome_of(
             looked at when the tool left no result and died of SIGKILL).
         memory_bytes: The sandbox's memory limit, for the message.
         lost_hint: Why a runner might end without a word, for the message.
+        protocol_error: How the sandbox broke the frame protocol, if it did:
+            then its frames say nothing, and the sandbox was killed.
     """
     sig = exit_frame.get("signal") if exit_frame else None
     code = exit_frame.get("code") if exit_frame else None
     if killed:
         return RunOutcome(Termination.KILLED, exit_code=code, signal=sig, yields=yields)
+    if protocol_error is not None:
+        # Whatever the tool did is unknown: the runner is no longer to be believed.
+        return RunOutcome(
+            Termination.RUNNER_LOST,
+            yields=yields,
+            error=ToolError(
+                type="ProtocolError",
+                message=f"the sandbox broke the runner's frame protocol ({protocol_error}), "
+                "so it was killed and what the tool did is unknown; tool code that writes "
+                "into the runner's frame pipe does this",
+            ),
+        )
     if result is not None:
         exit_code = int(result.get("exit_code", 0))
         if result.get("ok"):

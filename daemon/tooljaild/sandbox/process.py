@@ -14,46 +14,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tooljail._types import StreamKind
 from tooljaild.sandbox import bwrap as bw
-from tooljaild.sandbox.base import (
-    Limits,
-    OutputSink,
-    RunOutcome,
-    RunRequest,
-    Sandbox,
-    SandboxError,
-)
+from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
-from tooljaild.sandbox.channels import (
-    Frame,
-    FrameChannel,
-    OutputChannel,
-    PipeReader,
-    PipeWriter,
-)
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
+from tooljaild.sandbox.runner_channel import (
+    CallFrames,
+    PipeEnds,
+    RunnerPipes,
+    RunnerSandbox,
+    RunnerSpec,
+    sandbox_env,
+)
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
 
 log = logging.getLogger(__name__)
-
-MAX_FRAME_BYTES = 16 * 1024 * 1024 + 4096
-READ_CHUNK = 64 * 1024
 
 
 def default_python() -> str:
@@ -103,12 +91,13 @@ class ProcessSandboxConfig(BaseModel):
         return ProcessSandbox(self, context, limits or Limits())
 
 
-class ProcessSandbox(Sandbox):
+class ProcessSandbox(RunnerSandbox):
     """A runner (keeper + worker) in its own namespaces, session, workspace and cgroup."""
 
     def __init__(
         self, config: ProcessSandboxConfig, context: SandboxContext, limits: Limits
     ) -> None:
+        super().__init__()
         self.id = "sbx-" + uuid.uuid4().hex[:12]
         self.workspace = context.workspace_root / self.id
         self._config = config
@@ -119,16 +108,8 @@ class ProcessSandbox(Sandbox):
         self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
         self._exited: asyncio.Future[int] | None = None
         """Done when the sandbox's first process (bubblewrap, or pid 1) has ended."""
-        self._stdin: PipeWriter | None = None
-        self._stdout: OutputChannel | None = None
-        self._stderr: OutputChannel | None = None
-        self._frames: FrameChannel | None = None
-        self._pipes: list[PipeReader | PipeWriter] = []
         self._worker_pid: int | None = None
         self._forked = False
-        self._used = False
-        self._killed = False
-        self._closed = False
 
     @property
     def alive(self) -> bool:
@@ -156,16 +137,9 @@ class ProcessSandbox(Sandbox):
         """The workspace as the tool sees it."""
         return bw.INSIDE_WORKSPACE if self.namespaced else str(self.workspace)
 
-    def _base_env(self) -> dict[str, str]:
-        return {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": self.workdir,
-            "TMPDIR": "/tmp" if self.namespaced else self.workdir,
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONIOENCODING": "utf-8",
-        }
+    @property
+    def _tmpdir(self) -> str:
+        return "/tmp" if self.namespaced else self.workdir
 
     def _runner_file(self, name: str) -> str:
         if self.namespaced:
@@ -189,33 +163,15 @@ class ProcessSandbox(Sandbox):
                     self._cgroup = await asyncio.to_thread(tracker.create, self.id, limits)
                 except OSError as exc:
                     log.warning("no cgroup for %s: %s", self.id, exc)
-        # The sandbox's ends ("theirs") are closed here once it has them.
-        theirs: list[int] = []
-        ours: list[int] = []
-        try:
-            stdin_r, stdin_w = os.pipe()
-            theirs.append(stdin_r)
-            ours.append(stdin_w)
-            for _ in range(3):  # stdout, stderr, frames: the sandbox writes, we read
-                r, w = os.pipe()
-                theirs.append(w)
-                ours.append(r)
+        with PipeEnds() as ends:
             if self.namespaced and self._context.zygote is not None:
                 if self._cgroup is not None:
-                    theirs += self._cgroup.open_procs()
-                await self._start_from_zygote(self._context.zygote, theirs)
+                    ends.theirs += self._cgroup.open_procs()
+                await self._start_from_zygote(self._context.zygote, ends.theirs)
             else:
-                await self._start_process(theirs)
-        except BaseException:
-            for fd in ours:
-                os.close(fd)
-            raise
-        finally:
-            for fd in theirs:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._connect(*ours)
-        await self._await_ready()
+                await self._start_process(ends.theirs)
+        self._pipes = RunnerPipes(*ends.ours)
+        await self._await_ready(self._pipes)
 
     async def _start_process(self, theirs: list[int]) -> None:
         """Start the runner as a process of its own (under bubblewrap when namespaced)."""
@@ -232,7 +188,7 @@ class ProcessSandbox(Sandbox):
             env: dict[str, str] = {}
         else:
             argv = [self._config.python, "-I", "-B", *runner_args]
-            env = self._base_env()
+            env = sandbox_env(self.workdir, self._tmpdir)
         if self._iso.uid is not None:
             argv = [*_drop_privileges(self._iso.uid, self._iso.gid), *argv]
         try:
@@ -263,38 +219,13 @@ class ProcessSandbox(Sandbox):
         self._exited = child.exited
         self._forked = True
 
-    def _connect(self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int) -> None:
-        self._stdout = OutputChannel(StreamKind.STDOUT)
-        self._stderr = OutputChannel(StreamKind.STDERR)
-        self._frames = FrameChannel(self._on_start_frame, MAX_FRAME_BYTES)
-        self._ready: asyncio.Future[Frame | None] = asyncio.get_running_loop().create_future()
-        self._stdin = PipeWriter(stdin_w)
-        self._pipes = [
-            self._stdin,
-            PipeReader(stdout_r, self._stdout),
-            PipeReader(stderr_r, self._stderr),
-            PipeReader(frames_r, self._frames),
-        ]
-
-    def _on_start_frame(self, frame: Frame | None) -> None:
-        if not self._ready.done():
-            self._ready.set_result(frame)
-
-    async def _await_ready(self) -> None:
-        assert self._proc is not None and self._stderr is not None
-        # A timer rather than wait_for(): no task wrapped around the wait.
-        timer = asyncio.get_running_loop().call_later(
-            self._config.start_timeout_s, self._on_start_frame, None
-        )
-        try:
-            ready = await self._ready
-        finally:
-            timer.cancel()
-        if ready is None or ready.get("t") != "ready":
+    async def _await_ready(self, pipes: RunnerPipes) -> None:
+        ready = await pipes.ready(self._config.start_timeout_s)
+        if ready is None:
             # What it printed on its way down says why.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._stderr.closed), 1.0)
-            said = self._stderr.said()
+                await asyncio.wait_for(asyncio.shield(pipes.stderr.closed), 1.0)
+            said = pipes.stderr.said()
             await self.close()
             raise SandboxError(f"sandbox {self.id} did not start: {said or 'no ready signal'}")
         self._worker_pid = int(ready["worker"])
@@ -310,58 +241,32 @@ class ProcessSandbox(Sandbox):
     def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
         return build_bwrap_spec(self._config, self._context, self._limits, passed)
 
-    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
-        return await self.begin(request, sink)
-
-    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
-        """Write the request into the runner's pipe now; return what waits for the end."""
-        if self._proc is None or self._used or self._closed:
-            raise SandboxError(f"sandbox {self.id} is not ready for a request")
-        assert self._stdin and self._stdout and self._stderr and self._frames
-        self._used = True
-        message = {
-            "kind": request.kind,
-            **request.payload,
-            "limits": request.limits.rlimits(),
-            "cwd": self.workdir,
-            "env": {**self._base_env(), **request.env},
-            "tooldef": self._runner_file("_tooldef.py"),
+    def _runner_spec(self) -> RunnerSpec:
+        return RunnerSpec(
+            workdir=self.workdir,
+            tmpdir=self._tmpdir,
+            tooldef=self._runner_file("_tooldef.py"),
             # Only the zygote's sandboxes have the keeper as pid 1 of their own
-            # pid namespace, which the worker's seal needs.
-            "seal": self._forked,
-        }
-        end = _CallEnd(sink)
-        self._frames.on_frame = end.on_frame
-        self._stdout.attach(sink)
-        self._stderr.attach(sink)
-        # A runner that died before reading is reported as runner_lost later.
-        self._stdin.write_and_close(json.dumps(message).encode() + b"\n")
-        return self._run_to_end(end)
+            # pid namespace, which the worker's seal needs; and no keeper of
+            # theirs writes frames (the zygote reports the worker's end).
+            seal=self._forked,
+            keeper=not self._forked,
+        )
 
-    async def _run_to_end(self, end: _CallEnd) -> RunOutcome:
-        assert self._proc and self._stdout and self._stderr and self._exited
+    async def _until_end(self, end: CallFrames) -> None:
+        assert self._exited is not None
         either: set[asyncio.Future[Any]] = {end.done, self._exited}
         await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if self._forked and not (end.result or {}).get("sealed"):
+        if self._forked and end.broken is None and not end.sealed:
             await self._zygote_exit_frame(end)
         if not end.done.done():
             # The keeper is gone; its last frame, if it wrote one, is already
             # in the pipe. Nothing left can report the tree's end: kill it.
             done, _ = await asyncio.wait({end.done}, timeout=0.5)
             if not done:
-                await self._kill_tree()
-        # A sealed result needs no kill from here: its worker exits right after
-        # it, and the zygote, its parent, then kills pid 1 (decision 29).
-        # Output still in flight drains; anything that keeps the pipes open
-        # past this point escaped the keeper and is killed.
-        pipes = {self._stdout.closed, self._stderr.closed}
-        _, pending = await asyncio.wait(pipes, timeout=2.0)
-        if pending:
-            await self._kill_tree()
-            await asyncio.wait(pending, timeout=2.0)
-        return self._outcome(end.result, end.exit_frame, end.yields)
+                await self._kill_all()
 
-    async def _zygote_exit_frame(self, end: _CallEnd) -> None:
+    async def _zygote_exit_frame(self, end: CallFrames) -> None:
         """A zygote sandbox has no keeper to write the exit frame: the zygote says
         how the worker ended, once everything in the sandbox is gone."""
         assert isinstance(self._proc, ZygoteChild) and self._exited is not None
@@ -371,30 +276,31 @@ class ProcessSandbox(Sandbox):
             await asyncio.wait({self._exited}, timeout=self._config.start_timeout_s)
         worker_end = self._proc.worker_end
         ended = worker_end.result() if worker_end.done() else None
-        if ended is not None and end.exit_frame is None:
-            end.exit_frame = {"t": "exit", **ended}
-            if not end.done.done():
-                end.done.set_result(None)
+        if ended is not None:
+            end.exited({"t": "exit", **ended})
 
-    def _outcome(self, result: Frame | None, exit_frame: Frame | None, yields: int) -> RunOutcome:
-        sig = exit_frame.get("signal") if exit_frame else None
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
+        sig = end.exit_frame.get("signal") if end.exit_frame else None
         return outcome_of(
-            result,
-            exit_frame,
-            yields,
+            end.result,
+            end.exit_frame,
+            end.yields,
             killed=self._killed,
-            out_of_memory=result is None
+            out_of_memory=end.result is None
             and sig == signal.SIGKILL
             and self._cgroup is not None
             and self._cgroup.oom_killed(),
             memory_bytes=self._limits.sandbox_memory_bytes,
+            protocol_error=end.broken,
         )
 
-    async def kill(self) -> None:
-        self._killed = True
-        await self._kill_tree()
+    def _kill_now(self) -> None:
+        """End a namespaced sandbox without waiting: its pid namespace's end kills all."""
+        if self.namespaced and self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
 
-    async def _kill_tree(self) -> None:
+    async def _kill_all(self) -> None:
         proc = self._proc
         if proc is None:
             return
@@ -429,19 +335,19 @@ class ProcessSandbox(Sandbox):
             return
         self._closed = True
         proc = self._proc
-        if self._stdin is not None and not self._stdin.is_closing():
-            self._stdin.close()  # an unused runner exits on EOF
+        if self._pipes is not None:
+            self._pipes.close_request()  # an unused runner exits on EOF
         if proc is not None and proc.returncode is None:
             try:
                 await asyncio.wait_for(proc.wait(), 0.05 if self._used else 0.5)
             except TimeoutError:
-                await self._kill_tree()
+                await self._kill_all()
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(proc.wait(), 5.0)
-        for pipe in self._pipes:
-            pipe.close()
+        if self._pipes is not None:
+            self._pipes.close()
         if self._exited is not None and not self._exited.done():
             self._exited.cancel()
         if self._cgroup is not None and self._cgroup.release_if_empty():
@@ -456,38 +362,6 @@ class ProcessSandbox(Sandbox):
             self._cgroup.release()
         if not self.namespaced:
             shutil.rmtree(self.workspace, ignore_errors=True)
-
-
-class _CallEnd:
-    """Collects a call's frames: yielded values go to the sink, and `done` says when
-    the call is over (a sealed result, the keeper's exit frame, or end-of-file)."""
-
-    def __init__(self, sink: OutputSink) -> None:
-        self._sink = sink
-        self.result: Frame | None = None
-        self.exit_frame: Frame | None = None
-        self.yields = 0
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def on_frame(self, frame: Frame | None) -> None:
-        if self.done.done():
-            return
-        if frame is None:
-            self.done.set_result(None)
-            return
-        kind = frame.get("t")
-        if kind == "yield":
-            self.yields += 1
-            self._sink(StreamKind.YIELD, json.dumps(frame.get("v"), default=str).encode())
-        elif kind == "result" and self.result is None:
-            self.result = frame
-            if frame.get("sealed"):
-                # The worker killed the rest of the tree before it wrote this:
-                # the call is over; the keeper's exit frame would say no more.
-                self.done.set_result(None)
-        elif kind == "exit":
-            self.exit_frame = frame
-            self.done.set_result(None)
 
 
 def build_bwrap_spec(
@@ -582,14 +456,6 @@ def _drop_privileges(uid: int, gid: int | None) -> list[str]:
         "--clear-groups",
         "--",
     ]
-
-
-async def _pump(stream: asyncio.StreamReader, kind: StreamKind, sink: OutputSink) -> None:
-    while True:
-        data = await stream.read(READ_CHUNK)
-        if not data:
-            return
-        sink(kind, data)
 
 
 def _psutil_sweep(root_pid: int) -> None:

@@ -1,0 +1,490 @@
+"""The runner channel: what the daemon and a sandbox's runner say to each other.
+
+Every backend speaks it, through the same pipes: the process backend hands a
+runner its ends at start, the docker backend over a socket (decision 20); from
+there on nothing differs, and this module is all of it.
+
+Four pipes per sandbox, each one way (`RunnerPipes` holds the daemon's ends):
+
+    request  daemon -> runner   one JSON line, once: what to run, and how
+    stdout   runner -> daemon   the tool's stdout, raw bytes
+    stderr   runner -> daemon   the tool's stderr, raw bytes
+    frames   runner -> daemon   JSON objects, one per line (below)
+
+The request (`request_message`) is the `RunRequest`'s kind and payload, plus
+``limits`` (rlimits the worker applies), ``cwd``, ``env`` (the scrubbed
+`sandbox_env` and the request's own variables: the worker's environment is
+replaced by it), ``tooldef`` (where the sandbox sees _tooldef.py) and
+``seal`` (whether the worker may seal its result: below).
+
+The frames, each on a line of its own (the runner writes a newline before
+each, which ends any partial line tool code left in the pipe):
+
+    {"t": "ready", "worker": pid, "keeper": pid}
+        start-up, once: the worker waits for its request.
+    {"t": "yield", "v": <json>}
+        one value from a generator tool (kind "user" only).
+    {"t": "result", "ok": true, "kind": "none"|"json"|"text", "value": ...,
+     "exit_code": int}
+    {"t": "result", "ok": false, "error": {"type", "message", "traceback"},
+     "exit_code": int}
+        how the tool ended, once; with "sealed": true when the request allowed
+        a seal and the worker has already killed every other process of the
+        sandbox (decision 18): then it is the call's last word.
+    {"t": "exit", "code": int|null, "signal": int|null}
+        from the keeper, last, once it has swept the tree: sandboxes with a
+        keeper only (a zygote's sandbox has none: the zygote reports the
+        worker's end on its own socket, see sandbox/zygote.py).
+
+A hostile sandbox. The frame pipe is open in the worker, and so in the tool
+code it runs (at a high, close-on-exec descriptor, but reachable: os.write(64,
+...)). Whatever arrives on it is therefore read as the tool's own words:
+
+- bounded: a line is held up to `MAX_FRAME_BYTES` (the rest of a longer one is
+  dropped unread), one with more than `MAX_FRAME_CONTAINERS` arrays and
+  objects is not parsed (16 MiB of ``[]`` would be 300 MB of lists), and a
+  call may send `MAX_FRAMES_PER_CALL` lines and `MAX_FRAME_BYTES_PER_CALL`
+  bytes; past either the call ends with a ProtocolError. The yields it may
+  send go to the call's event log (output.py), bounded in bytes of data, and
+  by the frame count in their bookkeeping (~200 bytes each, 20 MB at most);
+- a line that is no frame (not UTF-8, not JSON, not an object, too long,
+  too deep) is skipped: the runner never writes one (`FrameChannel`);
+- a frame must fit the request (`CallFrames`): no `yield` but from a user
+  tool, a result of the right shape for its kind, once, a seal only where
+  one was asked for, an `exit` only where a keeper writes it, no other type.
+  The first that does not ends the call with a ``ProtocolError`` (effect
+  unknown, status error), the sandbox is killed, and nothing more from its
+  pipe is parsed.
+
+A frame cannot prove that the tree is gone. So after a sealed result or an
+exit frame the daemon kills the sandbox itself at once, where that is one
+call that waits for nothing (`RunnerSandbox._kill_now`: a message to the
+zygote, a kill of bubblewrap, a pidfd signal to a container's pid 1), before
+it answers: a forged seal leaves no process running on past the kernel's
+teardown of the sandbox's pid namespace, and whatever holds the call's pipes
+delays the answer until it is dead. (Without a pid namespace, isolation
+"none", a forged exit frame ends the call and the rest is killed when the
+sandbox is closed, as before.)
+
+What tool code can still do on the pipe: claim its own call's result (as it
+could by printing it), or end its call with a ProtocolError. Keeping the pipe
+out of its reach needs the result to come from a process other than the one
+that runs the code: a process per call, or (for code and files) the
+keeper's or zygote's report of the worker's exit status, which loses the
+seal (decision 18, ~1 ms a call) and the error's type and message (only
+the traceback on stderr would remain). Both were rejected for the call
+path's latency (decision 31).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from tooljail._types import StreamKind
+from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Sandbox, SandboxError
+from tooljaild.sandbox.channels import (
+    Frame,
+    FrameChannel,
+    FrameItem,
+    Malformed,
+    OutputChannel,
+    PipeReader,
+    PipeWriter,
+)
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024 + 4096
+"""The longest frame line: the runner's own limit on a result (16 MiB) and room."""
+MAX_FRAMES_PER_CALL = 100_000
+"""Frames one call may send (its yields, mostly): each yield becomes an event of
+the call's log, ~200 bytes of bookkeeping however small its value."""
+MAX_FRAME_BYTES_PER_CALL = 64 * 1024 * 1024
+"""Bytes one call may write into its frame pipe, frames and anything else."""
+MAX_FRAME_CONTAINERS = 250_000
+"""JSON arrays and objects (counted as ``[`` and ``{`` bytes) in one long line."""
+VALUE_KINDS = ("none", "json", "text")
+"""The kinds of a result's value (`RunOutcome.value_kind`)."""
+
+_YIELDING_KINDS = frozenset({"user"})
+_SHORT = 60
+
+
+def sandbox_env(home: str, tmpdir: str) -> dict[str, str]:
+    """The environment every tool starts from: nothing of the daemon's."""
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": tmpdir,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONIOENCODING": "utf-8",
+    }
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """How a backend's runner sees its sandbox, and what its process tree allows."""
+
+    workdir: str
+    """The workspace as the tool sees it (its cwd and HOME)."""
+    tmpdir: str
+    """TMPDIR as the tool sees it."""
+    tooldef: str
+    """Where the sandbox sees _tooldef.py."""
+    seal: bool
+    """The worker may seal its result: only where its sandbox has a pid namespace
+    of its own whose init is not the worker (decision 18)."""
+    keeper: bool
+    """A keeper writes the exit frame on the frame pipe (not in a zygote's sandbox)."""
+
+
+def request_message(request: RunRequest, spec: RunnerSpec) -> bytes:
+    """The request line for the runner (see the module docstring)."""
+    message = {
+        "kind": request.kind,
+        **request.payload,
+        "limits": request.limits.rlimits(),
+        "cwd": spec.workdir,
+        "env": {**sandbox_env(spec.workdir, spec.tmpdir), **request.env},
+        "tooldef": spec.tooldef,
+        "seal": spec.seal,
+    }
+    return json.dumps(message).encode() + b"\n"
+
+
+class PipeEnds:
+    """A sandbox's four pipes while they are handed over: theirs go, ours stay.
+
+    A context manager: on the way out theirs (and anything appended to them)
+    are closed, as the sandbox has them by then or failed to start; ours are
+    closed too when an exception leaves.
+    """
+
+    def __init__(self) -> None:
+        self.ours: list[int] = []
+        """Request write end, stdout, stderr and frame read ends: `RunnerPipes`'s."""
+        self.theirs: list[int] = []
+        """Request read end, stdout, stderr and frame write ends, in that order."""
+
+    def __enter__(self) -> PipeEnds:
+        try:
+            for i in range(4):
+                r, w = os.pipe()  # close-on-exec; pass_fds or SCM_RIGHTS hands them over
+                # The request goes to the runner; the other three come from it.
+                self.ours.append(w if i == 0 else r)
+                self.theirs.append(r if i == 0 else w)
+        except BaseException:
+            self.__exit__(OSError, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        for fd in self.theirs if exc_type is None else self.theirs + self.ours:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+class RunnerPipes:
+    """The daemon's ends of one sandbox's four pipes, read and written on the loop.
+
+    Args:
+        stdin_w, stdout_r, stderr_r, frames_r: The pipe ends; this object owns them.
+    """
+
+    def __init__(self, stdin_w: int, stdout_r: int, stderr_r: int, frames_r: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.stdout = OutputChannel(StreamKind.STDOUT)
+        self.stderr = OutputChannel(StreamKind.STDERR)
+        self.frames = FrameChannel(self._on_start_frame, MAX_FRAME_BYTES, MAX_FRAME_CONTAINERS)
+        self._first: asyncio.Future[FrameItem] = loop.create_future()
+        self._stdin = PipeWriter(stdin_w)
+        self._pipes: list[PipeReader | PipeWriter] = [
+            self._stdin,
+            PipeReader(stdout_r, self.stdout),
+            PipeReader(stderr_r, self.stderr),
+            PipeReader(frames_r, self.frames),
+        ]
+
+    @property
+    def ended(self) -> bool:
+        """The frame pipe has ended: nothing in the sandbox can answer any more."""
+        return self.frames.ended
+
+    def _on_start_frame(self, item: FrameItem) -> None:
+        if not self._first.done():
+            self._first.set_result(item)
+
+    async def ready(self, timeout_s: float) -> Frame | None:
+        """The runner's ready frame, or None when it wrote another first, ended or
+        said nothing within `timeout_s`."""
+        # A timer rather than wait_for(): no task wrapped around the wait.
+        timer = asyncio.get_running_loop().call_later(timeout_s, self._on_start_frame, None)
+        try:
+            first = await self._first
+        finally:
+            timer.cancel()
+        if isinstance(first, dict) and first.get("t") == "ready" and _is_int(first.get("worker")):
+            return first
+        return None
+
+    def begin(self, request: RunRequest, spec: RunnerSpec, sink: OutputSink) -> CallFrames:
+        """Send the call's output to `sink`, and the request to the runner.
+
+        Returns:
+            The call's frames, whose `done` says when the call is over (a
+            runner that died before reading the request is reported there).
+        """
+        frames = CallFrames(request.kind, sink, self.frames, seal=spec.seal, keeper=spec.keeper)
+        self.frames.on_frame = frames.on_frame
+        self.frames.limit(MAX_FRAME_BYTES_PER_CALL)
+        self.stdout.attach(sink)
+        self.stderr.attach(sink)
+        self._stdin.write_and_close(request_message(request, spec))
+        return frames
+
+    async def drain(self, kill: Callable[[], Awaitable[None]], timeout_s: float = 2.0) -> None:
+        """Let output still in flight arrive; kill what keeps the pipes open past
+        `timeout_s` (it escaped the sandbox's end), then wait as long again."""
+        pipes = {self.stdout.closed, self.stderr.closed}
+        _, pending = await asyncio.wait(pipes, timeout=timeout_s)
+        if pending:
+            await kill()
+            await asyncio.wait(pending, timeout=timeout_s)
+
+    def close_request(self) -> None:
+        """Close the request pipe unless a request is in it: an unused runner exits."""
+        if not self._stdin.is_closing():
+            self._stdin.close()
+
+    def close(self) -> None:
+        """Close every pipe now."""
+        for pipe in self._pipes:
+            pipe.close()
+
+
+class CallFrames:
+    """One call's frames, checked as the tool's own words, turned into its end.
+
+    Yielded values go to the sink as they come; `done` resolves when the call
+    is over: a sealed result, the keeper's exit frame, the end of the pipe, or
+    the first frame that breaks the protocol (`broken` then says how).
+
+    Args:
+        kind: The request's kind: which frames it may send.
+        sink: Where yielded values go.
+        channel: The frame pipe, told to stop parsing once the call is over.
+        seal: Whether the request allowed a sealed result.
+        keeper: Whether a keeper writes the exit frame on this pipe.
+    """
+
+    def __init__(
+        self, kind: str, sink: OutputSink, channel: FrameChannel, *, seal: bool, keeper: bool
+    ) -> None:
+        self.result: Frame | None = None
+        self.exit_frame: Frame | None = None
+        self.yields = 0
+        self.broken: str | None = None
+        """Why the sandbox's frames were refused; None while they keep the protocol."""
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._kind = kind
+        self._sink = sink
+        self._channel = channel
+        self._seal = seal
+        self._keeper = keeper
+        self._count = 0
+
+    @property
+    def sealed(self) -> bool:
+        """The call ended on a sealed result (the worker says nothing else lives)."""
+        return self.result is not None and self.result.get("sealed") is True
+
+    def on_frame(self, item: FrameItem) -> None:
+        if self.done.done():
+            return
+        if item is None:
+            self._end()
+            return
+        self._count += 1
+        if self._count > MAX_FRAMES_PER_CALL:
+            self._refuse(f"more than {MAX_FRAMES_PER_CALL} lines of frames")
+        elif isinstance(item, Malformed):
+            if item.fatal:
+                self._refuse(item.reason)
+            # Else a line that is no frame at all: skipped, as the runner's
+            # frames are never such (the newline it writes before each ends
+            # anything tool code left in the pipe). It counts against the bounds.
+        else:
+            kind = item.get("t")
+            if kind == "yield":
+                self._on_yield(item)
+            elif kind == "result":
+                self._on_result(item)
+            elif kind == "exit" and self._keeper:
+                problem = _exit_problem(item)
+                if problem:
+                    self._refuse(problem)
+                    return
+                self.exit_frame = item
+                self._end()
+            else:
+                self._refuse(f"a frame of type {_short(kind)} during a call")
+
+    def _on_yield(self, frame: Frame) -> None:
+        if self._kind not in _YIELDING_KINDS:
+            self._refuse(f"a yield frame from a {self._kind!r} request, which cannot yield")
+        elif "v" not in frame:
+            self._refuse("a yield frame without a value")
+        else:
+            self.yields += 1
+            self._sink(StreamKind.YIELD, json.dumps(frame["v"]).encode())
+
+    def _on_result(self, frame: Frame) -> None:
+        problem = _result_problem(frame, self._kind, self._seal)
+        if self.result is not None:
+            problem = "a second result frame"
+        if problem:
+            self._refuse(problem)
+            return
+        self.result = frame
+        if self.sealed:
+            self._end()
+
+    def exited(self, frame: Frame) -> None:
+        """The worker's end as another process told it (the zygote): the call is
+        over, and (unless a frame was refused) this is how it ended."""
+        if self.broken is None and self.exit_frame is None:
+            self.exit_frame = frame
+        if not self.done.done():
+            self._end()
+
+    def _refuse(self, reason: str) -> None:
+        self.broken = reason
+        self._end()
+
+    def _end(self) -> None:
+        self._channel.discard()
+        self.done.set_result(None)
+
+
+class RunnerSandbox(Sandbox):
+    """A sandbox whose runner waits behind `RunnerPipes`: a call's life over the
+    channel, the same for every backend.
+
+    A backend starts its runner, sets `_pipes` once it has the daemon's ends,
+    and supplies what differs: how its runner sees things (`_runner_spec`), how
+    it waits for a call's end (`_until_end`), how it kills (`_kill_now`,
+    `_kill_all`) and what an end means (`_outcome`).
+    """
+
+    _drain_s = 2.0
+    """How long output may keep flowing after the call's end before what holds
+    the pipes open is killed."""
+
+    def __init__(self) -> None:
+        self._pipes: RunnerPipes | None = None
+        self._used = False
+        self._killed = False
+        """The daemon stopped the sandbox (`kill`: timeout, cancel, shutdown)."""
+        self._closed = False
+
+    async def run(self, request: RunRequest, sink: OutputSink) -> RunOutcome:
+        return await self.begin(request, sink)
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, RunOutcome]:
+        """Write the request into the runner's pipe now; return what waits for the end."""
+        if self._pipes is None or self._used or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not ready for a request")
+        self._used = True
+        return self._run_to_end(self._pipes.begin(request, self._runner_spec(), sink))
+
+    async def _run_to_end(self, end: CallFrames) -> RunOutcome:
+        assert self._pipes is not None
+        await self._until_end(end)
+        if end.broken is not None:
+            await self._kill_all()  # it broke the protocol: nothing it says counts
+        elif end.sealed or end.exit_frame is not None:
+            # A frame proves nothing (tool code can write one): the daemon ends
+            # the sandbox itself, without waiting (decision 31). After a true
+            # seal or exit frame only an exiting process is left to kill.
+            self._kill_now()
+        # Output still in flight drains; anything that keeps the pipes open
+        # past this point escaped the sandbox's end and is killed.
+        await self._pipes.drain(self._kill_all, self._drain_s)
+        return await self._outcome(end)
+
+    async def kill(self) -> None:
+        self._killed = True
+        await self._kill_all()
+
+    @abc.abstractmethod
+    def _runner_spec(self) -> RunnerSpec:
+        """How this sandbox's runner sees things, for the request."""
+
+    async def _until_end(self, end: CallFrames) -> None:
+        """Return once the call is over (`end.done`, unless the backend knows more)."""
+        await end.done
+
+    @abc.abstractmethod
+    def _kill_now(self) -> None:
+        """End the sandbox's process tree where one call does it, without waiting."""
+
+    @abc.abstractmethod
+    async def _kill_all(self) -> None:
+        """Kill everything in the sandbox, waiting where the backend must."""
+
+    @abc.abstractmethod
+    async def _outcome(self, end: CallFrames) -> RunOutcome:
+        """The call's outcome from its frames and what the backend knows besides."""
+
+
+def _result_problem(frame: Frame, kind: str, seal: bool) -> str | None:
+    """What is wrong with a result frame for a request of `kind`, or None."""
+    ok = frame.get("ok")
+    if not isinstance(ok, bool) or not _is_int(frame.get("exit_code")):
+        return "a result frame without a boolean ok and an integer exit_code"
+    sealed = frame.get("sealed", False)
+    if not isinstance(sealed, bool) or (sealed and not seal):
+        return "a sealed result where no seal was asked for"
+    if not ok:
+        error = frame.get("error")
+        if not isinstance(error, dict) or not all(
+            isinstance(error.get(key), str) for key in ("type", "message", "traceback")
+        ):
+            return "a failed result frame without a well-formed error"
+        return None
+    value_kind, value = frame.get("kind"), frame.get("value")
+    if value_kind not in VALUE_KINDS:
+        return f"a result value of kind {_short(value_kind)}"
+    if kind in ("code", "file") and value_kind != "none":
+        return f"a result value from a {kind!r} request, which returns none"
+    if kind == "describe" and (value_kind != "json" or not isinstance(value, list)):
+        return "a describe result that is not a list"
+    if (value_kind == "none" and value is not None) or (
+        value_kind == "text" and not isinstance(value, str)
+    ):
+        return f"a result value that is not of its kind {value_kind!r}"
+    return None
+
+
+def _exit_problem(frame: Frame) -> str | None:
+    code, sig = frame.get("code"), frame.get("signal")
+    if (code is None or _is_int(code)) and (sig is None or _is_int(sig)):
+        return None
+    return "an exit frame without integer code or signal"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    """`value` for a message, bounded: it came from the sandbox."""
+    text = repr(value)
+    return text if len(text) <= _SHORT else text[: _SHORT - 3] + "..."
