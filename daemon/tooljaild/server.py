@@ -180,7 +180,7 @@ def create_server(
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
