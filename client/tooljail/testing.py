@@ -151,6 +151,7 @@ class _InProcess:
         self._grace_s = grace_s
         self._ready = threading.Event()
         self._error: BaseException | None = None
+        self._stop_error: BaseException | None = None
         self._port = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -177,9 +178,15 @@ class _InProcess:
         return _target(self._settings.listen, self._port)
 
     def stop(self) -> None:
-        """Drain and stop the daemon; wait for its thread to end."""
+        """Drain and stop the daemon; wait for its thread to end.
+
+        Raises:
+            Exception: What `Daemon.stop` raised.
+        """
         self._call_soon(lambda _task: self._stop.set() if self._stop else None)
         self._thread.join()
+        if self._stop_error is not None:
+            raise self._stop_error
 
     def _call_soon(self, action: Callable[[asyncio.Task[None]], object]) -> None:
         loop, task = self._loop, self._task
@@ -190,7 +197,10 @@ class _InProcess:
     def _run(self) -> None:
         # asyncio.run cancels what the daemon left running and shuts the
         # executors down, so nothing outlives the `with` block.
-        asyncio.run(self._main())
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # raised again in the caller's thread, by stop()
+            self._stop_error = exc
 
     async def _main(self) -> None:
         from tooljaild.daemon import Daemon
