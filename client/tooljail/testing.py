@@ -19,8 +19,11 @@ checks its config file: an unknown key is refused, by name.
 By default the daemon runs in this process, on its own event loop in a
 background thread: it starts in a fraction of a second, and a sync `Client`
 works from the test's thread as an `AsyncClient` does from the test's own loop.
-`in_process=False` runs `python -m tooljaild serve` as a child process instead,
-for tests where the process boundary matters (signals, a crash).
+Its sandboxes are then this process's children, and its log records go to this
+process's `logging`. `in_process=False` runs `python -m tooljaild serve` as a
+child process instead (about a second more to start), for tests where the
+process boundary matters: signals, a crash, the daemon's own memory or
+environment.
 
 The daemon is not part of this package: `pip install tooljail[daemon]` brings
 it. This module imports it only when `daemon()` is called, so importing
@@ -95,7 +98,7 @@ def daemon(
             fast) or as a `python -m tooljaild serve` child process (False).
         start_timeout_s: How long the daemon may take to serve; past it, this raises.
         stop_grace_s: At exit, how long calls still running may take to finish
-            before the daemon stops them.
+            before the daemon stops them (in place of `shutdown_grace_s`).
         settings: The daemon's config keys; nested tables as dicts
             (`limits={"cpu_s": 5}`). Unless given: `listen` is a Unix socket in
             a fresh temporary directory, `state_dir` another directory there, and
