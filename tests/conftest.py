@@ -1,13 +1,20 @@
-"""Shared fixtures: a real daemon, started as `tooljail serve` in a subprocess."""
+"""Shared fixtures: a real daemon, in this process or as `tooljail serve` in a subprocess.
+
+`served` / `serve` run the daemon in this process (`tooljail.testing.daemon`):
+a real servicer, call manager and sandboxes over a real gRPC channel, started in
+a fraction of a second. `daemon` / `start_daemon` run `tooljail serve` as a
+child, for tests where the process boundary is the point: signals, crashes,
+the command line, what a sandbox can see of the daemon.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +23,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import tooljail.testing
 from tooljail import CallInfo, Client
+from tooljail.testing import wait_for
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -50,45 +59,65 @@ class RunningDaemon:
 
     def assert_serving(self) -> None:
         """The daemon still answers a real call."""
-        from tooljail import Client
+        assert_serving(self.target)
 
-        with Client(self.target) as client:
-            result = client.call("execute_python_code", {"code": "print('alive')"})
-        assert result.ok, result
-        assert result.data["stdout"] == "alive\n"
+
+@dataclass
+class ServedDaemon:
+    """A daemon served in this process by `tooljail.testing.daemon`."""
+
+    target: str
+
+    def assert_serving(self) -> None:
+        """The daemon still answers a real call."""
+        assert_serving(self.target)
+
+
+def assert_serving(target: str) -> None:
+    """The daemon at `target` still answers a real call."""
+    with Client(target) as client:
+        result = client.call("execute_python_code", {"code": "print('alive')"})
+    assert result.ok, result
+    assert result.data["stdout"] == "alive\n"
 
 
 def wait_finished(client: Client, call_id: str, timeout: float = 15.0) -> CallInfo:
     """Poll GetCall until the call has ended (or `timeout` passed); its last info."""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = client.get_call(call_id)
-        if info.state.finished or time.monotonic() > deadline:
-            return info
-        time.sleep(0.05)
+    last: list[CallInfo] = []
+
+    def finished() -> bool:
+        last[:] = [client.get_call(call_id)]
+        return last[0].state.finished
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(finished, timeout, interval=0.02)
+    return last[0]
 
 
 def wait_serving(
     target: str, process: subprocess.Popen[bytes], log_path: Path, timeout: float = 60.0
 ) -> None:
-    """Wait until the daemon's health service says SERVING."""
-    address = target
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until the daemon's health service says SERVING (or fail with its log)."""
+
+    def serving() -> bool:
         if process.poll() is not None:
             raise AssertionError(
                 f"daemon exited with {process.returncode}:\n{log_path.read_text(errors='replace')}"
             )
-        with grpc.insecure_channel(address) as channel:
+        with grpc.insecure_channel(target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
             except grpc.RpcError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"daemon not serving after {timeout}s:\n{log_path.read_text()}")
+                return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    try:
+        wait_for(serving, timeout, interval=0.02)
+    except TimeoutError:
+        raise AssertionError(
+            f"daemon not serving after {timeout}s:\n{log_path.read_text()}"
+        ) from None
 
 
 def _reachable(path: Path) -> Path:
@@ -179,19 +208,48 @@ def start_daemon(
 
 @pytest.fixture
 def daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
-    """A daemon with the default settings."""
+    """A `tooljail serve` subprocess with the default settings."""
     return start_daemon()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., ServedDaemon]]:
+    """Serve a daemon in this process with these settings; each stops at teardown.
+
+    Usage: `served = serve(isolation="none", tools_dirs=[d])`; settings are the
+    config's keys (see `tooljail.testing.daemon`). The pool holds 2 by default.
+    """
+    with contextlib.ExitStack() as stack:
+
+        def start(**settings: object) -> ServedDaemon:
+            settings.setdefault("pool_size", 2)
+            return ServedDaemon(stack.enter_context(tooljail.testing.daemon(**settings)))
+
+        yield start
+
+
+@pytest.fixture
+def served(serve: Callable[..., ServedDaemon]) -> ServedDaemon:
+    """A daemon in this process with the default settings."""
+    return serve()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    """In CI a skipped Docker or isolation test is a failure: CI must provide them."""
+    """In CI a skipped test is a failure: CI must provide what every test needs.
+
+    Not only the tests marked `docker` or `isolation`: a cgroup or bubblewrap
+    parameter, a seccomp test or a root-only journal test that skips passes
+    silently otherwise. A test whose skip CI cannot prevent (another
+    architecture's check) says so with `@pytest.mark.ci_may_skip("why")`.
+    """
     outcome = yield
     report = outcome.get_result()  # type: ignore[attr-defined]
     if (
         IN_CI
         and report.skipped
-        and any(item.get_closest_marker(name) for name in ("docker", "isolation"))
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("ci_may_skip") is None
     ):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr

@@ -7,13 +7,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningDaemon, spawn_daemon, wait_serving
+import tooljail.testing
+from tests.conftest import ServedDaemon
 from tooljail import CallNotFoundError, Client, Output, StreamKind, ToolResult
 
 SLOW_LINES = (
@@ -35,10 +35,10 @@ CLIENT = textwrap.dedent(
 )
 
 
-def test_attach_after_the_client_died_gives_the_rest_once(daemon: RunningDaemon) -> None:
+def test_attach_after_the_client_died_gives_the_rest_once(served: ServedDaemon) -> None:
     call_id = "reattach-" + uuid.uuid4().hex
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLIENT, daemon.target, call_id, SLOW_LINES],
+        [sys.executable, "-c", CLIENT, served.target, call_id, SLOW_LINES],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -51,7 +51,7 @@ def test_attach_after_the_client_died_gives_the_rest_once(daemon: RunningDaemon)
     proc.wait(10)
     proc.stdout.close()
     last = max(seen)
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         items = list(client.attach(call_id, from_seq=last + 1))
     outputs = [i for i in items if isinstance(i, Output)]
     assert all(o.stream is StreamKind.STDOUT for o in outputs)
@@ -61,7 +61,7 @@ def test_attach_after_the_client_died_gives_the_rest_once(daemon: RunningDaemon)
     assert "".join(seen[s] for s in sorted(seen)) == "".join(f"line {i}\n" for i in range(8))
     assert isinstance(items[-1], ToolResult) and items[-1].ok
     # From the start, the whole call again; an unknown id is refused.
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         again = [i.data for i in client.attach(call_id) if isinstance(i, Output)]
         assert "".join(again) == "".join(f"line {i}\n" for i in range(8))
         with pytest.raises(CallNotFoundError):
@@ -85,15 +85,11 @@ def test_a_call_made_while_the_daemon_starts_waits_for_it_and_runs_once(
             results.append(exc)
 
     caller = threading.Thread(target=call)
-    caller.start()  # no daemon yet: the SDK retries with backoff
-    time.sleep(0.3)
-    process, _, _ = spawn_daemon(base, listen=target, env={"TOOLJAIL_ISOLATION": "none"})
-    try:
-        wait_serving(target, process, base / "daemon.log")
+    # No daemon yet: the SDK retries with backoff. The daemon binds its socket only
+    # after its isolation, zygote and pool are set up, long after the caller's first try.
+    caller.start()
+    with tooljail.testing.daemon(listen=target, isolation="none", pool_size=2):
         caller.join(30)
-        assert results and isinstance(results[0], ToolResult), results
-        assert results[0].ok and results[0].data["stdout"] == "ok\n"
-        assert marker.read_text() == "x"  # it ran once
-    finally:
-        process.terminate()
-        process.wait(30)
+    assert results and isinstance(results[0], ToolResult), results
+    assert results[0].ok and results[0].data["stdout"] == "ok\n"
+    assert marker.read_text() == "x"  # it ran once

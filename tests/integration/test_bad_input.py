@@ -3,7 +3,8 @@
 Unknown tool, missing argument, wrong type, extra argument, invalid JSON, a 100 MB
 request, a malformed or reused call id: each is refused before any sandbox is
 used, with a status code and a machine-readable `ErrorDetail` in the trailing
-metadata, through the raw stub, the SDK and the `tooljail` CLI.
+metadata, through the raw stub, the SDK and the `tooljail` CLI. The daemon runs
+in the test's process (`served`): the wire contract needs no process boundary.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +20,8 @@ import grpc
 import pytest
 
 import tooljail
-from tests.conftest import RunningDaemon
+from tests.conftest import ServedDaemon
+from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 
@@ -63,25 +64,25 @@ def _raw_call(target: str, request: pb.CallRequest) -> list[pb.CallEvent]:
 # --------------------------------------------------------------------- raw gRPC
 
 
-def test_unknown_tool_is_not_found_with_a_detail(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "no_such_tool", '{"code": "print(1)"}')
+def test_unknown_tool_is_not_found_with_a_detail(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "no_such_tool", '{"code": "print(1)"}')
     assert err.code() is grpc.StatusCode.NOT_FOUND
     detail = _detail(err)
     assert detail.code == "tool_not_found"
     assert "no_such_tool" in detail.message
     assert "execute_python_code" in detail.message  # it lists what is available
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_close_tool_name_gets_a_suggestion(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_cod", '{"code": "print(1)"}')
+def test_close_tool_name_gets_a_suggestion(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_cod", '{"code": "print(1)"}')
     assert err.code() is grpc.StatusCode.NOT_FOUND
     assert "Did you mean 'execute_python_code'" in _detail(err).message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_missing_argument_is_invalid_argument_naming_it(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", "{}")
+def test_missing_argument_is_invalid_argument_naming_it(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", "{}")
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_arguments"
@@ -89,79 +90,79 @@ def test_missing_argument_is_invalid_argument_naming_it(daemon: RunningDaemon) -
     assert detail.expected == "string"
     assert detail.actual == "missing"
     assert "code" in (err.details() or "")
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_wrong_type_reports_expected_and_actual(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", '{"code": 5}')
+def test_wrong_type_reports_expected_and_actual(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", '{"code": 5}')
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_arguments"
     assert (detail.parameter, detail.expected, detail.actual) == ("code", "string", "integer")
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_extra_argument_is_rejected_by_name(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", '{"code": "print(1)", "verbose": true}')
+def test_extra_argument_is_rejected_by_name(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", '{"code": "print(1)", "verbose": true}')
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_arguments"
     assert detail.parameter == "verbose"
     assert "verbose" in detail.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_arguments_that_are_not_json(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", "{not json")
+def test_arguments_that_are_not_json(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", "{not json")
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_request"
     assert "JSON" in detail.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_arguments_that_are_a_json_list(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", '["print(1)"]')
+def test_arguments_that_are_a_json_list(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", '["print(1)"]')
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_arguments"
     assert (detail.expected, detail.actual) == ("object", "array")
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_malformed_call_id(daemon: RunningDaemon) -> None:
+def test_malformed_call_id(served: ServedDaemon) -> None:
     err = _call_error(
-        daemon.target, "execute_python_code", '{"code": "print(1)"}', call_id="has space"
+        served.target, "execute_python_code", '{"code": "print(1)"}', call_id="has space"
     )
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     detail = _detail(err)
     assert detail.code == "invalid_request"
     assert "call_id" in detail.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_timeout_out_of_bounds(daemon: RunningDaemon) -> None:
-    err = _call_error(daemon.target, "execute_python_code", '{"code": "1"}', timeout_s=5000)
+def test_timeout_out_of_bounds(served: ServedDaemon) -> None:
+    err = _call_error(served.target, "execute_python_code", '{"code": "1"}', timeout_s=5000)
     assert err.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert _detail(err).code == "bad_timeout"
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_a_100_mb_request_is_resource_exhausted(daemon: RunningDaemon) -> None:
+def test_a_100_mb_request_is_resource_exhausted(served: ServedDaemon) -> None:
     arguments_json = json.dumps({"code": "#" * 100_000_000})
     err = _call_error(
-        daemon.target,
+        served.target,
         "execute_python_code",
         arguments_json,
         options=[("grpc.max_send_message_length", 200 * 1024 * 1024)],
     )
     del arguments_json
     assert err.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_get_call_of_an_unknown_id_is_not_found(daemon: RunningDaemon) -> None:
-    with grpc.insecure_channel(daemon.target) as channel:
+def test_get_call_of_an_unknown_id_is_not_found(served: ServedDaemon) -> None:
+    with grpc.insecure_channel(served.target) as channel:
         stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
         with pytest.raises(grpc.RpcError) as info:
             stub.GetCall(pb.GetCallRequest(call_id="never-made"), timeout=10)
@@ -172,46 +173,46 @@ def test_get_call_of_an_unknown_id_is_not_found(daemon: RunningDaemon) -> None:
         detail = _detail(err)
         assert detail.code == "call_not_found"
         assert "never-made" in detail.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_same_call_id_with_other_arguments_is_already_exists(daemon: RunningDaemon) -> None:
+def test_same_call_id_with_other_arguments_is_already_exists(served: ServedDaemon) -> None:
     first = _raw_call(
-        daemon.target,
+        served.target,
         pb.CallRequest(
             tool="execute_python_code", arguments_json='{"code": "print(1)"}', call_id="id-1"
         ),
     )
     assert first[-1].result.status == pb.STATUS_SUCCESS
-    err = _call_error(daemon.target, "execute_python_code", '{"code": "print(2)"}', call_id="id-1")
+    err = _call_error(served.target, "execute_python_code", '{"code": "print(2)"}', call_id="id-1")
     assert err.code() is grpc.StatusCode.ALREADY_EXISTS
     detail = _detail(err)
     assert detail.code == "call_id_conflict"
     assert "id-1" in detail.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 @pytest.fixture
-def host_writing_daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
+def host_writing_daemon(serve: Callable[..., ServedDaemon]) -> ServedDaemon:
     """A daemon without namespaces: its tools can leave marks on the host to count runs."""
-    return start_daemon(env={"TOOLJAIL_ISOLATION": "none"})
+    return serve(isolation="none")
 
 
 def test_same_call_id_with_same_arguments_runs_once(
-    host_writing_daemon: RunningDaemon, host_dir: Path
+    host_writing_daemon: ServedDaemon, host_dir: Path
 ) -> None:
-    daemon = host_writing_daemon
+    served = host_writing_daemon
     marker = host_dir / "runs.txt"
     code = f"with open({str(marker)!r}, 'a') as f:\n    f.write('ran\\n')\nprint('done')"
     request = pb.CallRequest(
         tool="execute_python_code", arguments_json=json.dumps({"code": code}), call_id="once-1"
     )
-    first = _raw_call(daemon.target, request)
+    first = _raw_call(served.target, request)
     # The same request, with the arguments spelled in another key order/spacing.
     again = pb.CallRequest()
     again.CopyFrom(request)
     again.arguments_json = json.dumps({"code": code}, indent=4)
-    second = _raw_call(daemon.target, again)
+    second = _raw_call(served.target, again)
     r1, r2 = first[-1].result, second[-1].result
     assert first[-1].WhichOneof("event") == second[-1].WhichOneof("event") == "result"
     assert r1.call_id == r2.call_id == "once-1"
@@ -219,13 +220,13 @@ def test_same_call_id_with_same_arguments_runs_once(
     assert json.loads(r1.data_json) == json.loads(r2.data_json)
     assert json.loads(r2.data_json)["stdout"] == "done\n"
     assert marker.read_text() == "ran\n"
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 def test_same_call_id_while_running_attaches_to_the_running_call(
-    host_writing_daemon: RunningDaemon, host_dir: Path
+    host_writing_daemon: ServedDaemon, host_dir: Path
 ) -> None:
-    daemon = host_writing_daemon
+    served = host_writing_daemon
     marker = host_dir / "runs.txt"
     code = (
         f"import time\nwith open({str(marker)!r}, 'a') as f:\n    f.write('ran\\n')\n"
@@ -234,17 +235,14 @@ def test_same_call_id_while_running_attaches_to_the_running_call(
     first: list[tooljail.ToolResult] = []
 
     def run() -> None:
-        with tooljail.Client(daemon.target) as client:
+        with tooljail.Client(served.target) as client:
             first.append(client.call("execute_python_code", {"code": code}, call_id="live-1"))
 
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        with tooljail.Client(daemon.target) as client:
-            deadline = time.monotonic() + 10
-            while not marker.exists():
-                assert time.monotonic() < deadline, "the first call never started"
-                time.sleep(0.02)
+        with tooljail.Client(served.target) as client:
+            wait_for(marker.exists, 10, what="the first call to start")
             items = list(client.stream("execute_python_code", {"code": code}, call_id="live-1"))
     finally:
         thread.join(20)
@@ -260,8 +258,8 @@ def test_same_call_id_while_running_attaches_to_the_running_call(
 # --------------------------------------------------------------------- the SDK
 
 
-def test_sdk_maps_each_refusal_to_its_exception(daemon: RunningDaemon) -> None:
-    with tooljail.Client(daemon.target) as client:
+def test_sdk_maps_each_refusal_to_its_exception(served: ServedDaemon) -> None:
+    with tooljail.Client(served.target) as client:
         with pytest.raises(tooljail.ToolNotFoundError, match="no_such_tool"):
             client.call("no_such_tool", {"code": "print(1)"})
 
@@ -300,20 +298,20 @@ def test_sdk_maps_each_refusal_to_its_exception(daemon: RunningDaemon) -> None:
             client.get_call("never-made")
         with pytest.raises(tooljail.CallNotFoundError):
             client.cancel("never-made")
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_sdk_error_classes_are_also_the_standard_ones(daemon: RunningDaemon) -> None:
+def test_sdk_error_classes_are_also_the_standard_ones(served: ServedDaemon) -> None:
     # Agent code may catch LookupError / ValueError without knowing tooljail's tree.
-    with tooljail.Client(daemon.target) as client:
+    with tooljail.Client(served.target) as client:
         with pytest.raises(LookupError):
             client.call("no_such_tool")
         with pytest.raises(ValueError):
             client.call("execute_python_code", {"code": 5})
 
 
-async def test_async_sdk_maps_refusals_too(daemon: RunningDaemon) -> None:
-    async with tooljail.AsyncClient(daemon.target) as client:
+async def test_async_sdk_maps_refusals_too(served: ServedDaemon) -> None:
+    async with tooljail.AsyncClient(served.target) as client:
         with pytest.raises(tooljail.ToolNotFoundError):
             await client.call("no_such_tool")
         with pytest.raises(tooljail.InvalidArgumentsError) as wrong:
@@ -338,28 +336,28 @@ def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
-def test_cli_invalid_json_arguments_exit_2(daemon: RunningDaemon) -> None:
-    proc = _cli("call", "--target", daemon.target, "execute_python_code", "{bad")
+def test_cli_invalid_json_arguments_exit_2(served: ServedDaemon) -> None:
+    proc = _cli("call", "--target", served.target, "execute_python_code", "{bad")
     assert proc.returncode == 2, proc
     assert "JSON" in proc.stderr
     assert proc.stdout == ""
 
 
-def test_cli_arguments_not_an_object_exit_2(daemon: RunningDaemon) -> None:
-    proc = _cli("call", "--target", daemon.target, "execute_python_code", '["print(1)"]')
+def test_cli_arguments_not_an_object_exit_2(served: ServedDaemon) -> None:
+    proc = _cli("call", "--target", served.target, "execute_python_code", '["print(1)"]')
     assert proc.returncode == 2, proc
     assert "JSON object" in proc.stderr
 
 
-def test_cli_unknown_tool_exit_2(daemon: RunningDaemon) -> None:
-    proc = _cli("call", "--target", daemon.target, "no_such_tool", '{"code": "print(1)"}')
+def test_cli_unknown_tool_exit_2(served: ServedDaemon) -> None:
+    proc = _cli("call", "--target", served.target, "no_such_tool", '{"code": "print(1)"}')
     assert proc.returncode == 2, proc
     assert "no tool named 'no_such_tool'" in proc.stderr
-    daemon.assert_serving()
+    served.assert_serving()
 
 
-def test_cli_invalid_arguments_exit_2_naming_the_parameter(daemon: RunningDaemon) -> None:
-    proc = _cli("call", "--target", daemon.target, "execute_python_code", '{"code": 5}')
+def test_cli_invalid_arguments_exit_2_naming_the_parameter(served: ServedDaemon) -> None:
+    proc = _cli("call", "--target", served.target, "execute_python_code", '{"code": 5}')
     assert proc.returncode == 2, proc
     assert "'code'" in proc.stderr
 
@@ -373,11 +371,11 @@ def test_cli_no_daemon_exit_3(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_cli_oversized_request_is_refused_not_unavailable(daemon: RunningDaemon) -> None:
+def test_cli_oversized_request_is_refused_not_unavailable(served: ServedDaemon) -> None:
     # 10 MB of code is over the daemon's default 8 MiB request bound.
     arguments = json.dumps({"code": "#" * 10_000_000})
-    proc = _cli("call", "--target", daemon.target, "execute_python_code", "-", stdin=arguments)
+    proc = _cli("call", "--target", served.target, "execute_python_code", "-", stdin=arguments)
     assert "larger than max" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.returncode == 2, proc.stderr
-    daemon.assert_serving()
+    served.assert_serving()

@@ -9,14 +9,15 @@ worker cannot seal (another thread still runs).
 
 from __future__ import annotations
 
-import time
+import contextlib
 import uuid
 
 import psutil
 import pytest
 
-from tests.conftest import RunningDaemon
+from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client, Effect
+from tooljail.testing import wait_for
 
 
 def _processes_mentioning(token: str) -> list[psutil.Process]:
@@ -29,15 +30,14 @@ def _processes_mentioning(token: str) -> list[psutil.Process]:
 
 def _assert_none_left(token: str) -> None:
     # The result came after the kill; give the kernel a moment to reap.
-    deadline = time.monotonic() + 5
-    while _processes_mentioning(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not _processes_mentioning(token), 5, interval=0.05)
     assert _processes_mentioning(token) == []
 
 
 @pytest.mark.isolation
 def test_output_of_a_child_left_running_is_kept_and_the_child_is_gone(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
 ) -> None:
     token = "child-" + uuid.uuid4().hex
     code = f"""
@@ -51,17 +51,17 @@ child = subprocess.Popen([sys.executable, '-c', child_code, str(w), {token!r}], 
 os.read(r, 1)  # the child has printed
 print("from the tool")
 """
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.effect is Effect.APPLIED
     assert result.data["stdout"].splitlines() == ["from the child", "from the tool"]
     _assert_none_left(token)
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 @pytest.mark.isolation
-def test_a_thread_still_running_at_the_end_ends_with_the_call(daemon: RunningDaemon) -> None:
+def test_a_thread_still_running_at_the_end_ends_with_the_call(served: ServedDaemon) -> None:
     token = "thread-" + uuid.uuid4().hex
     # A non-daemon thread that never stops, and a child it would keep company.
     code = f"""
@@ -73,17 +73,17 @@ def forever():
 threading.Thread(target=forever).start()
 print("returned")
 """
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.data["stdout"] == "returned\n"
     _assert_none_left(token)
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 @pytest.mark.isolation
 def test_a_tool_that_closes_or_copies_its_stdout_still_ends_at_once(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
 ) -> None:
     token = "fds-" + uuid.uuid4().hex
     # A copy of stdout held by a lingering child would keep the pipe open.
@@ -96,7 +96,7 @@ os.write(copy, b"via the copy\\n")
 sys.stdout.flush()
 os.close(1)
 """
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.data["stdout"] == "via the copy\n"

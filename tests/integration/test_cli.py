@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.conftest import RunningDaemon
 from tooljail import CallState, CallStatus, Client, Effect, ToolResult
+from tooljail.testing import wait_for
 
 
 def _cli(
@@ -155,15 +156,14 @@ def test_cancel_stops_a_running_call(daemon: RunningDaemon) -> None:
     thread.start()
     try:
         with Client(daemon.target) as client:
-            deadline = time.monotonic() + 10
-            while True:
+
+            def running() -> bool:
                 try:
-                    if client.get_call("cli-cancel-1").state is CallState.RUNNING:
-                        break
-                except LookupError:
-                    pass
-                assert time.monotonic() < deadline, "the call never started"
-                time.sleep(0.02)
+                    return client.get_call("cli-cancel-1").state is CallState.RUNNING
+                except LookupError:  # not admitted yet
+                    return False
+
+            wait_for(running, 10, interval=0.02, what="the call to start")
         proc = _cli("cancel", "--target", daemon.target, "cli-cancel-1")
     finally:
         thread.join(20)

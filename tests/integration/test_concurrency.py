@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 import tooljail
-from tests.conftest import RunningDaemon
+from tests.conftest import ServedDaemon
 from tooljail.v1 import tooljail_pb2 as pb
 
 N = 50
@@ -59,11 +59,11 @@ def _run_threads(worker: Callable[[int], tooljail.ToolResult]) -> dict[int, tool
 
 
 @pytest.fixture
-def busy_daemon(start_daemon: Callable[..., RunningDaemon]) -> RunningDaemon:
-    return start_daemon(pool_size=8)
+def busy_daemon(serve: Callable[..., ServedDaemon]) -> ServedDaemon:
+    return serve(pool_size=8)
 
 
-def test_50_threads_each_with_its_own_client(busy_daemon: RunningDaemon) -> None:
+def test_50_threads_each_with_its_own_client(busy_daemon: ServedDaemon) -> None:
     def worker(i: int) -> tooljail.ToolResult:
         with tooljail.Client(busy_daemon.target) as client:
             return client.call("execute_python_code", {"code": _code(i)})
@@ -76,7 +76,7 @@ def test_50_threads_each_with_its_own_client(busy_daemon: RunningDaemon) -> None
     busy_daemon.assert_serving()
 
 
-def test_50_threads_sharing_one_client(busy_daemon: RunningDaemon) -> None:
+def test_50_threads_sharing_one_client(busy_daemon: ServedDaemon) -> None:
     with tooljail.Client(busy_daemon.target) as client:
         results = _run_threads(lambda i: client.call("execute_python_code", {"code": _code(i)}))
     assert sorted(results) == list(range(N))
@@ -85,7 +85,7 @@ def test_50_threads_sharing_one_client(busy_daemon: RunningDaemon) -> None:
     assert len({r.call_id for r in results.values()}) == N
 
 
-def test_50_threads_streaming_get_their_own_chunks(busy_daemon: RunningDaemon) -> None:
+def test_50_threads_streaming_get_their_own_chunks(busy_daemon: ServedDaemon) -> None:
     def worker(i: int) -> tooljail.ToolResult:
         with tooljail.Client(busy_daemon.target) as client:
             items = list(
@@ -109,7 +109,7 @@ def test_50_threads_streaming_get_their_own_chunks(busy_daemon: RunningDaemon) -
     assert len({r.call_id for r in results.values()}) == N
 
 
-async def test_50_tasks_on_one_async_client(busy_daemon: RunningDaemon) -> None:
+async def test_50_tasks_on_one_async_client(busy_daemon: ServedDaemon) -> None:
     async with tooljail.AsyncClient(busy_daemon.target) as client:
         results = await asyncio.wait_for(
             asyncio.gather(
@@ -123,14 +123,14 @@ async def test_50_tasks_on_one_async_client(busy_daemon: RunningDaemon) -> None:
 
 
 def test_overload_is_refused_with_a_retry_hint(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_MAX_CONCURRENT": "1", "TOOLJAIL_MAX_QUEUE": "1"})
+    served = serve(max_concurrent=1, max_queue=1)
     outcomes: dict[int, tooljail.ToolResult | BaseException] = {}
     barrier = threading.Barrier(3)
 
     def run(i: int) -> None:
-        with tooljail.Client(daemon.target) as client:
+        with tooljail.Client(served.target) as client:
             barrier.wait(timeout=30)
             try:
                 outcomes[i] = client.call(
@@ -170,4 +170,4 @@ def test_overload_is_refused_with_a_retry_hint(
         assert result.data["stdout"] == f"{i}\n"
     # Run one after the other: the queued one waited for the running one.
     assert time.monotonic() - started >= 6.0
-    daemon.assert_serving()
+    served.assert_serving()

@@ -4,10 +4,11 @@ queued calls it is refused, while another host's calls still get in."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import grpc
 
-from tests.conftest import RunningDaemon
+from tests.conftest import ServedDaemon
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 
@@ -25,16 +26,10 @@ def _call(stub: object, name: str, code: str = SLOW) -> grpc.RpcError | pb.Resul
 
 
 def test_a_greedy_client_is_refused_past_its_share_and_others_still_get_in(
-    start_daemon,  # type: ignore[no-untyped-def]
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon: RunningDaemon = start_daemon(
-        env={
-            "TOOLJAIL_MAX_CONCURRENT": "2",
-            "TOOLJAIL_MAX_QUEUE": "6",
-            "TOOLJAIL_MAX_CALLS_PER_CLIENT": "3",
-        }
-    )
-    with grpc.insecure_channel(daemon.target) as channel:
+    served = serve(max_concurrent=2, max_queue=6, max_calls_per_client=3)
+    with grpc.insecure_channel(served.target) as channel:
         stub = tooljail_pb2_grpc.ToolRunnerStub(channel)  # type: ignore[no-untyped-call]
         greedy: list[grpc.RpcError | pb.Result] = []
         threads = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, ServedDaemon
 
 NO_BWRAP = {"TOOLJAIL_SANDBOX__BWRAP": "/nonexistent/bwrap"}
 
@@ -77,7 +77,7 @@ def test_best_effort_without_bubblewrap_still_serves_and_logs_what_is_missing(
 
 
 @pytest.mark.isolation
-def test_200_sequential_calls_each_get_a_fresh_sandbox(daemon: RunningDaemon) -> None:
+def test_200_sequential_calls_each_get_a_fresh_sandbox(served: ServedDaemon) -> None:
     """The pool keeps up with a client sending as fast as it can, and never reuses."""
     import grpc
 
@@ -85,7 +85,7 @@ def test_200_sequential_calls_each_get_a_fresh_sandbox(daemon: RunningDaemon) ->
     from tooljail.v1 import tooljail_pb2_grpc
 
     sandboxes: list[str] = []
-    with grpc.insecure_channel(daemon.target) as channel:
+    with grpc.insecure_channel(served.target) as channel:
         stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
         for i in range(200):
             request = pb.CallRequest(
@@ -102,13 +102,13 @@ def test_200_sequential_calls_each_get_a_fresh_sandbox(daemon: RunningDaemon) ->
 
 @pytest.mark.isolation
 def test_files_directories_are_visible_read_only_inside(
-    start_daemon: Callable[..., RunningDaemon], tmp_path: Path
+    serve: Callable[..., ServedDaemon], tmp_path: Path
 ) -> None:
     files = tmp_path / "files"
     files.mkdir()
     (files / "data.txt").write_text("shared\n")
     files.chmod(0o777)  # writable on the host: only the sandbox's view is read-only
-    daemon = start_daemon("--files-dir", str(files))
+    served = serve(files_dirs=[files])
     code = (
         f"print(open({str(files / 'data.txt')!r}).read(), end='')\n"
         "try:\n"
@@ -119,7 +119,7 @@ def test_files_directories_are_visible_read_only_inside(
     )
     from tooljail import Client
 
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code})
     assert result.ok, result
     assert result.data["stdout"] == "shared\nrefused 30\n"  # EROFS

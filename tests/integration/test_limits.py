@@ -7,34 +7,34 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import CallStatus, Client, Effect
 from tooljaild.sandbox.cgroups import cgroup_name_for
 
 
 @pytest.mark.isolation
 def test_the_sandbox_memory_limit_ends_in_an_out_of_memory_result(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_LIMITS__SANDBOX_MEMORY_BYTES": str(128 * 1024**2)})
+    served = serve(limits={"sandbox_memory_bytes": 128 * 1024**2})
     code = (
         "chunks = []\nfor _ in range(40):\n    chunks.append(bytearray(16 * 2**20))\nprint('fit')"
     )
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=60)
     assert result.status is CallStatus.ERROR, result
     assert result.error is not None and result.error.type == "OutOfMemory", result.error
     assert "memory" in result.message
     assert result.data["stdout"] == ""
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 def test_endless_output_is_stopped_at_the_output_limit(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_LIMITS__OUTPUT_LIMIT_BYTES": str(20 * 1024**2)})
+    served = serve(limits={"output_limit_bytes": 20 * 1024**2})
     code = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536 + '\\n')"
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=60)
     assert result.status is CallStatus.ERROR, result
     assert result.effect is Effect.UNKNOWN
@@ -42,13 +42,13 @@ def test_endless_output_is_stopped_at_the_output_limit(
     assert result.truncated
     assert result.output_bytes > 20 * 1024**2
     assert result.duration_s < 30
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 def test_a_file_past_the_file_size_limit_cannot_be_written(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_LIMITS__FSIZE_BYTES": str(1024**2)})
+    served = serve(limits={"fsize_bytes": 1024**2})
     code = (
         "with open('big.bin', 'wb') as f:\n"
         "    f.write(b'x' * 1024**2)\n"
@@ -56,12 +56,12 @@ def test_a_file_past_the_file_size_limit_cannot_be_written(
         "    f.write(b'x')\n"
         "    f.flush()\n"
     )
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code}, timeout=30)
     assert result.status is CallStatus.ERROR, result
     assert result.data["stdout"] == "first MiB written\n"
     assert result.error is not None and "File too large" in result.error.message, result.error
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 def _sandbox_cgroup_bases(daemon: RunningDaemon) -> list[Path]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import psutil
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import CallStatus, Client, Output, StreamKind, ToolResult
 
 MiB = 2**20
@@ -95,11 +95,11 @@ def assert_gaps_are_announced(outputs: list[Output]) -> None:
 
 
 def test_a_slow_reader_of_a_busy_writer_gets_every_chunk_or_a_notice(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
     # The writer may pass 1 GiB in its 1.5 s: lift the output limit, this test is
     # about readers.
-    daemon = start_daemon(env={"TOOLJAIL_LIMITS__OUTPUT_LIMIT_BYTES": "0"})
+    served = serve(limits={"output_limit_bytes": 0})
     code = (
         "import os, time\n"
         "chunk = b'x' * 2**16\n"
@@ -107,7 +107,7 @@ def test_a_slow_reader_of_a_busy_writer_gets_every_chunk_or_a_notice(
         "while time.monotonic() < end:\n"
         "    os.write(1, chunk)\n"
     )
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         for _ in range(2):
             outputs: list[Output] = []
             result: ToolResult | None = None
@@ -124,7 +124,7 @@ def test_a_slow_reader_of_a_busy_writer_gets_every_chunk_or_a_notice(
             assert_gaps_are_announced(outputs)
 
 
-def test_head_and_tail_of_a_long_output_are_kept(daemon: RunningDaemon) -> None:
+def test_head_and_tail_of_a_long_output_are_kept(served: ServedDaemon) -> None:
     code = (
         "import sys\n"
         "print('HEAD')\n"
@@ -133,7 +133,7 @@ def test_head_and_tail_of_a_long_output_are_kept(daemon: RunningDaemon) -> None:
         "print()\n"
         "print('TAIL')\n"
     )
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code})
     assert result.ok, result
     assert result.truncated
@@ -145,9 +145,9 @@ def test_head_and_tail_of_a_long_output_are_kept(daemon: RunningDaemon) -> None:
     assert result.output_bytes == len("HEAD\n") + 5 * MiB + len("\nTAIL\n")
 
 
-def test_stderr_is_capped_too(daemon: RunningDaemon) -> None:
+def test_stderr_is_capped_too(served: ServedDaemon) -> None:
     code = "import sys\nsys.stderr.write('e' * 8 * 2**20)\nprint('fine')\n"
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code})
     assert result.ok, result
     assert result.truncated
@@ -156,11 +156,11 @@ def test_stderr_is_capped_too(daemon: RunningDaemon) -> None:
     assert "truncated" in result.data["stderr"]
 
 
-def test_non_ascii_output_under_the_cap_comes_back_intact(daemon: RunningDaemon) -> None:
+def test_non_ascii_output_under_the_cap_comes_back_intact(served: ServedDaemon) -> None:
     # 300 001 bytes: under the per-stream cap (512 KiB), over its head half (256 KiB),
     # and the one-byte offset puts the head/tail boundary inside an "é".
     code = "import sys\nsys.stdout.write('a' + 'é' * 150000)\n"
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": code})
     assert result.ok, result
     assert not result.truncated

@@ -12,11 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import CallStatus, Client, Effect, InvalidArgumentsError, ToolResult
+from tooljail.testing import wait_for
 
 
-def run_code(daemon: RunningDaemon, code: str, timeout: float | None = None) -> ToolResult:
+def run_code(
+    daemon: ServedDaemon | RunningDaemon, code: str, timeout: float | None = None
+) -> ToolResult:
     with Client(daemon.target) as client:
         return client.call("execute_python_code", {"code": code}, timeout=timeout)
 
@@ -24,9 +27,9 @@ def run_code(daemon: RunningDaemon, code: str, timeout: float | None = None) -> 
 # ------------------------------------------------------------------ results
 
 
-def test_stdout_stderr_and_exit_code_come_back_in_data(daemon: RunningDaemon) -> None:
+def test_stdout_stderr_and_exit_code_come_back_in_data(served: ServedDaemon) -> None:
     result = run_code(
-        daemon,
+        served,
         "import sys\nprint('to out')\nprint('to err', file=sys.stderr)\nprint(sum(range(10)))\n",
     )
     assert result.status is CallStatus.SUCCESS
@@ -38,10 +41,10 @@ def test_stdout_stderr_and_exit_code_come_back_in_data(daemon: RunningDaemon) ->
 
 
 def test_an_exception_is_an_error_result_with_type_message_and_traceback(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
 ) -> None:
     code = "print('before')\ndef f(x):\n    raise ValueError(f'bad value {x}')\nf(7)\n"
-    result = run_code(daemon, code)
+    result = run_code(served, code)
     assert result.status is CallStatus.ERROR
     assert result.effect is Effect.APPLIED
     assert result.error is not None
@@ -58,8 +61,8 @@ def test_an_exception_is_an_error_result_with_type_message_and_traceback(
     assert "line 3, in f" in result.data["stderr"]
 
 
-def test_a_syntax_error_reports_the_users_line_not_the_runner(daemon: RunningDaemon) -> None:
-    result = run_code(daemon, "x = 1\ny = (\n")
+def test_a_syntax_error_reports_the_users_line_not_the_runner(served: ServedDaemon) -> None:
+    result = run_code(served, "x = 1\ny = (\n")
     assert result.status is CallStatus.ERROR
     assert result.error is not None
     assert result.error.type == "SyntaxError"
@@ -70,11 +73,11 @@ def test_a_syntax_error_reports_the_users_line_not_the_runner(daemon: RunningDae
     assert "_runner.py" not in result.data["stderr"]
 
 
-def test_code_of_several_megabytes_runs_whole(daemon: RunningDaemon) -> None:
+def test_code_of_several_megabytes_runs_whole(served: ServedDaemon) -> None:
     """Model-written code can be long (data pasted into it): 6 MB of source, far
     more than a pipe holds, reaches the sandbox whole."""
     blob = "x" * (6 * 1024 * 1024)
-    result = run_code(daemon, f"data = {blob!r}\nprint(len(data), data[-3:])\n", timeout=60)
+    result = run_code(served, f"data = {blob!r}\nprint(len(data), data[-3:])\n", timeout=60)
     assert result.ok, result
     assert result.data["stdout"] == f"{len(blob)} xxx\n"
 
@@ -99,14 +102,14 @@ def test_code_of_several_megabytes_runs_whole(daemon: RunningDaemon) -> None:
     ],
 )
 def test_exits_and_crashes_are_results_and_the_daemon_survives(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
     code: str,
     status: str,
     exit_code: int,
     error_type: str | None,
     named: str | None,
 ) -> None:
-    result = run_code(daemon, "print('started')\n" + code + "\nprint('not reached')\n")
+    result = run_code(served, "print('started')\n" + code + "\nprint('not reached')\n")
     assert result.status == status, result
     assert result.effect is Effect.APPLIED  # it ended by itself: whatever it did is done
     assert result.data["stdout"] == "started\n"
@@ -118,7 +121,7 @@ def test_exits_and_crashes_are_results_and_the_daemon_survives(
         assert result.error.type == error_type
         assert named is not None
         assert named in result.message, result.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 # ------------------------------------------------------------------ environment
@@ -160,18 +163,18 @@ def test_tool_code_cannot_read_the_daemons_environment_through_proc(
 
 @pytest.mark.parametrize("isolation", ["best-effort", "none"])
 def test_each_call_gets_a_fresh_private_working_directory(
-    start_daemon: Callable[..., RunningDaemon], isolation: str
+    serve: Callable[..., ServedDaemon], isolation: str
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_ISOLATION": isolation})
+    served = serve(isolation=isolation)
     first = run_code(
-        daemon,
+        served,
         "import os, stat\nopen('note.txt', 'w').write('left behind')\n"
         "print(os.getcwd())\nprint(oct(stat.S_IMODE(os.stat('.').st_mode)))\n",
     )
     assert first.ok, first
     cwd1, mode = first.data["stdout"].split()
     second = run_code(
-        daemon, "import os\nprint(os.getcwd())\nprint(os.path.exists('note.txt'), os.listdir('.'))"
+        served, "import os\nprint(os.getcwd())\nprint(os.path.exists('note.txt'), os.listdir('.'))"
     )
     assert second.ok, second
     cwd2, rest = second.data["stdout"].split("\n", 1)
@@ -180,10 +183,7 @@ def test_each_call_gets_a_fresh_private_working_directory(
         # A private host directory per call, removed once its call is over.
         assert mode == "0o700"
         assert cwd2 != cwd1
-        deadline = time.monotonic() + 5
-        while Path(cwd1).exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not Path(cwd1).exists()
+        wait_for(lambda: not Path(cwd1).exists(), 5, what="the first call's directory to go")
     else:
         # Under namespaces: a fresh tmpfs at /workspace, never on the host.
         assert cwd1 == cwd2 == "/workspace"
@@ -192,7 +192,7 @@ def test_each_call_gets_a_fresh_private_working_directory(
 # ------------------------------------------------------------------ rlimits
 
 
-def test_no_core_dumps_and_a_bounded_number_of_open_files(daemon: RunningDaemon) -> None:
+def test_no_core_dumps_and_a_bounded_number_of_open_files(served: ServedDaemon) -> None:
     code = (
         "import resource\n"
         "print(resource.getrlimit(resource.RLIMIT_CORE))\n"
@@ -205,7 +205,7 @@ def test_no_core_dumps_and_a_bounded_number_of_open_files(daemon: RunningDaemon)
         "except OSError as e:\n"
         "    print('failed after', len(files), e.strerror)\n"
     )
-    result = run_code(daemon, code)
+    result = run_code(served, code)
     assert result.ok, result
     core, nofile, outcome = result.data["stdout"].splitlines()
     assert core == "(0, 0)"
@@ -214,20 +214,20 @@ def test_no_core_dumps_and_a_bounded_number_of_open_files(daemon: RunningDaemon)
     assert outcome.endswith("Too many open files")
     assert int(outcome.split()[2]) < 256
     # Not caught: the tool's error, the daemon is fine.
-    uncaught = run_code(daemon, "fs = [open('/dev/null') for _ in range(300)]")
+    uncaught = run_code(served, "fs = [open('/dev/null') for _ in range(300)]")
     assert uncaught.status is CallStatus.ERROR
     assert uncaught.error is not None
     assert uncaught.error.type == "OSError"
     assert "Too many open files" in uncaught.error.message
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 def test_a_busy_loop_is_stopped_at_the_cpu_limit(
-    start_daemon: Callable[..., RunningDaemon],
+    serve: Callable[..., ServedDaemon],
 ) -> None:
-    daemon = start_daemon(env={"TOOLJAIL_LIMITS__CPU_S": "1"})
+    served = serve(limits={"cpu_s": 1})
     start = time.monotonic()
-    result = run_code(daemon, "print('spinning', flush=True)\nwhile True:\n    pass\n", timeout=20)
+    result = run_code(served, "print('spinning', flush=True)\nwhile True:\n    pass\n", timeout=20)
     elapsed = time.monotonic() - start
     assert result.status is CallStatus.ERROR, result
     assert result.error is not None
@@ -236,7 +236,7 @@ def test_a_busy_loop_is_stopped_at_the_cpu_limit(
     assert result.data["stdout"] == "spinning\n"
     # 1 CPU second, far from the 20 s wall timeout.
     assert elapsed < 8, elapsed
-    daemon.assert_serving()
+    served.assert_serving()
 
 
 # ------------------------------------------------------------------ execute_python_file
@@ -251,10 +251,10 @@ def files_dir(tmp_path: Path) -> Path:
 
 
 def test_execute_python_file_runs_a_script_with_arguments(
-    start_daemon: Callable[..., RunningDaemon], files_dir: Path
+    serve: Callable[..., ServedDaemon], files_dir: Path
 ) -> None:
-    daemon = start_daemon("--files-dir", str(files_dir))
-    with Client(daemon.target) as client:
+    served = serve(files_dirs=[files_dir])
+    with Client(served.target) as client:
         result = client.call("execute_python_file", {"path": "script.py", "args": ["a", "b"]})
     assert result.status is CallStatus.SUCCESS, result
     assert result.effect is Effect.APPLIED
@@ -262,35 +262,36 @@ def test_execute_python_file_runs_a_script_with_arguments(
 
 
 def test_execute_python_file_refuses_paths_outside_the_files_dir(
-    start_daemon: Callable[..., RunningDaemon], files_dir: Path, tmp_path: Path
+    serve: Callable[..., ServedDaemon], files_dir: Path, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
     outside = tmp_path / "outside.py"
     outside.write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     (files_dir / "link.py").symlink_to(outside)
-    daemon = start_daemon("--files-dir", str(files_dir))
-    with Client(daemon.target) as client:
+    served = serve(files_dirs=[files_dir])
+    with Client(served.target) as client:
         for path in ("../etc/passwd", "../outside.py", str(outside), "/etc/passwd", "link.py"):
             with pytest.raises(InvalidArgumentsError) as info:
                 client.call("execute_python_file", {"path": path})
             assert path in str(info.value)
             assert info.value.parameter == "path"
-    time.sleep(0.2)
+    # Refused before any sandbox: a real call after the refusals is answered, and
+    # nothing ran the file meanwhile.
+    served.assert_serving()
     assert not marker.exists()
-    daemon.assert_serving()
 
 
-def test_execute_python_file_is_refused_without_a_files_dir(daemon: RunningDaemon) -> None:
-    with Client(daemon.target) as client, pytest.raises(InvalidArgumentsError) as info:
+def test_execute_python_file_is_refused_without_a_files_dir(served: ServedDaemon) -> None:
+    with Client(served.target) as client, pytest.raises(InvalidArgumentsError) as info:
         client.call("execute_python_file", {"path": "script.py"})
     assert "not enabled" in str(info.value)
     assert "--files-dir" in str(info.value)
 
 
 def test_execute_python_file_through_the_cli(
-    start_daemon: Callable[..., RunningDaemon], files_dir: Path
+    serve: Callable[..., ServedDaemon], files_dir: Path
 ) -> None:
-    daemon = start_daemon("--files-dir", str(files_dir))
+    served = serve(files_dirs=[files_dir])
     proc = subprocess.run(
         [
             sys.executable,
@@ -298,7 +299,7 @@ def test_execute_python_file_through_the_cli(
             "tooljaild",
             "call",
             "--target",
-            daemon.target,
+            served.target,
             "execute_python_file",
             json.dumps({"path": "script.py", "args": ["x"]}),
         ],

@@ -7,8 +7,8 @@ execute_python_code. The daemon also serves over TCP.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +23,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from tests.conftest import RunningDaemon
+from tests.conftest import ServedDaemon
+from tooljail.testing import wait_for
 
 SERVICE = "tooljail.v1.ToolRunner"
 
@@ -40,16 +41,13 @@ def _check(stub: Any, service: str) -> str:
 def _settled(stub: Any, service: str, timeout: float = 10.0) -> str:
     # The fixture waits for "" only; the service's own status may follow a moment
     # later (see test_not_serving_before_the_service_is_ready for why that is a bug).
-    deadline = time.monotonic() + timeout
-    status = _check(stub, service)
-    while status != "SERVING" and time.monotonic() < deadline:
-        time.sleep(0.02)
-        status = _check(stub, service)
-    return status
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: _check(stub, service) == "SERVING", timeout, interval=0.02)
+    return _check(stub, service)
 
 
-def test_health_check_serving_for_the_server_and_the_service(daemon: RunningDaemon) -> None:
-    with grpc.insecure_channel(daemon.target) as channel:
+def test_health_check_serving_for_the_server_and_the_service(served: ServedDaemon) -> None:
+    with grpc.insecure_channel(served.target) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         assert _check(stub, "") == "SERVING"
         assert _settled(stub, SERVICE) == "SERVING"
@@ -61,8 +59,8 @@ def test_health_check_serving_for_the_server_and_the_service(daemon: RunningDaem
             raise AssertionError("an unknown service must not report a status")
 
 
-def test_health_watch_reports_serving(daemon: RunningDaemon) -> None:
-    with grpc.insecure_channel(daemon.target) as channel:
+def test_health_watch_reports_serving(served: ServedDaemon) -> None:
+    with grpc.insecure_channel(served.target) as channel:
         assert _settled(health_pb2_grpc.HealthStub(channel), SERVICE) == "SERVING"
         stream = health_pb2_grpc.HealthStub(channel).Watch(
             health_pb2.HealthCheckRequest(service=SERVICE), timeout=5
@@ -123,8 +121,8 @@ def _reflected_call(target: str, arguments: dict[str, Any]) -> list[Any]:
         return list(call(request, timeout=30))
 
 
-def test_call_execute_python_code_through_reflection(daemon: RunningDaemon) -> None:
-    events = _reflected_call(daemon.target, {"code": "print(1)"})
+def test_call_execute_python_code_through_reflection(served: ServedDaemon) -> None:
+    events = _reflected_call(served.target, {"code": "print(1)"})
     kinds = [e.WhichOneof("event") for e in events]
     assert kinds[0] == "started"
     assert kinds[-1] == "result"
@@ -138,18 +136,15 @@ def test_call_execute_python_code_through_reflection(daemon: RunningDaemon) -> N
     assert result.call_id == events[0].started.call_id
 
 
-def test_free_tcp_port_daemon_works_with_the_sdk(
-    start_daemon: Callable[..., RunningDaemon],
-) -> None:
+def test_free_tcp_port_daemon_works_with_the_sdk(serve: Callable[..., ServedDaemon]) -> None:
     from tooljail import Client
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    daemon = start_daemon(listen=f"127.0.0.1:{port}")
-    with Client(f"127.0.0.1:{port}") as client:
+    served = serve(listen="127.0.0.1:0")  # the target names the port the daemon bound
+    host, _, port = served.target.rpartition(":")
+    assert host == "127.0.0.1" and int(port) > 0, served.target
+    with Client(served.target) as client:
         result = client.call("execute_python_code", {"code": "print(6 * 7)"})
         assert {t.name for t in client.list_tools()} >= {"execute_python_code"}
     assert result.ok, result
     assert result.data["stdout"] == "42\n"
-    daemon.assert_serving()
+    served.assert_serving()

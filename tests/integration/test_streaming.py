@@ -3,6 +3,7 @@ and a caller that goes away does not take the call with it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import sys
@@ -10,9 +11,10 @@ import textwrap
 import time
 import uuid
 
-from tests.conftest import RunningDaemon, wait_finished
+from tests.conftest import ServedDaemon, wait_finished
 from tooljail import (
     AsyncClient,
+    CallNotFoundError,
     CallState,
     CallStatus,
     Client,
@@ -27,11 +29,11 @@ TEN_SLOW_LINES = (
 )
 
 
-def test_each_printed_line_arrives_before_the_next_is_printed(daemon: RunningDaemon) -> None:
+def test_each_printed_line_arrives_before_the_next_is_printed(served: ServedDaemon) -> None:
     arrivals: list[tuple[float, str]] = []  # (client arrival time, line)
     outputs: list[Output] = []
     items: list[Output | ToolResult] = []
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         for item in client.stream("execute_python_code_stream", {"code": TEN_SLOW_LINES}):
             now = time.time()
             items.append(item)
@@ -62,7 +64,7 @@ def test_each_printed_line_arrives_before_the_next_is_printed(daemon: RunningDae
     assert result.data["exit_code"] == 0
 
 
-def test_stderr_chunks_are_tagged_stderr(daemon: RunningDaemon) -> None:
+def test_stderr_chunks_are_tagged_stderr(served: ServedDaemon) -> None:
     code = (
         "import sys, time\n"
         "print('out 1', flush=True)\n"
@@ -71,7 +73,7 @@ def test_stderr_chunks_are_tagged_stderr(daemon: RunningDaemon) -> None:
         "time.sleep(0.1)\n"
         "print('out 2', flush=True)\n"
     )
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         items = list(client.stream("execute_python_code_stream", {"code": code}))
     outputs = [i for i in items if isinstance(i, Output)]
     by_stream = {
@@ -85,7 +87,7 @@ def test_stderr_chunks_are_tagged_stderr(daemon: RunningDaemon) -> None:
     assert result.data == {"stdout": "out 1\nout 2\n", "stderr": "err 1\n", "exit_code": 0}
 
 
-async def test_the_async_client_streams_too(daemon: RunningDaemon) -> None:
+async def test_the_async_client_streams_too(served: ServedDaemon) -> None:
     code = (
         "import sys, time\n"
         "for i in range(3):\n"
@@ -95,7 +97,7 @@ async def test_the_async_client_streams_too(daemon: RunningDaemon) -> None:
     )
     items: list[tuple[float, Output | ToolResult]] = []
     start = time.monotonic()
-    async with AsyncClient(daemon.target) as client:
+    async with AsyncClient(served.target) as client:
         async for item in client.stream("execute_python_code_stream", {"code": code}):
             items.append((time.monotonic() - start, item))
     outputs = [(t, i) for t, i in items if isinstance(i, Output)]
@@ -111,9 +113,9 @@ async def test_the_async_client_streams_too(daemon: RunningDaemon) -> None:
     assert [i.seq for _, i in outputs] == list(range(1, len(outputs) + 1))
 
 
-def test_closing_the_stream_early_does_not_stop_the_call(daemon: RunningDaemon) -> None:
+def test_closing_the_stream_early_does_not_stop_the_call(served: ServedDaemon) -> None:
     call_id = "early-close-" + uuid.uuid4().hex
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         stream = client.stream(
             "execute_python_code_stream", {"code": TEN_SLOW_LINES}, call_id=call_id
         )
@@ -146,11 +148,11 @@ CLIENT_SCRIPT = textwrap.dedent(
 
 
 def test_killing_the_client_mid_stream_leaves_the_call_running_to_its_end(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
 ) -> None:
     call_id = "killed-client-" + uuid.uuid4().hex
     client_proc = subprocess.Popen(
-        [sys.executable, "-c", CLIENT_SCRIPT, daemon.target, call_id, TEN_SLOW_LINES],
+        [sys.executable, "-c", CLIENT_SCRIPT, served.target, call_id, TEN_SLOW_LINES],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -167,7 +169,7 @@ def test_killing_the_client_mid_stream_leaves_the_call_running_to_its_end(
         for pipe in (client_proc.stdout, client_proc.stderr):
             if pipe is not None:
                 pipe.close()
-    with Client(daemon.target) as client:
+    with Client(served.target) as client:
         assert client.get_call(call_id).state is CallState.RUNNING
         info = wait_finished(client, call_id)
     assert info.state is CallState.SUCCEEDED, info
@@ -176,26 +178,34 @@ def test_killing_the_client_mid_stream_leaves_the_call_running_to_its_end(
     assert info.result.effect is Effect.APPLIED
     lines = info.result.data["stdout"].splitlines()
     assert [int(line.split()[0]) for line in lines] == list(range(10))
-    daemon.assert_serving()
+    served.assert_serving()
+
+
+async def _until_running(client: AsyncClient, call_id: str) -> None:
+    """Poll GetCall until the daemon runs `call_id` (it may not know it yet)."""
+    async with asyncio.timeout(10):
+        while True:
+            with contextlib.suppress(CallNotFoundError):
+                if (await client.get_call(call_id)).state is CallState.RUNNING:
+                    return
+            await asyncio.sleep(0.01)
 
 
 async def test_cancelling_an_awaited_call_leaves_it_running_to_its_end(
-    daemon: RunningDaemon,
+    served: ServedDaemon,
 ) -> None:
-    import asyncio
-
     call_id = "abandoned-" + uuid.uuid4().hex
     code = "import time\ntime.sleep(1)\nprint('done')\n"
-    async with AsyncClient(daemon.target) as client:
+    async with AsyncClient(served.target) as client:
         task = asyncio.create_task(
             client.call("execute_python_code", {"code": code}, call_id=call_id)
         )
-        await asyncio.sleep(0.3)
+        await _until_running(client, call_id)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
         assert (await client.get_call(call_id)).state is CallState.RUNNING
-    with Client(daemon.target) as sync_client:
+    with Client(served.target) as sync_client:
         info = wait_finished(sync_client, call_id)
     assert info.state is CallState.SUCCEEDED, info
     assert info.result is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import RunningDaemon, wait_finished
+from tests.conftest import RunningDaemon, ServedDaemon, wait_finished
 from tooljail import (
     BadTimeoutError,
     CallNotFoundError,
@@ -23,6 +23,7 @@ from tooljail import (
     Output,
     ToolResult,
 )
+from tooljail.testing import wait_for
 
 # These tests watch for markers a tool's leftovers would write on the host, so the
 # sandbox must be able to write there: no namespaces (the security tests cover the
@@ -86,15 +87,13 @@ def live_processes_mentioning(text: str) -> list[psutil.Process]:
 
 
 def wait_state(client: Client, call_id: str, state: CallState, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached() -> bool:
         try:
-            if client.get_call(call_id).state is state:
-                return
-        except CallNotFoundError:
-            pass
-        time.sleep(0.02)
-    raise AssertionError(f"call {call_id} never reached {state}")
+            return client.get_call(call_id).state is state
+        except CallNotFoundError:  # not admitted yet
+            return False
+
+    wait_for(reached, timeout, interval=0.02, what=f"call {call_id} to reach {state}")
 
 
 # ------------------------------------------------------------------ timeouts
@@ -188,11 +187,12 @@ def doomed_write(path: str, seconds: float = 30.0) -> str:
 
 
 @pytest.fixture
-def slow_daemon(start_daemon: Callable[..., RunningDaemon], tmp_path: Path) -> RunningDaemon:
+def slow_daemon(serve: Callable[..., ServedDaemon], tmp_path: Path) -> ServedDaemon:
+    """An in-process daemon serving SLOW_TOOLS, without namespaces (see NO_NAMESPACES)."""
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "slow.py").write_text(SLOW_TOOLS)
-    daemon = start_daemon("--tools-dir", str(tools), env=NO_NAMESPACES)
+    daemon = serve(tools_dirs=[tools], isolation="none")
     with Client(daemon.target) as client:
         assert client.diagnostics() == []
         by_name = {t.name: t for t in client.list_tools()}
@@ -201,7 +201,7 @@ def slow_daemon(start_daemon: Callable[..., RunningDaemon], tmp_path: Path) -> R
 
 
 def test_a_call_past_its_timeout_runs_on_detached_until_it_ends(
-    slow_daemon: RunningDaemon, host_dir: Path
+    slow_daemon: ServedDaemon, host_dir: Path
 ) -> None:
     target = host_dir / "out.txt"
     call_id = "detached-" + uuid.uuid4().hex
@@ -228,7 +228,7 @@ def test_a_call_past_its_timeout_runs_on_detached_until_it_ends(
 
 
 def test_a_detached_call_is_killed_at_kill_after_s(
-    slow_daemon: RunningDaemon, host_dir: Path
+    slow_daemon: ServedDaemon, host_dir: Path
 ) -> None:
     target = host_dir / "never.txt"
     call_id = "doomed-" + uuid.uuid4().hex
@@ -252,7 +252,7 @@ def test_a_detached_call_is_killed_at_kill_after_s(
     assert not target.exists()
 
 
-def test_cancelling_a_detached_call_stops_it(slow_daemon: RunningDaemon, host_dir: Path) -> None:
+def test_cancelling_a_detached_call_stops_it(slow_daemon: ServedDaemon, host_dir: Path) -> None:
     target = host_dir / "cancelled.txt"
     call_id = "detached-cancel-" + uuid.uuid4().hex
     seconds = 3.0

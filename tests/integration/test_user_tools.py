@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import tooljail
-from tests.conftest import RunningDaemon
+from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import CallStatus, Client, Effect, Output, StreamKind, ToolResult
 
 GOOD = '''
@@ -166,8 +166,9 @@ def tools_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def tools_daemon(start_daemon: Callable[..., RunningDaemon], tools_dir: Path) -> RunningDaemon:
-    return start_daemon("--tools-dir", str(tools_dir))
+def tools_daemon(serve: Callable[..., ServedDaemon], tools_dir: Path) -> ServedDaemon:
+    """An in-process daemon serving `tools_dir`."""
+    return serve(tools_dirs=[tools_dir])
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -179,7 +180,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 # --------------------------------------------------------------------- listing
 
 
-def test_good_tools_are_listed_with_inferred_schemas(tools_daemon: RunningDaemon) -> None:
+def test_good_tools_are_listed_with_inferred_schemas(tools_daemon: ServedDaemon) -> None:
     with Client(tools_daemon.target) as client:
         tools = {t.name: t for t in client.list_tools()}
     assert set(tools) >= GOOD_TOOLS
@@ -211,7 +212,7 @@ def test_good_tools_are_listed_with_inferred_schemas(tools_daemon: RunningDaemon
     }
 
 
-def test_diagnostics_name_each_broken_file(tools_daemon: RunningDaemon, tools_dir: Path) -> None:
+def test_diagnostics_name_each_broken_file(tools_daemon: ServedDaemon, tools_dir: Path) -> None:
     with Client(tools_daemon.target) as client:
         diagnostics = client.diagnostics()
     by_file: dict[str, list[tooljail.Diagnostic]] = {}
@@ -236,7 +237,7 @@ def test_diagnostics_name_each_broken_file(tools_daemon: RunningDaemon, tools_di
     assert not [d for d in by_file.get("good.py", []) if d.severity == "error"]
 
 
-def test_openai_tools_cover_every_served_tool(tools_daemon: RunningDaemon) -> None:
+def test_openai_tools_cover_every_served_tool(tools_daemon: ServedDaemon) -> None:
     with Client(tools_daemon.target) as client:
         tools = {t.name: t for t in client.list_tools()}
         openai = client.openai_tools()
@@ -255,7 +256,7 @@ def test_openai_tools_cover_every_served_tool(tools_daemon: RunningDaemon) -> No
 # --------------------------------------------------------------------- calling
 
 
-def test_good_tools_work(tools_daemon: RunningDaemon) -> None:
+def test_good_tools_work(tools_daemon: ServedDaemon) -> None:
     with Client(tools_daemon.target) as client:
         add = client.call("add", {"a": 3})
         assert add.status is CallStatus.SUCCESS
@@ -284,7 +285,7 @@ def test_good_tools_work(tools_daemon: RunningDaemon) -> None:
         assert plain.data == {"status_code": 200, "kind": "y", "items": [1, 2]}
 
 
-def test_a_raising_tool_is_an_error_result(tools_daemon: RunningDaemon) -> None:
+def test_a_raising_tool_is_an_error_result(tools_daemon: ServedDaemon) -> None:
     with Client(tools_daemon.target) as client:
         result = client.call("explode", {"why": "because"})
     assert result.status is CallStatus.ERROR
@@ -299,7 +300,7 @@ def test_a_raising_tool_is_an_error_result(tools_daemon: RunningDaemon) -> None:
 
 @pytest.mark.parametrize("tool", ["count_up", "async_count"])
 def test_generator_items_arrive_in_order_as_yield_outputs(
-    tools_daemon: RunningDaemon, tool: str
+    tools_daemon: ServedDaemon, tool: str
 ) -> None:
     with Client(tools_daemon.target) as client:
         items = list(client.stream(tool, {"n": 3}))
@@ -422,7 +423,7 @@ def test_cli_tools_check_of_good_files_exits_0(tmp_path: Path) -> None:
     assert f"{len(GOOD_TOOLS)} tools ok, 0 errors" in proc.stdout
 
 
-def test_cli_tools_lists_the_daemons_tools(tools_daemon: RunningDaemon) -> None:
+def test_cli_tools_lists_the_daemons_tools(tools_daemon: ServedDaemon) -> None:
     proc = _cli("tools", "--target", tools_daemon.target)
     assert proc.returncode == 0, proc
     listed = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}

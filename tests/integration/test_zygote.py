@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
-
 import psutil
 import pytest
 
 from tests.conftest import RunningDaemon
 from tooljail import Client
+from tooljail.testing import wait_for
 
 
 def _zygotes(daemon: RunningDaemon) -> list[psutil.Process]:
@@ -44,9 +43,7 @@ def test_calls_go_on_when_the_zygote_dies(daemon: RunningDaemon) -> None:
             result = client.call("execute_python_code", {"code": f"print({i})"}, timeout=30)
             assert result.ok, result
             assert result.data["stdout"] == f"{i}\n"
-    deadline = time.monotonic() + 10
-    while not _zygotes(daemon) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: _zygotes(daemon), 10, interval=0.05, what="a new zygote")
     assert len(_zygotes(daemon)) == 1
     assert "restarting the zygote" in daemon.log()
 
