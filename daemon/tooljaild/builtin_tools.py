@@ -7,20 +7,26 @@ built-ins' sandbox profile, from its backend), and where `execute_python_file`
 looks for files (the configured files directories, as `calls` resolves a path).
 `BUILTIN_TOOLS` describes them without a daemon, promising none of that.
 
-Adding a built-in: a `Tool` in `builtin_tools` (with `builtin` naming its
-implementation) and its runner kind in `calls`.
+How the daemon runs each built-in is here too (`RUNS`): which request the
+sandbox's runner gets, how its arguments are checked beyond the schema, and
+that its result is the program's output. Adding a built-in: a `Tool` in
+`builtin_tools` (with `builtin` naming its entry) and its entry in `RUNS`;
+a new request kind also needs its handler in the runner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from tooljail.errors import InvalidArgumentsError
+from tooljaild.config import Settings
 from tooljaild.registry import Tool, ToolOptions
 from tooljaild.sandbox.backends import Promises
 
-__all__ = ["BUILTIN_TOOLS", "builtin_tools"]
+__all__ = ["BUILTIN_TOOLS", "RUNS", "BuiltinRun", "builtin_run", "builtin_tools"]
 
 _RESULT = "Returns {stdout, stderr, exit_code}; exit_code 0 means success."
 
@@ -52,7 +58,7 @@ def _what_holds(promises: Promises | None) -> str:
 
 
 def _files_rule(files_dirs: Sequence[Path] | None) -> str:
-    """Where execute_python_file finds a path (see `calls.CallManager._resolve_file`)."""
+    """Where execute_python_file finds a path (see `_resolve_file`)."""
     if files_dirs is not None and not files_dirs:
         return (
             "Not enabled on this daemon: no files directory is configured, so every call "
@@ -138,3 +144,66 @@ def builtin_tools(
 
 BUILTIN_TOOLS: tuple[Tool, ...] = builtin_tools()
 """The tools every daemon serves, described without a daemon (promising nothing)."""
+
+
+@dataclass(frozen=True)
+class BuiltinRun:
+    """How the daemon runs one built-in tool."""
+
+    kind: Literal["code", "file"]
+    """The request kind the sandbox's runner gets (see `sandbox.runner_channel`)."""
+    payload: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """The request's payload, from the call's checked arguments."""
+    prepare: Callable[[dict[str, Any], Settings], dict[str, Any]] | None = None
+    """Checks the arguments beyond the schema at admission, before anything is
+    recorded or run, and returns them as the call keeps them. Raises
+    `InvalidArgumentsError`."""
+    output_is_data: bool = True
+    """The result's data is the program's `{stdout, stderr, exit_code}`."""
+
+
+def _resolve_file(arguments: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """`execute_python_file`'s path, made absolute inside a files directory."""
+    path = str(arguments["path"])
+    dirs = [d.resolve() for d in settings.files_dirs]
+    if not dirs:
+        raise InvalidArgumentsError(
+            "execute_python_file is not enabled: no files directory is configured "
+            "(start the daemon with --files-dir DIR)",
+            parameter="path",
+            expected="a file inside a configured files directory",
+            actual=path,
+        )
+    candidates = [Path(path)] if Path(path).is_absolute() else [d / path for d in dirs]
+    for candidate in candidates:
+        real = candidate.resolve()
+        if any(real.is_relative_to(d) for d in dirs) and real.is_file():
+            return {**arguments, "path": str(real)}
+    raise InvalidArgumentsError(
+        f"no file {path!r} inside the files directories "
+        f"({', '.join(str(d) for d in dirs)}); paths may not leave them",
+        parameter="path",
+        expected="a file inside " + ", ".join(str(d) for d in dirs),
+        actual=path,
+    )
+
+
+def _code(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    return {"code": arguments["code"]}
+
+
+RUNS: dict[str, BuiltinRun] = {
+    "execute_python_code": BuiltinRun("code", _code),
+    "execute_python_code_stream": BuiltinRun("code", _code),
+    "execute_python_file": BuiltinRun(
+        "file",
+        lambda a: {"path": a["path"], "args": list(a.get("args") or [])},
+        prepare=_resolve_file,
+    ),
+}
+"""Each built-in's implementation, by the `builtin` name its `Tool` carries."""
+
+
+def builtin_run(tool: Tool) -> BuiltinRun | None:
+    """How `tool` runs, if it is a built-in; None for a user tool."""
+    return RUNS.get(tool.builtin) if tool.builtin else None

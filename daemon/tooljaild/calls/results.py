@@ -26,6 +26,7 @@ from tooljail._types import (
     ToolError,
     ToolResult,
 )
+from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
 
@@ -39,7 +40,6 @@ SHUTDOWN_MESSAGE = (
     "before calling it again."
 )
 NOT_STARTED = "the call was cancelled before it started"
-PYTHON_BUILTINS = {"execute_python_code", "execute_python_code_stream", "execute_python_file"}
 ENVELOPE_KEYS = {"status", "data", "message", "error"}
 
 _FAILED_BY_ITSELF = {
@@ -171,7 +171,7 @@ def state_of(result: ToolResult) -> CallState:
 
 
 def _succeeded(call: Call, outcome: RunOutcome) -> ToolResult:
-    if call.tool.builtin in PYTHON_BUILTINS:
+    if _output_is_data(call):
         return _result(
             call, status=CallStatus.SUCCESS, effect=Effect.APPLIED, data=_python_data(call, 0)
         )
@@ -231,9 +231,15 @@ def _result(call: Call, **fields: Any) -> ToolResult:
     )
 
 
+def _output_is_data(call: Call) -> bool:
+    """The call's result data is the program's output (the Python built-ins)."""
+    run = builtin_run(call.tool)
+    return run is not None and run.output_is_data
+
+
 def _python_data(call: Call, exit_code: int | None) -> dict[str, Any] | None:
     """The Python tools' data ({stdout, stderr, exit_code}); None for other tools."""
-    if call.tool.builtin not in PYTHON_BUILTINS:
+    if not _output_is_data(call):
         return None
     return {"stdout": call.stdout.text(), "stderr": call.stderr.text(), "exit_code": exit_code}
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
-from tooljail._errors import BadTimeoutError, InvalidArgumentsError, InvalidRequestError
+from tooljail._errors import BadTimeoutError, InvalidRequestError
 from tooljail._types import ToolInfo
+from tooljaild.builtin_tools import builtin_run
 from tooljaild.config import Settings
 from tooljaild.registry import Tool, validate_arguments
 from tooljaild.sandbox.base import Limits, RunRequest
@@ -28,34 +28,11 @@ def parse_arguments(tool: Tool, arguments_json: str, settings: Settings) -> dict
         arguments = json.loads(arguments_json) if arguments_json.strip() else {}
     except ValueError as exc:
         raise InvalidRequestError(f"arguments are not valid JSON: {exc}") from exc
-    validated = validate_arguments(tool, arguments)
-    if tool.builtin == "execute_python_file":
-        validated = {**validated, "path": _resolve_file(str(validated["path"]), settings)}
-    return dict(validated)
-
-
-def _resolve_file(path: str, settings: Settings) -> str:
-    dirs = [d.resolve() for d in settings.files_dirs]
-    if not dirs:
-        raise InvalidArgumentsError(
-            "execute_python_file is not enabled: no files directory is configured "
-            "(start the daemon with --files-dir DIR)",
-            parameter="path",
-            expected="a file inside a configured files directory",
-            actual=path,
-        )
-    candidates = [Path(path)] if Path(path).is_absolute() else [d / path for d in dirs]
-    for candidate in candidates:
-        real = candidate.resolve()
-        if any(real.is_relative_to(d) for d in dirs) and real.is_file():
-            return str(real)
-    raise InvalidArgumentsError(
-        f"no file {path!r} inside the files directories "
-        f"({', '.join(str(d) for d in dirs)}); paths may not leave them",
-        parameter="path",
-        expected="a file inside " + ", ".join(str(d) for d in dirs),
-        actual=path,
-    )
+    validated = dict(validate_arguments(tool, arguments))
+    run = builtin_run(tool)
+    if run is not None and run.prepare is not None:
+        validated = run.prepare(validated, settings)
+    return validated
 
 
 def max_timeout_for(tool: Tool, settings: Settings) -> float:
@@ -110,12 +87,9 @@ def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
 
 def run_request(tool: Tool, arguments: dict[str, Any], limits: Limits) -> RunRequest:
     """What the sandbox's runner is asked to run."""
-    if tool.builtin in ("execute_python_code", "execute_python_code_stream"):
-        return RunRequest("code", {"code": arguments["code"]}, limits)
-    if tool.builtin == "execute_python_file":
-        return RunRequest(
-            "file", {"path": arguments["path"], "args": list(arguments.get("args") or [])}, limits
-        )
+    run = builtin_run(tool)
+    if run is not None:
+        return RunRequest(run.kind, run.payload(arguments), limits)
     return RunRequest(
         "user",
         {"module_path": tool.module_path, "function": tool.function, "args": arguments},

@@ -1,0 +1,33 @@
+"""Every built-in tool has one entry saying how it runs, and nothing else does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tooljail.errors import InvalidArgumentsError
+from tooljaild.builtin_tools import BUILTIN_TOOLS, RUNS, builtin_run
+from tooljaild.calls import terms
+from tooljaild.config import Settings
+from tooljaild.sandbox.base import Limits
+
+
+def test_each_builtin_has_its_run_and_each_run_a_builtin() -> None:
+    assert {t.builtin for t in BUILTIN_TOOLS} == set(RUNS)
+    for tool in BUILTIN_TOOLS:
+        assert builtin_run(tool) is RUNS[tool.name]
+
+
+def test_the_file_tool_runs_a_resolved_path_and_refuses_one_outside(tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "job.py").write_text("print(1)\n")
+    settings = Settings(files_dirs=[files], state_dir=tmp_path / "state")
+    tool = next(t for t in BUILTIN_TOOLS if t.name == "execute_python_file")
+    arguments = terms.parse_arguments(tool, '{"path": "job.py", "args": ["a"]}', settings)
+    request = terms.run_request(tool, arguments, Limits())
+    assert request.kind == "file"
+    assert request.payload == {"path": str((files / "job.py").resolve()), "args": ["a"]}
+    with pytest.raises(InvalidArgumentsError, match="may not leave"):
+        terms.parse_arguments(tool, '{"path": "../../etc/passwd"}', settings)
