@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tooljail import StreamKind
-from tooljaild.output import EventLog, HeadTail
+from tooljaild.output import EVENT_OVERHEAD_BYTES, EventLog, HeadTail
 
 
 def test_head_tail_keeps_everything_under_the_limit() -> None:
@@ -46,7 +46,7 @@ async def test_event_log_replays_then_follows_live() -> None:
 
 
 async def test_slow_reader_is_told_what_it_missed() -> None:
-    log = EventLog(10)
+    log = EventLog(2 * (4 + EVENT_OVERHEAD_BYTES))  # room for two 4-byte chunks
     for i in range(10):
         log.append(StreamKind.STDOUT, f"{i:04d}".encode())
     log.close()
@@ -80,7 +80,7 @@ def test_a_character_across_the_head_tail_split_survives() -> None:
 
 async def test_a_reader_behind_keeps_its_place_while_chunks_arrive() -> None:
     """Chunks appended while a reader handles its notice are neither lost nor misplaced."""
-    log = EventLog(max_bytes=4096)
+    log = EventLog(max_bytes=4 * (1024 + EVENT_OVERHEAD_BYTES))
     for _ in range(10):
         log.append(StreamKind.STDOUT, b"x" * 1024)
     reader = log.follow(1)
@@ -113,3 +113,14 @@ async def test_chunks_dropped_from_the_front_are_freed_at_once() -> None:
     assert held < 4 << 20, f"the log holds {held >> 20} MiB"
     assert log.last_seq == 1000
     assert log.first_seq > 990
+
+
+async def test_a_flood_of_tiny_chunks_keeps_the_log_within_its_budget() -> None:
+    """One byte at a time: the chunks' bookkeeping counts, not only their bytes."""
+    budget = 64 * 1024
+    log = EventLog(budget)
+    for _ in range(200_000):
+        log.append(StreamKind.STDOUT, b"x")
+    kept = log.last_seq - log.first_seq + 1
+    assert kept * (1 + EVENT_OVERHEAD_BYTES) <= budget
+    assert kept == budget // (1 + EVENT_OVERHEAD_BYTES)
