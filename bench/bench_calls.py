@@ -44,11 +44,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -60,6 +60,7 @@ CODE = "print(1)"
 STREAM_CODE = "print('hi', flush=True); import time; time.sleep(0.2)"
 WHICH_PYTHON = "import os, sys; print(os.path.realpath(sys.executable))"
 SETTLED = [0.0]  # seconds spent waiting for quiet CPUs between blocks
+T = TypeVar("T")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -258,7 +259,7 @@ def tooljail_caller(target: str) -> Caller:
 
 
 def alternating(
-    sides: dict[str, tuple[Callable[[int], object], int]], rounds: int, settle_s: float = 3.0
+    sides: Mapping[str, tuple[Callable[[int], object], int]], rounds: int, settle_s: float = 3.0
 ) -> dict[str, list[Any]]:
     """Run each side's total in `rounds` blocks, in the order given, then reversed, ...
 
@@ -277,6 +278,14 @@ def alternating(
                 settle(max_wait=settle_s)
                 results[name].append(run(size))
     return results
+
+
+def timed(label: str, run: Callable[[], T]) -> T:
+    """Run one phase and print how long it took (most of it: settling between blocks)."""
+    t0 = time.monotonic()
+    out = run()
+    print(f"{label}: {time.monotonic() - t0:.0f} s", flush=True)
+    return out
 
 
 def repeat(fn: Callable[[], float], k: int) -> list[float]:
@@ -548,45 +557,31 @@ def measure(
 ) -> Measured:
     """Warm every side up, then run the three metrics, each in alternating blocks."""
     c = args.concurrency
-    phase = time.monotonic()
-    for side in sides.values():
-        for _ in range(args.warmup):
-            side.call()
-        concurrent_run(side.caller, 2 * c, c)
-    for _ in range(args.warmup):
-        grpc_check()
-    print(f"warm-up: {time.monotonic() - phase:.0f} s", flush=True)
 
+    def warm_up() -> None:
+        for side in sides.values():
+            for _ in range(args.warmup):
+                side.call()
+            concurrent_run(side.caller, 2 * c, c)
+        for _ in range(args.warmup):
+            grpc_check()
+
+    timed("warm-up", warm_up)
     out = Measured()
-    phase = time.monotonic()
-    lat = alternating(
-        {
-            **{k: (partial(serial_latencies, s.call), s.serial_n) for k, s in sides.items()},
-            "g": (partial(serial_latencies, grpc_check), args.n),
-        },
-        args.serial_rounds,
-    )
+    serial = {k: (partial(serial_latencies, s.call), s.serial_n) for k, s in sides.items()}
+    serial["g"] = (partial(serial_latencies, grpc_check), args.n)
+    lat = timed("latency, c=1", lambda: alternating(serial, args.serial_rounds))
     out.grpc = flat(lat.pop("g"))
     out.latency = {k: flat(v) for k, v in lat.items()}
-    print(f"latency, c=1: {time.monotonic() - phase:.0f} s", flush=True)
-
-    phase = time.monotonic()
-    conc = alternating(
-        {
-            k: (partial(concurrent_run, s.caller, concurrency=c), s.concurrent_m)
-            for k, s in sides.items()
-        },
-        args.conc_rounds,
-    )
-    out.throughput = {k: sides[k].concurrent_m / sum(v) for k, v in conc.items()}
-    print(f"throughput, c={c}: {time.monotonic() - phase:.0f} s", flush=True)
-
-    phase = time.monotonic()
-    first = alternating(
-        {k: (partial(repeat, s.first_output), args.f) for k, s in sides.items()}, args.f
-    )
+    conc = {
+        k: (partial(concurrent_run, s.caller, concurrency=c), s.concurrent_m)
+        for k, s in sides.items()
+    }
+    runs = timed(f"throughput, c={c}", lambda: alternating(conc, args.conc_rounds))
+    out.throughput = {k: sides[k].concurrent_m / sum(v) for k, v in runs.items()}
+    streams = {k: (partial(repeat, s.first_output), args.f) for k, s in sides.items()}
+    first = timed("first output", lambda: alternating(streams, args.f))
     out.first = {k: flat(v) for k, v in first.items()}
-    print(f"first output: {time.monotonic() - phase:.0f} s", flush=True)
     return out
 
 

@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from tooljail import Client
 
@@ -57,6 +58,7 @@ from bench_calls import (  # the same harness and helpers as the process benchma
     serial_latencies,
     settle,
     shared_caller,
+    timed,
     tooljail_call,
     tooljail_caller,
 )
@@ -216,38 +218,29 @@ def main(argv: list[str] | None = None) -> int:
             }
             names = list(SIDES)
 
-            phase = time.monotonic()
-            for name in names:
-                for _ in range(args.warmup):
-                    serial[name]()
-            print(f"warm-up: {time.monotonic() - phase:.0f} s", flush=True)
+            timed("warm-up", lambda: [serial[k]() for k in names for _ in range(args.warmup)])
 
-            phase = time.monotonic()
-            paced = alternating(
-                {k: (partial(paced_latencies, serial[k]), n) for k in names},
-                serial_rounds,
-                CONTAINER_SETTLE_S,
+            def blocks(run: Callable[[str], Callable[[int], Any]], total: int, rounds: int) -> Any:
+                sides = {k: (run(k), total) for k in names}
+                return alternating(sides, rounds, CONTAINER_SETTLE_S)
+
+            paced = timed(
+                "latency, paced",
+                lambda: blocks(lambda k: partial(paced_latencies, serial[k]), n, serial_rounds),
             )
             paced_of = {k: flat(v) for k, v in paced.items()}
-            print(f"latency, paced: {time.monotonic() - phase:.0f} s", flush=True)
-
-            phase = time.monotonic()
-            lat = alternating(
-                {k: (partial(serial_latencies, serial[k]), n) for k in names},
-                serial_rounds,
-                CONTAINER_SETTLE_S,
+            lat = timed(
+                "latency, back to back",
+                lambda: blocks(lambda k: partial(serial_latencies, serial[k]), n, serial_rounds),
             )
             lat_of = {k: flat(v) for k, v in lat.items()}
-            print(f"latency, back to back: {time.monotonic() - phase:.0f} s", flush=True)
-
-            phase = time.monotonic()
-            conc = alternating(
-                {k: (partial(concurrent_run, callers[k], concurrency=c), m) for k in names},
-                conc_rounds,
-                CONTAINER_SETTLE_S,
+            conc = timed(
+                f"throughput, c={c}",
+                lambda: blocks(
+                    lambda k: partial(concurrent_run, callers[k], concurrency=c), m, conc_rounds
+                ),
             )
             tput_of = {k: m / sum(v) for k, v in conc.items()}
-            print(f"throughput, c={c}: {time.monotonic() - phase:.0f} s", flush=True)
     except BaseException:
         if daemon is not None:
             print(f"--- daemon log (tail) ---\n{daemon.log_tail()}", file=sys.stderr)

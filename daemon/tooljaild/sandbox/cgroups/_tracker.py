@@ -66,23 +66,12 @@ class CgroupTracker:
         root: Path = CGROUP_ROOT,
         proc_self_cgroup: Path = PROC_SELF_CGROUP,
     ) -> CgroupTracker | None:
-        """Find a cgroup tree this process may create children in, prepare it, track in it.
+        """A tracker of the cgroup tree `find_tree` finds and prepares; None without one.
 
-        See `find_tree` (it may move this process into a leaf on v2).
-
-        Args:
-            name: The directory, under the daemon's own cgroup, that holds the
-                sandboxes. Two daemons in the same cgroup need different names,
-                since `sweep_stale` removes whatever it finds there.
-            root: Where the cgroup filesystems are mounted (a fake tree in tests).
-            proc_self_cgroup: This process's cgroup membership file.
-
-        Returns:
-            A tracker, or None when the host gives this process no writable
-            cgroup tree (the runner's subreaper sweep is then the only guard).
-
-        Raises:
-            ValueError: When `name` is not a plain directory name.
+        Its arguments, what it does to this process (on v2 it may move it into a
+        leaf) and what it raises are `find_tree`'s. None means the host gives
+        this process no writable cgroup tree: the runner's subreaper sweep is
+        then the only guard.
         """
         tree = find_tree(name, root, proc_self_cgroup)
         return None if tree is None else cls(tree.version, tree.bases, tree.controllers)
