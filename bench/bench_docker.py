@@ -47,7 +47,9 @@ from tooljail import Client
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_calls import (  # the same harness and helpers as the process benchmark
     SETTLED,
+    Caller,
     Daemon,
+    alternating,
     concurrent_run,
     flat,
     fmt_ms,
@@ -55,7 +57,10 @@ from bench_calls import (  # the same harness and helpers as the process benchma
     rounds_for,
     serial_latencies,
     settle,
+    shared_caller,
+    timed,
     tooljail_call,
+    tooljail_caller,
 )
 
 from tooljaild.sandbox.base import Limits
@@ -86,26 +91,6 @@ def paced_latencies(call: Callable[[], None], n: int) -> list[float]:
         call()
         out.append(time.perf_counter() - t0)
     return out
-
-
-Caller = Callable[[], tuple[Callable[[], None], Callable[[], None]]]
-
-
-def alternating(
-    sides: dict[str, tuple[Callable[[int], Any], int]], rounds: int
-) -> dict[str, list[Any]]:
-    """Run each side's total in `rounds` blocks, order t r e, e r t, ...; settle before each."""
-    results: dict[str, list[Any]] = {name: [] for name in sides}
-    names = list(sides)
-    for rnd in range(rounds):
-        order = names if rnd % 2 == 0 else names[::-1]
-        for name in order:
-            run, total = sides[name]
-            size = total // rounds + (1 if rnd < total % rounds else 0)
-            if size > 0:
-                settle(max_wait=CONTAINER_SETTLE_S)
-                results[name].append(run(size))
-    return results
 
 
 # --------------------------------------------------------------------------- the sides
@@ -226,45 +211,36 @@ def main(argv: list[str] | None = None) -> int:
                 "r": lambda: checked(run_argv, "docker run"),
                 "e": lambda: checked(exec_argv, "docker exec"),
             }
-
-            def tooljail_caller() -> tuple[Callable[[], None], Callable[[], None]]:
-                own = Client(target)
-                return (lambda: tooljail_call(own)), own.close
-
             callers: dict[str, Caller] = {
-                "t": tooljail_caller,
-                "r": lambda: (serial["r"], lambda: None),
-                "e": lambda: (serial["e"], lambda: None),
+                "t": tooljail_caller(target),
+                "r": shared_caller(serial["r"]),
+                "e": shared_caller(serial["e"]),
             }
             names = list(SIDES)
 
-            phase = time.monotonic()
-            for name in names:
-                for _ in range(args.warmup):
-                    serial[name]()
-            print(f"warm-up: {time.monotonic() - phase:.0f} s", flush=True)
+            timed("warm-up", lambda: [serial[k]() for k in names for _ in range(args.warmup)])
 
-            phase = time.monotonic()
-            paced = alternating(
-                {k: (partial(paced_latencies, serial[k]), n) for k in names}, serial_rounds
+            def blocks(run: Callable[[str], Callable[[int], Any]], total: int, rounds: int) -> Any:
+                sides = {k: (run(k), total) for k in names}
+                return alternating(sides, rounds, CONTAINER_SETTLE_S)
+
+            paced = timed(
+                "latency, paced",
+                lambda: blocks(lambda k: partial(paced_latencies, serial[k]), n, serial_rounds),
             )
             paced_of = {k: flat(v) for k, v in paced.items()}
-            print(f"latency, paced: {time.monotonic() - phase:.0f} s", flush=True)
-
-            phase = time.monotonic()
-            lat = alternating(
-                {k: (partial(serial_latencies, serial[k]), n) for k in names}, serial_rounds
+            lat = timed(
+                "latency, back to back",
+                lambda: blocks(lambda k: partial(serial_latencies, serial[k]), n, serial_rounds),
             )
             lat_of = {k: flat(v) for k, v in lat.items()}
-            print(f"latency, back to back: {time.monotonic() - phase:.0f} s", flush=True)
-
-            phase = time.monotonic()
-            conc = alternating(
-                {k: (partial(concurrent_run, callers[k], concurrency=c), m) for k in names},
-                conc_rounds,
+            conc = timed(
+                f"throughput, c={c}",
+                lambda: blocks(
+                    lambda k: partial(concurrent_run, callers[k], concurrency=c), m, conc_rounds
+                ),
             )
             tput_of = {k: m / sum(v) for k, v in conc.items()}
-            print(f"throughput, c={c}: {time.monotonic() - phase:.0f} s", flush=True)
     except BaseException:
         if daemon is not None:
             print(f"--- daemon log (tail) ---\n{daemon.log_tail()}", file=sys.stderr)
@@ -282,21 +258,27 @@ def main(argv: list[str] | None = None) -> int:
         (f"throughput, c={c} (calls/s)", lambda k: tput_of[k], False),
     ]
     print()
-    print(f"{'':28}" + "".join(f" {'(' + k + ')':>12}" for k in SIDES) + f" {'t/e':>6} {'t/r':>6}")
-    print(f"{'metric':28}" + "".join(f" {SIDES[k][0]:>12}" for k in SIDES))
+    print(f"{'':31}" + "".join(f" {'(' + k + ')':>12}" for k in SIDES) + f" {'t/e':>6} {'t/r':>6}")
+    print(f"{'metric':31}" + "".join(f" {SIDES[k][0]:>12}" for k in SIDES))
     for label, value, is_ms in rows:
         cells = [fmt_ms(value(k)) if is_ms else f"{value(k):8.1f}" for k in SIDES]
         ratios = [value("t") / value("e"), value("t") / value("r")]
         print(
-            f"{label:28}"
+            f"{label:31}"
             + "".join(f" {x:>12}" for x in cells)
             + "".join(f" {r:6.3f}" for r in ratios)
         )
     for k, (_, description) in SIDES.items():
         print(f"  ({k}) {description}")
 
-    p50_ratio = percentile(paced_of["t"], 50) / percentile(paced_of["e"], 50)
-    b2b_ratio = percentile(lat_of["t"], 50) / percentile(lat_of["e"], 50)
+    def paced_p50(k: str) -> float:
+        return percentile(paced_of[k], 50)
+
+    def b2b_p50(k: str) -> float:
+        return percentile(lat_of[k], 50)
+
+    p50_ratio = paced_p50("t") / paced_p50("e")
+    b2b_ratio = b2b_p50("t") / b2b_p50("e")
     tput_ratio = tput_of["t"] / tput_of["r"]
     print("\ntargets (issue 4, in this run):")
     checks = (
@@ -307,9 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         met = measured <= bound if op == "<=" else measured >= bound
         verdict = "MET" if met else "MISSED"
         print(f"  {label:46} {op} {bound:4.2f}  measured {measured:6.3f}  {verdict}")
+    ms = 1000.0
     print(
-        f"  (back to back, p50 (t) / (e) is {b2b_ratio:.3f}: calls at c=1 without a pause "
-        "outrun the pool's refill, whose rate the throughput row measures)"
+        "\nheadline (quote the three together; only the first finds a container waiting):\n"
+        f"  one call, a warm container waiting (paced)  p50 {paced_p50('t') * ms:6.1f} ms"
+        f"  (docker exec {paced_p50('e') * ms:.0f} ms, docker run {paced_p50('r') * ms:.0f} ms)\n"
+        f"  back to back at c=1 (outruns the refill)    p50 {b2b_p50('t') * ms:6.1f} ms"
+        f"  (p99 {percentile(lat_of['t'], 99) * ms:.0f} ms; (t)/(e) {b2b_ratio:.2f})\n"
+        f"  at c={c} (the refill, a container start each) {tput_of['t']:6.1f} calls/s"
+        f"  (docker run {tput_of['r']:.1f}/s, docker exec {tput_of['e']:.1f}/s)"
     )
     summary = {
         "paced_p50_ms": {k: round(percentile(paced_of[k], 50) * 1000, 2) for k in SIDES},

@@ -312,7 +312,7 @@ def fake_rmdir(monkeypatch: pytest.MonkeyPatch) -> dict[Path, dict[str, str]]:
         removed[path] = {p.name: p.read_text() for p in path.iterdir()}
         shutil.rmtree(path)
 
-    monkeypatch.setattr(cgroups, "_rmdir", rmdir)
+    monkeypatch.setattr(cgroups._fs, "rmdir", rmdir)
     return removed
 
 
