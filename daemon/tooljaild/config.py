@@ -51,9 +51,11 @@ class Settings(BaseSettings, BackendSettings):
     allow_insecure_tcp: bool = False
     """Serve plaintext TCP on a non-loopback address (TLS is not served yet)."""
     tools_dirs: list[Path] = Field(default_factory=list)
-    """Directories whose *.py files define user tools."""
+    """Directories whose *.py files define user tools (relative: to the daemon's
+    working directory at start)."""
     files_dirs: list[Path] = Field(default_factory=list)
-    """Directories execute_python_file may run files from (read in place)."""
+    """Directories execute_python_file may run files from (read in place; relative:
+    to the daemon's working directory at start)."""
     state_dir: Path = Field(default_factory=default_state_dir)
     """Where the daemon keeps its state; call workspaces live below it."""
     default_timeout_s: float = Field(default=180.0, ge=1)
@@ -93,6 +95,13 @@ class Settings(BaseSettings, BackendSettings):
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"
     """DEBUG, INFO, WARNING or ERROR."""
+
+    @field_validator("tools_dirs", "files_dirs")
+    @classmethod
+    def _absolute(cls, v: list[Path]) -> list[Path]:
+        # Made absolute here, once: sandboxes see these directories at the same
+        # path, but run with another working directory (their workspace).
+        return [p.expanduser().absolute() for p in v]
 
     @field_validator("log_level")
     @classmethod

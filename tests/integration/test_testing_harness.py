@@ -64,6 +64,17 @@ def test_a_user_tool_runs_and_nothing_is_left_after_the_block(
     assert not alive, alive
 
 
+@BOTH_MODES
+def test_a_relative_tools_dir_is_the_one_beside_the_test(
+    tools_dir: Path, in_process: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As the README writes it: tools_dirs=["my_tools"], from the test's directory.
+    monkeypatch.chdir(tools_dir.parent)
+    with tooljail.testing.daemon(tools_dirs=["my_tools"], in_process=in_process) as target:
+        with Client(target) as client:
+            assert client.call("double", {"n": 4}).data == {"doubled": 8}
+
+
 async def test_an_async_client_on_the_tests_own_loop() -> None:
     with tooljail.testing.daemon() as target:
         async with AsyncClient(target) as client:

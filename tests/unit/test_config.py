@@ -56,3 +56,13 @@ def test_known_nested_keys_still_load(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("TOOLJAIL_LIMITS__CPU_S", "30")
     s = load_settings(config)
     assert (s.limits.memory_bytes, s.limits.cpu_s, s.sandbox.zygote) == (1048576, 30, False)
+
+
+def test_relative_tool_and_file_dirs_are_taken_from_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sandbox runs in its workspace: a relative path would point there.
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings(tools_dirs=["my_tools"], files_dirs=[Path("scripts")])
+    assert settings.tools_dirs == [tmp_path / "my_tools"]
+    assert settings.files_dirs == [tmp_path / "scripts"]
