@@ -165,35 +165,55 @@ def main(argv: list[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
+    except _Exit as exc:
+        return exc.code
     except KeyboardInterrupt:
         return 130
+
+
+class _Exit(Exception):
+    """Ends a command early with an exit status (after saying why on stderr)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    """The daemon's settings from the config file, the environment and `overrides`.
+
+    Raises:
+        _Exit: With EXIT_USAGE, after naming what is wrong, when they are invalid.
+    """
+    from tooljaild.config import ConfigError, load_settings
+
+    try:
+        return load_settings(config, **overrides)
+    except ConfigError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        raise _Exit(EXIT_USAGE) from exc
 
 
 # ---------------------------------------------------------------------- serve
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from tooljaild.config import ConfigError, load_settings
     from tooljaild.daemon import Daemon, DaemonError
     from tooljaild.logs import setup_logging
 
-    try:
-        settings = load_settings(
-            args.config,
-            listen=args.listen,
-            tools_dirs=args.tools_dirs,
-            files_dirs=args.files_dirs,
-            state_dir=args.state_dir,
-            pool_size=args.pool_size,
-            max_concurrent=args.max_concurrent,
-            max_queue=args.max_queue,
-            log_level=args.log_level,
-            isolation=args.isolation,
-            backend=args.backend,
-        )
-    except ConfigError as exc:
-        print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    settings = _settings(
+        args.config,
+        listen=args.listen,
+        tools_dirs=args.tools_dirs,
+        files_dirs=args.files_dirs,
+        state_dir=args.state_dir,
+        pool_size=args.pool_size,
+        max_concurrent=args.max_concurrent,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+        isolation=args.isolation,
+        backend=args.backend,
+    )
     setup_logging(settings.log_level)
     try:
         asyncio.run(Daemon(settings).serve_until_signalled())
@@ -259,14 +279,9 @@ def _tools(args: argparse.Namespace) -> int:
 
 def _check_tools(args: argparse.Namespace) -> int:
     """`tools --check`: load the tool files as the daemon would, and report."""
-    from tooljaild.config import ConfigError, load_settings
     from tooljaild.daemon import DaemonError, check_tool_files
 
-    try:
-        settings = load_settings(args.config, tools_dirs=args.tools_dirs)
-    except ConfigError as exc:
-        print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    settings = _settings(args.config, tools_dirs=args.tools_dirs)
     if not settings.tools_dirs:
         print("tooljail: no tools directory: pass --tools-dir DIR", file=sys.stderr)
         return EXIT_USAGE
@@ -397,14 +412,9 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from tooljaild.config import ConfigError, load_settings
     from tooljaild.doctor import check_docker, check_host, render, strict_ready
 
-    try:
-        settings = load_settings(args.config, isolation=args.isolation)
-    except ConfigError as exc:
-        print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+    settings = _settings(args.config, isolation=args.isolation)
     features = check_host(
         settings.isolation,
         bwrap=settings.sandbox.bwrap,
