@@ -90,7 +90,6 @@ from tooljaild.sandbox.docker_engine import (
 )
 from tooljaild.sandbox.docker_handover import INSIDE_CHANNEL_DIR, INSIDE_SOCKET, Handover
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.process import SandboxContext
 from tooljaild.sandbox.runner_channel import (
     CallFrames,
     RunnerPipes,
@@ -193,19 +192,6 @@ class DockerContext:
     @property
     def channel_root(self) -> Path:
         return self.state_dir / CHANNEL_SUBDIR
-
-    @classmethod
-    def from_process_context(
-        cls, context: SandboxContext, *, engine: DockerEngine, state_dir: Path, daemon_id: str
-    ) -> DockerContext:
-        """The docker context that goes with the daemon's process-backend context."""
-        return cls(
-            engine=engine,
-            runner_dir=context.runner_dir,
-            state_dir=state_dir,
-            daemon_id=daemon_id,
-            shared_dirs=context.shared_dirs,
-        )
 
 
 class DockerSandboxConfig(BaseModel):
