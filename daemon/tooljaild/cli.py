@@ -165,18 +165,22 @@ def main(argv: list[str] | None = None) -> int:
     }[args.command]
     try:
         return handler(args)
-    except _Exit as exc:
-        return exc.code
+    except _Exit as exit_:
+        return exit_.code
     except KeyboardInterrupt:
         return 130
 
 
-class _Exit(Exception):
-    """Ends a command early with an exit status (after saying why on stderr)."""
+class _Exit(SystemExit):
+    """Ends a command early with its exit status, after saying why on stderr.
+
+    A SystemExit, not an error of the tree: nothing went wrong in tooljail, and
+    outside `main` it ends the program with that status as `sys.exit` would.
+    """
 
     def __init__(self, code: int) -> None:
         super().__init__(code)
-        self.code = code
+        self.code: int = code
 
 
 def _settings(config: Path | None, **overrides: Any) -> Settings:
