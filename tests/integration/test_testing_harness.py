@@ -70,9 +70,11 @@ def test_a_relative_tools_dir_is_the_one_beside_the_test(
 ) -> None:
     # As the README writes it: tools_dirs=["my_tools"], from the test's directory.
     monkeypatch.chdir(tools_dir.parent)
-    with tooljail.testing.daemon(tools_dirs=["my_tools"], in_process=in_process) as target:
-        with Client(target) as client:
-            assert client.call("double", {"n": 4}).data == {"doubled": 8}
+    with (
+        tooljail.testing.daemon(tools_dirs=["my_tools"], in_process=in_process) as target,
+        Client(target) as client,
+    ):
+        assert client.call("double", {"n": 4}).data == {"doubled": 8}
 
 
 async def test_an_async_client_on_the_tests_own_loop() -> None:
