@@ -131,3 +131,9 @@ def test_import_does_not_pull_in_daemon_or_its_dependencies() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_testing_harness_surface_is_pinned() -> None:
+    import tooljail.testing
+
+    assert tooljail.testing.__all__ == ["daemon", "wait_for"]
