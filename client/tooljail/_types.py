@@ -123,6 +123,11 @@ class ToolResult(BaseModel):
     tool: str = ""
     output_bytes: int = 0
     """Bytes the tool wrote to stdout and stderr, kept or not."""
+    session_id: str = ""
+    """The session the call ran in; "" outside a session."""
+    session_reset: bool = False
+    """The session's interpreter was restarted during (or, unnoticed, before) this
+    call: its variables, imports and open objects are gone; its files are kept."""
 
     @property
     def ok(self) -> bool:
@@ -189,3 +194,36 @@ class CallInfo(BaseModel):
     tool: str
     state: CallState
     result: ToolResult | None = None
+
+
+class SessionState(enum.StrEnum):
+    """Whether a session can still run calls."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class SessionInfo(BaseModel):
+    """A session as the daemon reports it (`CreateSession`, `ListSessions`, `CloseSession`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    state: SessionState = SessionState.OPEN
+    end_reason: str = ""
+    """Why a closed session ended ("closed", "idle_ttl", "max_lifetime",
+    "sandbox_died", "shutdown", "daemon_restart"); "" while open."""
+    sandbox_id: str = ""
+    created_unix: float = 0.0
+    last_used_unix: float = 0.0
+    idle_ttl_s: float = 0.0
+    max_lifetime_s: float = 0.0
+    memory_bytes: int = 0
+    pids: int = 0
+    cpus: float = 0.0
+    workspace_bytes: int = 0
+    keep_processes: bool = False
+    calls: int = 0
+    queued: int = 0
+    resets: int = 0
+    """Times its interpreter was restarted (timeouts it did not survive, crashes)."""

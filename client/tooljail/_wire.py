@@ -33,6 +33,8 @@ from tooljail._types import (
     Diagnostic,
     Effect,
     Output,
+    SessionInfo,
+    SessionState,
     StreamKind,
     ToolError,
     ToolInfo,
@@ -44,6 +46,7 @@ from tooljail.errors import (
     InvalidArgumentsError,
     JournalUnavailableError,
     OverloadedError,
+    SessionEndedError,
     TooljailError,
     TransportError,
     UnknownError,
@@ -225,6 +228,8 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         duration_s=r.duration_s,
         tool=r.tool,
         output_bytes=r.output_bytes,
+        session_id=r.session_id,
+        session_reset=r.session_reset,
     )
     if r.error is not None:
         m.error.CopyFrom(
@@ -263,6 +268,8 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         duration_s=m.duration_s,
         tool=m.tool,
         output_bytes=m.output_bytes,
+        session_id=m.session_id,
+        session_reset=m.session_reset,
     )
 
 
@@ -416,7 +423,7 @@ def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:
         detail.actual = bounded(exc.actual, MAX_DETAIL_FIELD_BYTES)
     elif isinstance(exc, OverloadedError):
         detail.retry_after_s = exc.retry_after_s
-    elif isinstance(exc, JournalUnavailableError):
+    elif isinstance(exc, (JournalUnavailableError, SessionEndedError)):
         detail.reason = bounded(exc.reason, MAX_DETAIL_FIELD_BYTES)
     return detail
 
@@ -474,6 +481,8 @@ def error_from_rpc(
             return OverloadedError(message)
         if cls is JournalUnavailableError:
             return JournalUnavailableError(message, reason=detail.reason)
+        if cls is SessionEndedError:
+            return SessionEndedError(message, reason=detail.reason)
         if cls is not None:
             return cls(message)
         return UnknownError(
@@ -492,3 +501,48 @@ def error_from_rpc(
             message += f" ({details})"
         return DaemonUnavailableError(message, status=code_name)
     return TransportError(f"{code_name}: {details}" if details else code_name, status=code_name)
+
+
+_SESSION_STATE_TO_PB: dict[SessionState, int] = {
+    SessionState.OPEN: pb.SESSION_STATE_OPEN,
+    SessionState.CLOSED: pb.SESSION_STATE_CLOSED,
+}
+_SESSION_STATE_FROM_PB = _invert(_SESSION_STATE_TO_PB)
+
+_SESSION_FIELDS = (
+    "session_id",
+    "end_reason",
+    "sandbox_id",
+    "created_unix",
+    "last_used_unix",
+    "idle_ttl_s",
+    "max_lifetime_s",
+    "memory_bytes",
+    "pids",
+    "cpus",
+    "workspace_bytes",
+    "keep_processes",
+    "calls",
+    "queued",
+    "resets",
+)
+
+
+def session_info_to_proto(s: SessionInfo) -> pb.SessionInfo:
+    """A session's description as its wire message."""
+    return pb.SessionInfo(
+        state=_SESSION_STATE_TO_PB[s.state],  # type: ignore[arg-type]
+        **{name: getattr(s, name) for name in _SESSION_FIELDS},
+    )
+
+
+def session_info_from_proto(m: pb.SessionInfo) -> SessionInfo:
+    """A session's description from its wire message.
+
+    Raises:
+        ValueError: When the state is unset or unknown to this SDK.
+    """
+    return SessionInfo(
+        state=_from_pb(_SESSION_STATE_FROM_PB, m.state, "SessionState"),
+        **{name: getattr(m, name) for name in _SESSION_FIELDS},
+    )

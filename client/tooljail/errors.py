@@ -11,6 +11,11 @@
     ├── ShuttingDownError                        UNAVAILABLE, code "shutting_down"
     ├── JournalUnavailableError                  UNAVAILABLE, code "journal_unavailable"
     ├── InternalError                            INTERNAL, code "internal"
+    ├── SessionNotFoundError (LookupError)       NOT_FOUND, code "session_not_found"
+    ├── SessionEndedError                        FAILED_PRECONDITION, code "session_ended"
+    ├── WorkspaceFileNotFoundError (LookupError) NOT_FOUND, code "file_not_found"
+    ├── InvalidPathError (ValueError)            INVALID_ARGUMENT, code "invalid_path"
+    ├── WorkspaceFullError                       RESOURCE_EXHAUSTED, code "workspace_full"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -39,14 +44,19 @@ __all__ = [
     "DaemonUnavailableError",
     "InternalError",
     "InvalidArgumentsError",
+    "InvalidPathError",
     "InvalidRequestError",
     "JournalUnavailableError",
     "OverloadedError",
+    "SessionEndedError",
+    "SessionNotFoundError",
     "ShuttingDownError",
     "ToolNotFoundError",
     "TooljailError",
     "TransportError",
     "UnknownError",
+    "WorkspaceFileNotFoundError",
+    "WorkspaceFullError",
 ]
 
 
@@ -166,6 +176,55 @@ class InternalError(TooljailError):
     code = "internal"
 
 
+class SessionNotFoundError(TooljailError, LookupError):
+    """No session of that id was ever known to this daemon (a typo, or another daemon's)."""
+
+    code = "session_not_found"
+
+
+class SessionEndedError(TooljailError):
+    """The session has ended: its interpreter, variables and workspace files are gone.
+
+    Nothing ran. Create a new session (and rebuild what the old one held).
+
+    Attributes:
+        reason: Why it ended: "closed" (by a client), "idle_ttl" (no call for its
+            idle TTL), "max_lifetime", "sandbox_died" (its sandbox ended under
+            it), "shutdown" (the daemon stopped) or "daemon_restart" (the
+            daemon was restarted, or killed, while it was open); "" when the
+            daemon did not say.
+    """
+
+    code = "session_ended"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class WorkspaceFileNotFoundError(TooljailError, LookupError):
+    """No such file in the session's workspace."""
+
+    code = "file_not_found"
+
+
+class InvalidPathError(TooljailError, ValueError):
+    """A workspace path that is absolute, leaves the workspace, or names a directory
+    where a file is wanted: paths are relative to the workspace and stay inside it."""
+
+    code = "invalid_path"
+
+
+class WorkspaceFullError(TooljailError):
+    """The write would pass the workspace's quota; nothing was written.
+
+    Not transient, so not retried: free space in the workspace first (or open a
+    session with a larger `workspace_bytes`, up to the daemon's bound).
+    """
+
+    code = "workspace_full"
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -218,6 +277,11 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         ShuttingDownError,
         JournalUnavailableError,
         InternalError,
+        SessionNotFoundError,
+        SessionEndedError,
+        WorkspaceFileNotFoundError,
+        InvalidPathError,
+        WorkspaceFullError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

@@ -35,12 +35,17 @@ from tooljail.errors import (
     CallNotFoundError,
     InternalError,
     InvalidArgumentsError,
+    InvalidPathError,
     InvalidRequestError,
     JournalUnavailableError,
     OverloadedError,
+    SessionEndedError,
+    SessionNotFoundError,
     ShuttingDownError,
     TooljailError,
     ToolNotFoundError,
+    WorkspaceFileNotFoundError,
+    WorkspaceFullError,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,12 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     # The daemon's `JournalError` is one.
     JournalUnavailableError: grpc.StatusCode.UNAVAILABLE,
     InternalError: grpc.StatusCode.INTERNAL,
+    SessionNotFoundError: grpc.StatusCode.NOT_FOUND,
+    # The session's state is gone: retrying the same request cannot work.
+    SessionEndedError: grpc.StatusCode.FAILED_PRECONDITION,
+    WorkspaceFileNotFoundError: grpc.StatusCode.NOT_FOUND,
+    InvalidPathError: grpc.StatusCode.INVALID_ARGUMENT,
+    WorkspaceFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 

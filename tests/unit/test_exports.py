@@ -41,6 +41,13 @@ EXPECTED_ALL = {
     "__version__",
     "default_target",
     "tool",
+    "InvalidPathError",
+    "SessionEndedError",
+    "SessionNotFoundError",
+    "WorkspaceFileNotFoundError",
+    "WorkspaceFullError",
+    "SessionInfo",
+    "SessionState",
 }
 
 
@@ -70,6 +77,11 @@ EXPECTED_ERRORS_ALL = {
     "TooljailError",
     "TransportError",
     "UnknownError",
+    "InvalidPathError",
+    "SessionEndedError",
+    "SessionNotFoundError",
+    "WorkspaceFileNotFoundError",
+    "WorkspaceFullError",
 }
 
 

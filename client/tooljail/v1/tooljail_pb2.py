@@ -24,23 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atooljail/v1/tooljail.proto\x12\x0btooljail.v1\"\x12\n\x10ListToolsRequest\"\xbf\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x15\n\rmax_timeout_s\x18\x05 \x01(\x01\x12\x14\n\x0ckill_after_s\x18\x06 \x01(\x01\x12\x12\n\nidempotent\x18\x07 \x01(\x08\x12\x11\n\tstreaming\x18\x08 \x01(\x08\x12\x0e\n\x06source\x18\t \x01(\t\"Y\n\nDiagnostic\x12\x10\n\x08severity\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x66ile\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\"g\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.tooljail.v1.ToolSpec\x12,\n\x0b\x64iagnostics\x18\x02 \x03(\x0b\x32\x17.tooljail.v1.Diagnostic\"W\n\x0b\x43\x61llRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\"\x8b\x01\n\tCallEvent\x12\'\n\x07started\x18\x01 \x01(\x0b\x32\x14.tooljail.v1.StartedH\x00\x12%\n\x06output\x18\x02 \x01(\x0b\x32\x13.tooljail.v1.OutputH\x00\x12%\n\x06result\x18\x03 \x01(\x0b\x32\x13.tooljail.v1.ResultH\x00\x42\x07\n\x05\x65vent\"<\n\x07Started\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x12\n\nsandbox_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\"L\n\x06Output\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x06stream\x18\x02 \x01(\x0e\x32\x17.tooljail.v1.StreamKind\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"=\n\tToolError\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"\x90\x02\n\x06Result\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.tooljail.v1.Status\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.tooljail.v1.ToolError\x12#\n\x06\x65\x66\x66\x65\x63t\x18\x06 \x01(\x0e\x32\x13.tooljail.v1.Effect\x12\x15\n\rstill_running\x18\x07 \x01(\x08\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x12\n\nduration_s\x18\t \x01(\x01\x12\x0c\n\x04tool\x18\n \x01(\t\x12\x14\n\x0coutput_bytes\x18\x0b \x01(\x04\"2\n\rAttachRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\"!\n\x0eGetCallRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"\x89\x01\n\x08\x43\x61llInfo\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.tooljail.v1.CallState\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.tooljail.v1.Result\x12\x12\n\nhas_result\x18\x05 \x01(\x08\" \n\rCancelRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"7\n\x0e\x43\x61ncelResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.tooljail.v1.CallState\"\x88\x01\n\x0b\x45rrorDetail\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tparameter\x18\x03 \x01(\t\x12\x10\n\x08\x65xpected\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tual\x18\x05 \x01(\t\x12\x15\n\rretry_after_s\x18\x06 \x01(\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t*\x88\x01\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_KIND_STDOUT\x10\x01\x12\x16\n\x12STREAM_KIND_STDERR\x10\x02\x12\x15\n\x11STREAM_KIND_YIELD\x10\x03\x12\x16\n\x12STREAM_KIND_NOTICE\x10\x04*\x95\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_SUCCESS\x10\x01\x12\x12\n\x0eSTATUS_PARTIAL\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x04\x12\x14\n\x10STATUS_CANCELLED\x10\x05\x12\x0f\n\x0bSTATUS_LOST\x10\x06*Y\n\x06\x45\x66\x66\x65\x63t\x12\x16\n\x12\x45\x46\x46\x45\x43T_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45\x46\x46\x45\x43T_NONE\x10\x01\x12\x12\n\x0e\x45\x46\x46\x45\x43T_APPLIED\x10\x02\x12\x12\n\x0e\x45\x46\x46\x45\x43T_UNKNOWN\x10\x03*\xd0\x01\n\tCallState\x12\x1a\n\x16\x43\x41LL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43\x41LL_STATE_QUEUED\x10\x01\x12\x16\n\x12\x43\x41LL_STATE_RUNNING\x10\x02\x12\x18\n\x14\x43\x41LL_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11\x43\x41LL_STATE_FAILED\x10\x04\x12\x18\n\x14\x43\x41LL_STATE_TIMED_OUT\x10\x05\x12\x18\n\x14\x43\x41LL_STATE_CANCELLED\x10\x06\x12\x13\n\x0f\x43\x41LL_STATE_LOST\x10\x07*\xda\x02\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45RROR_CODE_TOOL_NOT_FOUND\x10\x01\x12\x1d\n\x19\x45RROR_CODE_CALL_NOT_FOUND\x10\x02\x12 \n\x1c\x45RROR_CODE_INVALID_ARGUMENTS\x10\x03\x12\x1a\n\x16\x45RROR_CODE_BAD_TIMEOUT\x10\x04\x12\x1e\n\x1a\x45RROR_CODE_INVALID_REQUEST\x10\x05\x12\x1f\n\x1b\x45RROR_CODE_CALL_ID_CONFLICT\x10\x06\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x07\x12\x1c\n\x18\x45RROR_CODE_SHUTTING_DOWN\x10\x08\x12\"\n\x1e\x45RROR_CODE_JOURNAL_UNAVAILABLE\x10\t\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\n2\x8c\x03\n\nToolRunner\x12J\n\tListTools\x12\x1d.tooljail.v1.ListToolsRequest\x1a\x1e.tooljail.v1.ListToolsResponse\x12:\n\x04\x43\x61ll\x12\x18.tooljail.v1.CallRequest\x1a\x16.tooljail.v1.CallEvent0\x01\x12\x34\n\x03Run\x12\x18.tooljail.v1.CallRequest\x1a\x13.tooljail.v1.Result\x12>\n\x06\x41ttach\x12\x1a.tooljail.v1.AttachRequest\x1a\x16.tooljail.v1.CallEvent0\x01\x12=\n\x07GetCall\x12\x1b.tooljail.v1.GetCallRequest\x1a\x15.tooljail.v1.CallInfo\x12\x41\n\x06\x43\x61ncel\x12\x1a.tooljail.v1.CancelRequest\x1a\x1b.tooljail.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1atooljail/v1/tooljail.proto\x12\x0btooljail.v1\"\x12\n\x10ListToolsRequest\"\xbf\x01\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x19\n\x11input_schema_json\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x15\n\rmax_timeout_s\x18\x05 \x01(\x01\x12\x14\n\x0ckill_after_s\x18\x06 \x01(\x01\x12\x12\n\nidempotent\x18\x07 \x01(\x08\x12\x11\n\tstreaming\x18\x08 \x01(\x08\x12\x0e\n\x06source\x18\t \x01(\t\"Y\n\nDiagnostic\x12\x10\n\x08severity\x18\x01 \x01(\t\x12\x0c\n\x04\x63ode\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0c\n\x04\x66ile\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\"g\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.tooljail.v1.ToolSpec\x12,\n\x0b\x64iagnostics\x18\x02 \x03(\x0b\x32\x17.tooljail.v1.Diagnostic\"k\n\x0b\x43\x61llRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x12\n\nsession_id\x18\x05 \x01(\t\"\x8b\x01\n\tCallEvent\x12\'\n\x07started\x18\x01 \x01(\x0b\x32\x14.tooljail.v1.StartedH\x00\x12%\n\x06output\x18\x02 \x01(\x0b\x32\x13.tooljail.v1.OutputH\x00\x12%\n\x06result\x18\x03 \x01(\x0b\x32\x13.tooljail.v1.ResultH\x00\x42\x07\n\x05\x65vent\"<\n\x07Started\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x12\n\nsandbox_id\x18\x02 \x01(\t\x12\x0c\n\x04tool\x18\x03 \x01(\t\"L\n\x06Output\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\'\n\x06stream\x18\x02 \x01(\x0e\x32\x17.tooljail.v1.StreamKind\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"=\n\tToolError\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\ttraceback\x18\x03 \x01(\t\"\xbb\x02\n\x06Result\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12#\n\x06status\x18\x02 \x01(\x0e\x32\x13.tooljail.v1.Status\x12\x11\n\tdata_json\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\x12%\n\x05\x65rror\x18\x05 \x01(\x0b\x32\x16.tooljail.v1.ToolError\x12#\n\x06\x65\x66\x66\x65\x63t\x18\x06 \x01(\x0e\x32\x13.tooljail.v1.Effect\x12\x15\n\rstill_running\x18\x07 \x01(\x08\x12\x11\n\ttruncated\x18\x08 \x01(\x08\x12\x12\n\nduration_s\x18\t \x01(\x01\x12\x0c\n\x04tool\x18\n \x01(\t\x12\x14\n\x0coutput_bytes\x18\x0b \x01(\x04\x12\x12\n\nsession_id\x18\x0c \x01(\t\x12\x15\n\rsession_reset\x18\r \x01(\x08\"2\n\rAttachRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x10\n\x08\x66rom_seq\x18\x02 \x01(\x04\"!\n\x0eGetCallRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"\x89\x01\n\x08\x43\x61llInfo\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\x12\x0c\n\x04tool\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0e\x32\x16.tooljail.v1.CallState\x12#\n\x06result\x18\x04 \x01(\x0b\x32\x13.tooljail.v1.Result\x12\x12\n\nhas_result\x18\x05 \x01(\x08\" \n\rCancelRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\t\"7\n\x0e\x43\x61ncelResponse\x12%\n\x05state\x18\x01 \x01(\x0e\x32\x16.tooljail.v1.CallState\"\xa5\x01\n\x14\x43reateSessionRequest\x12\x12\n\nidle_ttl_s\x18\x01 \x01(\x01\x12\x16\n\x0emax_lifetime_s\x18\x02 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x04\x12\x0c\n\x04pids\x18\x04 \x01(\r\x12\x0c\n\x04\x63pus\x18\x05 \x01(\x01\x12\x17\n\x0fworkspace_bytes\x18\x06 \x01(\x04\x12\x16\n\x0ekeep_processes\x18\x07 \x01(\x08\"\xdf\x02\n\x0bSessionInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12(\n\x05state\x18\x02 \x01(\x0e\x32\x19.tooljail.v1.SessionState\x12\x12\n\nend_reason\x18\x03 \x01(\t\x12\x12\n\nsandbox_id\x18\x04 \x01(\t\x12\x14\n\x0c\x63reated_unix\x18\x05 \x01(\x01\x12\x16\n\x0elast_used_unix\x18\x06 \x01(\x01\x12\x12\n\nidle_ttl_s\x18\x07 \x01(\x01\x12\x16\n\x0emax_lifetime_s\x18\x08 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\t \x01(\x04\x12\x0c\n\x04pids\x18\n \x01(\r\x12\x0c\n\x04\x63pus\x18\x0b \x01(\x01\x12\x17\n\x0fworkspace_bytes\x18\x0c \x01(\x04\x12\x16\n\x0ekeep_processes\x18\r \x01(\x08\x12\r\n\x05\x63\x61lls\x18\x0e \x01(\x04\x12\x0e\n\x06queued\x18\x0f \x01(\r\x12\x0e\n\x06resets\x18\x10 \x01(\r\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"*\n\x13ListSessionsRequest\x12\x13\n\x0b\x61ll_clients\x18\x01 \x01(\x08\"B\n\x14ListSessionsResponse\x12*\n\x08sessions\x18\x01 \x03(\x0b\x32\x18.tooljail.v1.SessionInfo\";\n\tFileChunk\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"7\n\x13\x44ownloadFileRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\",\n\x08\x46ileInfo\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\"\x88\x01\n\x0b\x45rrorDetail\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tparameter\x18\x03 \x01(\t\x12\x10\n\x08\x65xpected\x18\x04 \x01(\t\x12\x0e\n\x06\x61\x63tual\x18\x05 \x01(\t\x12\x15\n\rretry_after_s\x18\x06 \x01(\x01\x12\x0e\n\x06reason\x18\x07 \x01(\t*\x88\x01\n\nStreamKind\x12\x1b\n\x17STREAM_KIND_UNSPECIFIED\x10\x00\x12\x16\n\x12STREAM_KIND_STDOUT\x10\x01\x12\x16\n\x12STREAM_KIND_STDERR\x10\x02\x12\x15\n\x11STREAM_KIND_YIELD\x10\x03\x12\x16\n\x12STREAM_KIND_NOTICE\x10\x04*\x95\x01\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n\x0eSTATUS_SUCCESS\x10\x01\x12\x12\n\x0eSTATUS_PARTIAL\x10\x02\x12\x10\n\x0cSTATUS_ERROR\x10\x03\x12\x12\n\x0eSTATUS_TIMEOUT\x10\x04\x12\x14\n\x10STATUS_CANCELLED\x10\x05\x12\x0f\n\x0bSTATUS_LOST\x10\x06*Y\n\x06\x45\x66\x66\x65\x63t\x12\x16\n\x12\x45\x46\x46\x45\x43T_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45\x46\x46\x45\x43T_NONE\x10\x01\x12\x12\n\x0e\x45\x46\x46\x45\x43T_APPLIED\x10\x02\x12\x12\n\x0e\x45\x46\x46\x45\x43T_UNKNOWN\x10\x03*\xd0\x01\n\tCallState\x12\x1a\n\x16\x43\x41LL_STATE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x43\x41LL_STATE_QUEUED\x10\x01\x12\x16\n\x12\x43\x41LL_STATE_RUNNING\x10\x02\x12\x18\n\x14\x43\x41LL_STATE_SUCCEEDED\x10\x03\x12\x15\n\x11\x43\x41LL_STATE_FAILED\x10\x04\x12\x18\n\x14\x43\x41LL_STATE_TIMED_OUT\x10\x05\x12\x18\n\x14\x43\x41LL_STATE_CANCELLED\x10\x06\x12\x13\n\x0f\x43\x41LL_STATE_LOST\x10\x07*_\n\x0cSessionState\x12\x1d\n\x19SESSION_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12SESSION_STATE_OPEN\x10\x01\x12\x18\n\x14SESSION_STATE_CLOSED\x10\x02*\xf5\x03\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19\x45RROR_CODE_TOOL_NOT_FOUND\x10\x01\x12\x1d\n\x19\x45RROR_CODE_CALL_NOT_FOUND\x10\x02\x12 \n\x1c\x45RROR_CODE_INVALID_ARGUMENTS\x10\x03\x12\x1a\n\x16\x45RROR_CODE_BAD_TIMEOUT\x10\x04\x12\x1e\n\x1a\x45RROR_CODE_INVALID_REQUEST\x10\x05\x12\x1f\n\x1b\x45RROR_CODE_CALL_ID_CONFLICT\x10\x06\x12\x19\n\x15\x45RROR_CODE_OVERLOADED\x10\x07\x12\x1c\n\x18\x45RROR_CODE_SHUTTING_DOWN\x10\x08\x12\"\n\x1e\x45RROR_CODE_JOURNAL_UNAVAILABLE\x10\t\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\n\x12 \n\x1c\x45RROR_CODE_SESSION_NOT_FOUND\x10\x0b\x12\x1c\n\x18\x45RROR_CODE_SESSION_ENDED\x10\x0c\x12\x1d\n\x19\x45RROR_CODE_FILE_NOT_FOUND\x10\r\x12\x1b\n\x17\x45RROR_CODE_INVALID_PATH\x10\x0e\x12\x1d\n\x19\x45RROR_CODE_WORKSPACE_FULL\x10\x0f\x32\x86\x06\n\nToolRunner\x12J\n\tListTools\x12\x1d.tooljail.v1.ListToolsRequest\x1a\x1e.tooljail.v1.ListToolsResponse\x12:\n\x04\x43\x61ll\x12\x18.tooljail.v1.CallRequest\x1a\x16.tooljail.v1.CallEvent0\x01\x12\x34\n\x03Run\x12\x18.tooljail.v1.CallRequest\x1a\x13.tooljail.v1.Result\x12>\n\x06\x41ttach\x12\x1a.tooljail.v1.AttachRequest\x1a\x16.tooljail.v1.CallEvent0\x01\x12=\n\x07GetCall\x12\x1b.tooljail.v1.GetCallRequest\x1a\x15.tooljail.v1.CallInfo\x12\x41\n\x06\x43\x61ncel\x12\x1a.tooljail.v1.CancelRequest\x1a\x1b.tooljail.v1.CancelResponse\x12L\n\rCreateSession\x12!.tooljail.v1.CreateSessionRequest\x1a\x18.tooljail.v1.SessionInfo\x12J\n\x0c\x43loseSession\x12 .tooljail.v1.CloseSessionRequest\x1a\x18.tooljail.v1.SessionInfo\x12S\n\x0cListSessions\x12 .tooljail.v1.ListSessionsRequest\x1a!.tooljail.v1.ListSessionsResponse\x12=\n\nUploadFile\x12\x16.tooljail.v1.FileChunk\x1a\x15.tooljail.v1.FileInfo(\x01\x12J\n\x0c\x44ownloadFile\x12 .tooljail.v1.DownloadFileRequest\x1a\x16.tooljail.v1.FileChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tooljail.v1.tooljail_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STREAMKIND']._serialized_start=1620
-  _globals['_STREAMKIND']._serialized_end=1756
-  _globals['_STATUS']._serialized_start=1759
-  _globals['_STATUS']._serialized_end=1908
-  _globals['_EFFECT']._serialized_start=1910
-  _globals['_EFFECT']._serialized_end=1999
-  _globals['_CALLSTATE']._serialized_start=2002
-  _globals['_CALLSTATE']._serialized_end=2210
-  _globals['_ERRORCODE']._serialized_start=2213
-  _globals['_ERRORCODE']._serialized_end=2559
+  _globals['_STREAMKIND']._serialized_start=2524
+  _globals['_STREAMKIND']._serialized_end=2660
+  _globals['_STATUS']._serialized_start=2663
+  _globals['_STATUS']._serialized_end=2812
+  _globals['_EFFECT']._serialized_start=2814
+  _globals['_EFFECT']._serialized_end=2903
+  _globals['_CALLSTATE']._serialized_start=2906
+  _globals['_CALLSTATE']._serialized_end=3114
+  _globals['_SESSIONSTATE']._serialized_start=3116
+  _globals['_SESSIONSTATE']._serialized_end=3211
+  _globals['_ERRORCODE']._serialized_start=3214
+  _globals['_ERRORCODE']._serialized_end=3715
   _globals['_LISTTOOLSREQUEST']._serialized_start=43
   _globals['_LISTTOOLSREQUEST']._serialized_end=61
   _globals['_TOOLSPEC']._serialized_start=64
@@ -50,29 +52,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTOOLSRESPONSE']._serialized_start=348
   _globals['_LISTTOOLSRESPONSE']._serialized_end=451
   _globals['_CALLREQUEST']._serialized_start=453
-  _globals['_CALLREQUEST']._serialized_end=540
-  _globals['_CALLEVENT']._serialized_start=543
-  _globals['_CALLEVENT']._serialized_end=682
-  _globals['_STARTED']._serialized_start=684
-  _globals['_STARTED']._serialized_end=744
-  _globals['_OUTPUT']._serialized_start=746
-  _globals['_OUTPUT']._serialized_end=822
-  _globals['_TOOLERROR']._serialized_start=824
-  _globals['_TOOLERROR']._serialized_end=885
-  _globals['_RESULT']._serialized_start=888
-  _globals['_RESULT']._serialized_end=1160
-  _globals['_ATTACHREQUEST']._serialized_start=1162
-  _globals['_ATTACHREQUEST']._serialized_end=1212
-  _globals['_GETCALLREQUEST']._serialized_start=1214
-  _globals['_GETCALLREQUEST']._serialized_end=1247
-  _globals['_CALLINFO']._serialized_start=1250
-  _globals['_CALLINFO']._serialized_end=1387
-  _globals['_CANCELREQUEST']._serialized_start=1389
-  _globals['_CANCELREQUEST']._serialized_end=1421
-  _globals['_CANCELRESPONSE']._serialized_start=1423
-  _globals['_CANCELRESPONSE']._serialized_end=1478
-  _globals['_ERRORDETAIL']._serialized_start=1481
-  _globals['_ERRORDETAIL']._serialized_end=1617
-  _globals['_TOOLRUNNER']._serialized_start=2562
-  _globals['_TOOLRUNNER']._serialized_end=2958
+  _globals['_CALLREQUEST']._serialized_end=560
+  _globals['_CALLEVENT']._serialized_start=563
+  _globals['_CALLEVENT']._serialized_end=702
+  _globals['_STARTED']._serialized_start=704
+  _globals['_STARTED']._serialized_end=764
+  _globals['_OUTPUT']._serialized_start=766
+  _globals['_OUTPUT']._serialized_end=842
+  _globals['_TOOLERROR']._serialized_start=844
+  _globals['_TOOLERROR']._serialized_end=905
+  _globals['_RESULT']._serialized_start=908
+  _globals['_RESULT']._serialized_end=1223
+  _globals['_ATTACHREQUEST']._serialized_start=1225
+  _globals['_ATTACHREQUEST']._serialized_end=1275
+  _globals['_GETCALLREQUEST']._serialized_start=1277
+  _globals['_GETCALLREQUEST']._serialized_end=1310
+  _globals['_CALLINFO']._serialized_start=1313
+  _globals['_CALLINFO']._serialized_end=1450
+  _globals['_CANCELREQUEST']._serialized_start=1452
+  _globals['_CANCELREQUEST']._serialized_end=1484
+  _globals['_CANCELRESPONSE']._serialized_start=1486
+  _globals['_CANCELRESPONSE']._serialized_end=1541
+  _globals['_CREATESESSIONREQUEST']._serialized_start=1544
+  _globals['_CREATESESSIONREQUEST']._serialized_end=1709
+  _globals['_SESSIONINFO']._serialized_start=1712
+  _globals['_SESSIONINFO']._serialized_end=2063
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=2065
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=2106
+  _globals['_LISTSESSIONSREQUEST']._serialized_start=2108
+  _globals['_LISTSESSIONSREQUEST']._serialized_end=2150
+  _globals['_LISTSESSIONSRESPONSE']._serialized_start=2152
+  _globals['_LISTSESSIONSRESPONSE']._serialized_end=2218
+  _globals['_FILECHUNK']._serialized_start=2220
+  _globals['_FILECHUNK']._serialized_end=2279
+  _globals['_DOWNLOADFILEREQUEST']._serialized_start=2281
+  _globals['_DOWNLOADFILEREQUEST']._serialized_end=2336
+  _globals['_FILEINFO']._serialized_start=2338
+  _globals['_FILEINFO']._serialized_end=2382
+  _globals['_ERRORDETAIL']._serialized_start=2385
+  _globals['_ERRORDETAIL']._serialized_end=2521
+  _globals['_TOOLRUNNER']._serialized_start=3718
+  _globals['_TOOLRUNNER']._serialized_end=4492
 # @@protoc_insertion_point(module_scope)

@@ -43,6 +43,12 @@ class CallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_STATE_CANCELLED: _ClassVar[CallState]
     CALL_STATE_LOST: _ClassVar[CallState]
 
+class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SESSION_STATE_UNSPECIFIED: _ClassVar[SessionState]
+    SESSION_STATE_OPEN: _ClassVar[SessionState]
+    SESSION_STATE_CLOSED: _ClassVar[SessionState]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -56,6 +62,11 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_SHUTTING_DOWN: _ClassVar[ErrorCode]
     ERROR_CODE_JOURNAL_UNAVAILABLE: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_SESSION_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_SESSION_ENDED: _ClassVar[ErrorCode]
+    ERROR_CODE_FILE_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_INVALID_PATH: _ClassVar[ErrorCode]
+    ERROR_CODE_WORKSPACE_FULL: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -80,6 +91,9 @@ CALL_STATE_FAILED: CallState
 CALL_STATE_TIMED_OUT: CallState
 CALL_STATE_CANCELLED: CallState
 CALL_STATE_LOST: CallState
+SESSION_STATE_UNSPECIFIED: SessionState
+SESSION_STATE_OPEN: SessionState
+SESSION_STATE_CLOSED: SessionState
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_TOOL_NOT_FOUND: ErrorCode
 ERROR_CODE_CALL_NOT_FOUND: ErrorCode
@@ -91,6 +105,11 @@ ERROR_CODE_OVERLOADED: ErrorCode
 ERROR_CODE_SHUTTING_DOWN: ErrorCode
 ERROR_CODE_JOURNAL_UNAVAILABLE: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_SESSION_NOT_FOUND: ErrorCode
+ERROR_CODE_SESSION_ENDED: ErrorCode
+ERROR_CODE_FILE_NOT_FOUND: ErrorCode
+ERROR_CODE_INVALID_PATH: ErrorCode
+ERROR_CODE_WORKSPACE_FULL: ErrorCode
 
 class ListToolsRequest(_message.Message):
     __slots__ = ()
@@ -141,16 +160,18 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ...) -> None: ...
 
 class CallRequest(_message.Message):
-    __slots__ = ("tool", "arguments_json", "call_id", "timeout_s")
+    __slots__ = ("tool", "arguments_json", "call_id", "timeout_s", "session_id")
     TOOL_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     tool: str
     arguments_json: str
     call_id: str
     timeout_s: float
-    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    session_id: str
+    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., session_id: _Optional[str] = ...) -> None: ...
 
 class CallEvent(_message.Message):
     __slots__ = ("started", "output", "result")
@@ -193,7 +214,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +226,8 @@ class Result(_message.Message):
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_RESET_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -216,7 +239,9 @@ class Result(_message.Message):
     duration_s: float
     tool: str
     output_bytes: int
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+    session_id: str
+    session_reset: bool
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("call_id", "from_seq")
@@ -257,6 +282,104 @@ class CancelResponse(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     state: CallState
     def __init__(self, state: _Optional[_Union[CallState, str]] = ...) -> None: ...
+
+class CreateSessionRequest(_message.Message):
+    __slots__ = ("idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes")
+    IDLE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIFETIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    idle_ttl_s: float
+    max_lifetime_s: float
+    memory_bytes: int
+    pids: int
+    cpus: float
+    workspace_bytes: int
+    keep_processes: bool
+    def __init__(self, idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ...) -> None: ...
+
+class SessionInfo(_message.Message):
+    __slots__ = ("session_id", "state", "end_reason", "sandbox_id", "created_unix", "last_used_unix", "idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "calls", "queued", "resets")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    END_REASON_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LAST_USED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_LIFETIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PIDS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEEP_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    RESETS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    state: SessionState
+    end_reason: str
+    sandbox_id: str
+    created_unix: float
+    last_used_unix: float
+    idle_ttl_s: float
+    max_lifetime_s: float
+    memory_bytes: int
+    pids: int
+    cpus: float
+    workspace_bytes: int
+    keep_processes: bool
+    calls: int
+    queued: int
+    resets: int
+    def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("all_clients",)
+    ALL_CLIENTS_FIELD_NUMBER: _ClassVar[int]
+    all_clients: bool
+    def __init__(self, all_clients: _Optional[bool] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionInfo]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionInfo, _Mapping]]] = ...) -> None: ...
+
+class FileChunk(_message.Message):
+    __slots__ = ("session_id", "path", "data")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    data: bytes
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DownloadFileRequest(_message.Message):
+    __slots__ = ("session_id", "path")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
+
+class FileInfo(_message.Message):
+    __slots__ = ("path", "size_bytes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size_bytes: int
+    def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("code", "message", "parameter", "expected", "actual", "retry_after_s", "reason")

@@ -65,6 +65,31 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.CancelRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.CreateSession = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/CreateSession',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.CloseSession = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/CloseSession',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+                _registered_method=True)
+        self.ListSessions = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/ListSessions',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListSessionsResponse.FromString,
+                _registered_method=True)
+        self.UploadFile = channel.stream_unary(
+                '/tooljail.v1.ToolRunner/UploadFile',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.FileInfo.FromString,
+                _registered_method=True)
+        self.DownloadFile = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/DownloadFile',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -122,6 +147,46 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSession(self, request, context):
+        """Opens a session: a sandbox kept for a sequence of calls, with a live Python
+        interpreter (variables survive between `execute_python_code` calls) and a
+        workspace directory (files survive). Calls name it in `CallRequest.session_id`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Ends a session: its sandbox, interpreter and workspace are destroyed.
+        Closing a session that already ended answers its end, not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """The open sessions of the calling client (or of every client: `all_clients`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UploadFile(self, request_iterator, context):
+        """Writes a file into a session's workspace, streamed in chunks: the first
+        chunk names the session and the path; later chunks may leave them empty.
+        The file is replaced as a whole once the last chunk is in.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DownloadFile(self, request, context):
+        """Reads a file of a session's workspace, streamed in chunks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +219,31 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CancelRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.CancelResponse.SerializeToString,
+            ),
+            'CreateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSession,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CreateSessionRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CloseSessionRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListSessionsRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'UploadFile': grpc.stream_unary_rpc_method_handler(
+                    servicer.UploadFile,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.FileInfo.SerializeToString,
+            ),
+            'DownloadFile': grpc.unary_stream_rpc_method_handler(
+                    servicer.DownloadFile,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -319,6 +409,141 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/Cancel',
             tooljail_dot_v1_dot_tooljail__pb2.CancelRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/CreateSession',
+            tooljail_dot_v1_dot_tooljail__pb2.CreateSessionRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/CloseSession',
+            tooljail_dot_v1_dot_tooljail__pb2.CloseSessionRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ListSessions',
+            tooljail_dot_v1_dot_tooljail__pb2.ListSessionsRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ListSessionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UploadFile(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tooljail.v1.ToolRunner/UploadFile',
+            tooljail_dot_v1_dot_tooljail__pb2.FileChunk.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.FileInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DownloadFile(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/DownloadFile',
+            tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.FileChunk.FromString,
             options,
             channel_credentials,
             insecure,
