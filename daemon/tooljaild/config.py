@@ -23,6 +23,7 @@ from tooljail._client import default_socket_path
 from tooljail.errors import TooljailError
 from tooljaild.sandbox.backends import BackendKind, BackendSettings
 from tooljaild.sandbox.base import Limits
+from tooljaild.sessions.settings import SessionSettings
 
 Backend = BackendKind
 """The sandbox backends a tool can run in (the keys of `sandbox.backends.BACKENDS`)."""
@@ -91,6 +92,8 @@ class Settings(BaseSettings, BackendSettings):
     """How long the journal keeps a finished call (GetCall, idempotent retries)."""
     journal_max_rows: int = Field(default=100_000, ge=100)
     """How many finished calls the journal keeps at most (the oldest go first)."""
+    sessions: SessionSettings = Field(default_factory=SessionSettings)
+    """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"

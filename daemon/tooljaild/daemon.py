@@ -44,6 +44,7 @@ from tooljaild.sandbox.docker import new_daemon_id
 from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.server import SERVICE_NAME, create_server
+from tooljaild.sessions.manager import SessionManager
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +166,7 @@ class Daemon:
         self.sandboxes: Sandboxes | None = None
         self.pools: PoolSet | None = None
         self.manager: CallManager | None = None
+        self.sessions: SessionManager | None = None
         self.journal: Journal | None = None
         self.daemon_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
@@ -303,11 +305,29 @@ class Daemon:
         """Listen, wait (bounded) for the warm pools, then say SERVING."""
         assert self.pools is not None
         s = self.settings
-        self.manager = CallManager(s, registry, self.pools.pool_for, journal=self.journal)
+        self.sessions = SessionManager(
+            s.sessions,
+            s.limits,
+            self.pools.session_sandbox,
+            self.journal,
+            open_timeout_s=s.sandbox.start_timeout_s,
+        )
+        self.sessions.start()
+        self.manager = CallManager(
+            s,
+            registry,
+            self.pools.pool_for,
+            journal=self.journal,
+            sessions=self.sessions,
+            session_misfit=self.pools.session_misfit,
+        )
         address = s.listen if self._socket is None else self._socket.bind_address
         try:
             server, self.port, health = create_server(
-                self.manager, address, max_request_bytes=s.max_request_bytes
+                self.manager,
+                address,
+                max_request_bytes=s.max_request_bytes,
+                sessions=self.sessions,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
@@ -356,8 +376,12 @@ class Daemon:
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
+        if self.sessions is not None:
+            self.sessions.draining = True
         if self.manager is not None:
             await self.manager.drain(grace)
+        if self.sessions is not None:
+            await self.sessions.stop()
         if self._server is not None:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)

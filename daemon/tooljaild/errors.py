@@ -189,6 +189,26 @@ def _guard_stream(
     return guarded
 
 
+def _guard_stream_unary(
+    behaviour: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]],
+) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                raise request.error
+            yield request
+
+    async def guarded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behaviour(checked(requests), context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _end(context, exc)
+
+    return guarded
+
+
 class ErrorEdge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Maps every failure of the service's methods through `STATUS_BY_ERROR`.
 
@@ -213,12 +233,16 @@ class ErrorEdge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method: str = handler_call_details.method
         if handler is None or not method.startswith(self._prefix):
             return handler
-        if handler.request_streaming or handler.request_deserializer is None:
-            return handler  # ToolRunner has no client-streaming method
+        if handler.request_deserializer is None:
+            return handler
         name = self._request_types.get(method.removeprefix(self._prefix), "request")
         guarded: Any = handler._replace(
             request_deserializer=_lenient(handler.request_deserializer, name)
         )
+        if handler.request_streaming:
+            if handler.response_streaming:
+                return handler  # ToolRunner has no bidirectional method
+            return guarded._replace(stream_unary=_guard_stream_unary(handler.stream_unary))
         if handler.response_streaming:
             guarded = guarded._replace(unary_stream=_guard_stream(handler.unary_stream))
         else:

@@ -87,6 +87,7 @@ __all__ = [
     "JournalEntry",
     "JournalError",
     "Reason",
+    "SessionRecord",
 ]
 
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
@@ -119,6 +120,17 @@ _GET = f"SELECT {COLUMNS} FROM calls WHERE call_id = ?"
 _UNFINISHED = f"SELECT {COLUMNS} FROM calls WHERE ended IS NULL ORDER BY created"
 _PRUNE_AGE = "DELETE FROM calls WHERE ended IS NOT NULL AND ended < ?"
 _COUNT_FINISHED = "SELECT count(*) FROM calls WHERE ended IS NOT NULL"
+_SESSION_OPENED = """
+    INSERT INTO sessions (session_id, client, created, sandbox_id, options)
+    VALUES (?, ?, ?, ?, ?)
+"""
+_SESSION_ENDED = """
+    UPDATE sessions SET ended = ?, end_reason = ? WHERE session_id = ? AND ended IS NULL
+"""
+_SESSION_COLUMNS = "session_id, client, created, ended, end_reason, sandbox_id, options"
+_GET_SESSION = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
+_OPEN_SESSIONS = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE ended IS NULL ORDER BY created"
+_PRUNE_SESSIONS = "DELETE FROM sessions WHERE ended IS NOT NULL AND ended < ?"
 _PRUNE_OLDEST = """
     DELETE FROM calls WHERE rowid IN (
         SELECT rowid FROM calls WHERE ended IS NOT NULL ORDER BY ended, rowid LIMIT ?
@@ -166,6 +178,20 @@ class JournalEntry:
         return CallInfo(
             call_id=self.call_id, tool=self.tool, state=self.state, result=self.result()
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """A session as the journal keeps it: enough to say, after a restart, that it
+    existed and why it ended."""
+
+    session_id: str
+    client: str
+    created: float
+    ended: float | None
+    end_reason: str
+    sandbox_id: str
+    options_json: str
 
 
 class Journal:
@@ -421,11 +447,69 @@ class Journal:
         with self._errors("removing old calls"), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             removed = self._db.execute(_PRUNE_AGE, (cutoff,)).rowcount
+            self._db.execute(_PRUNE_SESSIONS, (cutoff,))
             (finished,) = self._db.execute(_COUNT_FINISHED).fetchone()
             excess = finished - self.max_rows
             if excess > 0:
                 removed += self._db.execute(_PRUNE_OLDEST, (excess,)).rowcount
         return int(removed)
+
+    # ------------------------------------------------------------------ sessions
+
+    def session_opened(
+        self,
+        session_id: str,
+        *,
+        client: str,
+        sandbox_id: str,
+        options_json: str,
+        created: float | None = None,
+    ) -> None:
+        """Record a session as open, before its id is given to anyone.
+
+        Raises:
+            JournalError: The write failed (the session must not be handed out).
+        """
+        when = time.time() if created is None else created
+        with self._errors("recording a session"), self._db:
+            self._db.execute(_SESSION_OPENED, (session_id, client, when, sandbox_id, options_json))
+
+    def session_ended(self, session_id: str, reason: str, ended: float | None = None) -> None:
+        """Record why a session ended (once: a later call changes nothing).
+
+        Raises:
+            JournalError: The write failed.
+        """
+        when = time.time() if ended is None else ended
+        with self._errors("recording a session's end"), self._db:
+            self._db.execute(_SESSION_ENDED, (when, reason, session_id))
+
+    def get_session(self, session_id: str) -> SessionRecord | None:
+        """The session with that id, if the journal still holds it.
+
+        Raises:
+            JournalError: The read failed.
+        """
+        with self._errors("reading a session"):
+            row = self._db.execute(_GET_SESSION, (session_id,)).fetchone()
+        return None if row is None else SessionRecord(*row)
+
+    def recover_sessions(self, reason: str, now: float | None = None) -> list[SessionRecord]:
+        """Mark every session still open as ended for `reason`: the daemon that held
+        it died, and its sandbox with it. Call it once after `open`.
+
+        Returns:
+            The sessions so ended, oldest first, as they were.
+
+        Raises:
+            JournalError: The write failed; nothing was marked.
+        """
+        when = time.time() if now is None else now
+        with self._errors("marking open sessions ended"), self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            rows = [SessionRecord(*row) for row in self._db.execute(_OPEN_SESSIONS)]
+            self._db.executemany(_SESSION_ENDED, [(when, reason, r.session_id) for r in rows])
+        return rows
 
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:

@@ -20,14 +20,33 @@ from tooljail.errors import JournalUnavailableError
 
 APPLICATION_ID = 0x746A6A31
 """`PRAGMA application_id` of a tooljail journal ("tjj1"): marks the file as ours."""
-SCHEMA_VERSION = 1
-"""`PRAGMA user_version` of the schema below; a journal of another version is refused."""
+SCHEMA_VERSION = 2
+"""`PRAGMA user_version` of the schema below; a journal of a newer version is refused,
+one of an older version is brought up to date (`MIGRATIONS`) when it is opened."""
 WAL_SIZE_LIMIT = 8 * 1024 * 1024
 """Bytes the WAL file is truncated back to after a checkpoint."""
 BUSY_TIMEOUT_S = 1.0
 """How long `open` waits for another process's lock before it reports "busy"."""
 
 Reason = Literal["corrupt", "incompatible", "unwritable", "full", "busy", "io"]
+
+SESSIONS_SCHEMA = (
+    """CREATE TABLE sessions (
+        session_id TEXT NOT NULL PRIMARY KEY,
+        client TEXT NOT NULL,
+        created REAL NOT NULL,
+        ended REAL,
+        end_reason TEXT NOT NULL DEFAULT '',
+        sandbox_id TEXT NOT NULL DEFAULT '',
+        options TEXT NOT NULL
+    )""",
+    "CREATE INDEX sessions_by_end ON sessions (ended) WHERE ended IS NOT NULL",
+)
+"""Schema version 2: sessions, so that a call naming one that died with the daemon
+learns why (decision 43)."""
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: SESSIONS_SCHEMA}
+"""From each older schema version, what brings it to the next one."""
 
 # Small columns first: a scan that reads `ended` never walks the overflow pages
 # of large arguments or results stored after it.
@@ -49,6 +68,7 @@ SCHEMA = (
     )""",
     # Finished calls in the order they ended: what `prune` removes first.
     "CREATE INDEX calls_by_end ON calls (ended) WHERE ended IS NOT NULL",
+    *SESSIONS_SCHEMA,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -161,7 +181,7 @@ def _check_identity(path: Path, app_id: int, version: int) -> None:
             f"application id is {app_id:#x}). tooljail does not overwrite it: move it "
             "aside, or point the daemon at another state directory.",
         )
-    if version != SCHEMA_VERSION:
+    if version != SCHEMA_VERSION and version not in MIGRATIONS:
         raise JournalError(
             "incompatible",
             path,
@@ -211,7 +231,13 @@ def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> None:
                 for statement in SCHEMA:
                     db.execute(statement)
             else:
-                # A real write (the same value): a read-only file or disk fails here.
+                (version,) = db.execute("PRAGMA user_version").fetchone()
+                while version in MIGRATIONS:
+                    for statement in MIGRATIONS[version]:
+                        db.execute(statement)
+                    version += 1
+                # A real write (also when nothing changed): a read-only file or
+                # disk fails here.
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except sqlite3.Error as exc:
         raise journal_error(exc, path, "opening") from exc

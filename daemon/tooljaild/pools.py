@@ -122,6 +122,38 @@ class PoolSet:
             cached = self._by_tool[tool.name] = (tool, self.profile_for(tool))
         return self.pool(cached[1])
 
+    async def session_sandbox(self, limits: Limits) -> Sandbox:
+        """A started, unused sandbox of the default profile with `limits` for a session:
+        from the warm pool when its sandbox-wide limits are the pool's, else started
+        now (a session that asked for less memory, fewer processes, fewer CPUs or a
+        smaller workspace).
+
+        Raises:
+            SandboxError: It cannot be started.
+        """
+        profile = self._profile(None, limits)
+        if profile == self.default:
+            return await self.pool(profile).acquire()
+        sandbox = self._factory(profile)()
+        try:
+            await sandbox.start()
+        except BaseException:
+            await sandbox.close()
+            raise
+        return sandbox
+
+    def session_misfit(self, tool: Tool) -> str | None:
+        """Why `tool` cannot run in a session (sessions are sandboxes of the default
+        profile), or None. Sandbox-wide limits aside: the session's own hold."""
+        mine, default = self.profile_for(tool), self.default
+        if (mine.backend, mine.image, mine.network) == (
+            default.backend,
+            default.image,
+            default.network,
+        ):
+            return None
+        return f"it runs in {mine.describe()} sandboxes, and sessions here are {default.describe()}"
+
     async def wait_ready(self, profiles: Iterable[Profile], timeout_s: float) -> list[Profile]:
         """Wait until these profiles' pools are full, all within one `timeout_s`.
 

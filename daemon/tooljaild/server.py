@@ -15,13 +15,14 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tooljail._errors import TooljailError
+from tooljail._errors import InvalidRequestError, TooljailError
 from tooljail._types import ToolResult
 from tooljail._wire import (
     call_info_to_proto,
     call_state_to_proto,
     diagnostic_to_proto,
     result_to_proto,
+    session_info_to_proto,
     stream_kind_to_proto,
     tool_info_to_proto,
 )
@@ -31,6 +32,8 @@ from tooljaild.calls import Call, CallManager
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.output import Event
+from tooljaild.sessions.manager import SessionManager
+from tooljaild.sessions.session import SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,14 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolRunner"].full_name
 class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     """tooljail.v1.ToolRunner over a CallManager."""
 
-    def __init__(self, manager: CallManager) -> None:
+    def __init__(self, manager: CallManager, sessions: SessionManager | None = None) -> None:
         self._manager = manager
+        self._sessions = sessions
+
+    def _session_manager(self) -> SessionManager:
+        if self._sessions is None:
+            raise InvalidRequestError("this daemon serves no sessions")
+        return self._sessions
 
     async def ListTools(
         self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
@@ -61,6 +70,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 request.call_id,
                 request.timeout_s,
                 client=client_of(context),
+                session_id=request.session_id,
             )
         except TooljailError as exc:
             await abort_with(context, exc)
@@ -114,6 +124,72 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         return pb.CancelResponse(state=call_state_to_proto(state))
 
 
+    async def CreateSession(
+        self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SessionInfo:
+        options = SessionOptions(
+            idle_ttl_s=request.idle_ttl_s,
+            max_lifetime_s=request.max_lifetime_s,
+            memory_bytes=request.memory_bytes,
+            pids=request.pids,
+            cpus=request.cpus,
+            workspace_bytes=request.workspace_bytes,
+            keep_processes=request.keep_processes,
+        )
+        session = await self._session_manager().create(options, client_of(context))
+        return session_info_to_proto(session.info())
+
+    async def CloseSession(
+        self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SessionInfo:
+        return session_info_to_proto(await self._session_manager().close(request.session_id))
+
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        client = None if request.all_clients else client_of(context)
+        infos = self._session_manager().list(client)
+        return pb.ListSessionsResponse(sessions=[session_info_to_proto(i) for i in infos])
+
+    async def UploadFile(
+        self, requests: AsyncIterator[pb.FileChunk], context: grpc.aio.ServicerContext
+    ) -> pb.FileInfo:
+        sessions = self._session_manager()
+        first = await anext(requests, None)
+        if first is None:
+            raise InvalidRequestError("an upload needs a first chunk naming the session and path")
+        session = sessions.get(first.session_id)
+        path = first.path
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield first.data
+            async for chunk in requests:
+                if (chunk.session_id and chunk.session_id != first.session_id) or (
+                    chunk.path and chunk.path != path
+                ):
+                    raise InvalidRequestError(
+                        "every chunk of an upload goes to the session and path of its "
+                        "first chunk (later chunks may leave them empty)"
+                    )
+                yield chunk.data
+
+        written, size = await sessions.upload(session, path, chunks())
+        return pb.FileInfo(path=written, size_bytes=size)
+
+    async def DownloadFile(
+        self, request: pb.DownloadFileRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FileChunk]:
+        sessions = self._session_manager()
+        session = sessions.get(request.session_id)
+        first = True
+        async for data in sessions.download(session, request.path):
+            if first:
+                yield pb.FileChunk(session_id=session.id, path=request.path, data=data)
+                first = False
+            else:
+                yield pb.FileChunk(data=data)
+
+
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
     """Wait until the call runs or `until` is given; True if it runs (or ran).
 
@@ -158,7 +234,11 @@ def client_of(context: grpc.aio.ServicerContext) -> str:
 
 
 def create_server(
-    manager: CallManager, address: str, *, max_request_bytes: int
+    manager: CallManager,
+    address: str,
+    *,
+    max_request_bytes: int,
+    sessions: SessionManager | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -182,7 +262,7 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager), server)  # type: ignore[no-untyped-call]
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager, sessions), server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

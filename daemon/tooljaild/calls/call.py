@@ -141,6 +141,8 @@ class Call:
         self.limits = limits
         self.client = client
         """Who asked for the call (see `CallManager.submit`)."""
+        self.session_id = ""
+        """The session it runs in; "" for a call in a fresh sandbox of its own."""
         self.state = CallState.QUEUED
         self.sandbox_id = ""
         self.created = time.monotonic()

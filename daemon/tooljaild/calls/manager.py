@@ -22,16 +22,25 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._errors import CallNotFoundError, ShuttingDownError, ToolNotFoundError
 from tooljail._types import CallState, ToolInfo, ToolResult
+from tooljail.errors import (
+    CallNotFoundError,
+    InvalidRequestError,
+    SessionNotFoundError,
+    ShuttingDownError,
+    ToolNotFoundError,
+)
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
 from tooljaild.calls.call import Call, StopReason
+from tooljaild.calls.in_session import run_in_session
 from tooljaild.config import Settings
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
 from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.sessions.manager import SessionManager
+from tooljaild.sessions.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +69,17 @@ class CallManager:
         registry: Registry,
         pool: SandboxPool | Callable[[Tool], SandboxPool],
         journal: Journal | None = None,
+        sessions: SessionManager | None = None,
+        *,
+        session_misfit: Callable[[Tool], str | None] = lambda _tool: None,
     ) -> None:
         """
         Args:
             pool: Where every call's sandbox comes from; or, per tool, the pool of
                 its sandbox profile (`PoolSet.pool_for`).
+            sessions: The daemon's sessions, which calls may name; None: no sessions.
+            session_misfit: Why a tool cannot run in a session (its sandbox profile
+                is not the sessions'), or None when it can.
         """
         self._settings = settings
         self._registry = registry
@@ -75,6 +90,8 @@ class CallManager:
         self._slots = self._admission.slots
         self._tasks: set[asyncio.Task[None]] = set()
         self._journal = journal
+        self._sessions = sessions
+        self._session_misfit = session_misfit
         self._finished_since_prune = 0
         self._unrecorded: list[tuple[Call, ToolResult]] = []
         """Calls answered but not yet journaled as over (see `_end`)."""
@@ -102,8 +119,12 @@ class CallManager:
         call_id: str = "",
         timeout_s: float = 0.0,
         client: str = "",
+        session_id: str = "",
     ) -> Call:
         """Admit a call, or return the call already admitted under the same id.
+
+        With a `session_id` the call runs in that session (its interpreter and
+        workspace), in its turn: the session's queue bounds it, not the daemon's.
 
         `client` names who asks (an agent host): each client may hold at most
         `max_calls_per_client` running and queued calls, and free slots go to
@@ -122,15 +143,28 @@ class CallManager:
             InvalidArgumentsError: The arguments do not fit the tool's schema.
             BadTimeoutError: The timeout is outside the tool's bounds.
             CallIdConflictError: The id belongs to a call with other arguments.
-            OverloadedError: The queue is full.
+            OverloadedError: The queue (or the session's) is full.
+            SessionNotFoundError, SessionEndedError: No such open session.
         """
         tool = self._registry.get(tool_name)
         arguments = terms.parse_arguments(tool, arguments_json, self._settings)
         timeout = terms.timeout_for(tool, timeout_s, self._settings)
-        fingerprint = terms.fingerprint(tool.name, arguments)
+        fingerprint = terms.fingerprint(tool.name, arguments, session_id)
         known, rerun = self._known(call_id, tool, fingerprint)
         if known is not None:
             return known
+        if session_id:
+            return self._submit_in_session(
+                session_id,
+                call_id,
+                tool,
+                arguments,
+                fingerprint,
+                timeout,
+                client,
+                arguments_json,
+                rerun,
+            )
         call = self._admit(
             call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
         )
@@ -143,6 +177,61 @@ class CallManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return call
+
+    def _submit_in_session(
+        self,
+        session_id: str,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout: float,
+        client: str,
+        arguments_json: str,
+        rerun: bool,
+    ) -> Call:
+        """Admit a call into its session's line (see `submit`)."""
+        if self._sessions is None:
+            raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        session = self._sessions.get(session_id)
+        misfit = self._session_misfit(tool)
+        if misfit is not None:
+            raise InvalidRequestError(
+                f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
+            )
+        session.check_room()
+        call = Call(
+            call_id or uuid.uuid4().hex,
+            tool,
+            arguments,
+            fingerprint,
+            timeout,
+            self._settings,
+            session.terms.limits,
+            client,
+        )
+        call.session_id = session.id
+        self._journal_admitted(call, arguments_json, rerun)
+        self._calls[call.call_id] = call
+        task = asyncio.create_task(self._run_in_session(call, session), name=f"call-{call.call_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return call
+
+    async def _run_in_session(self, call: Call, session: Session) -> None:
+        """A session call's task: its turn, its run, its end."""
+        assert self._sessions is not None
+        try:
+            self._end(call, await run_in_session(call, session, self._sessions, self._running))
+        except Exception as exc:  # a bug of ours must still answer the caller
+            log.exception("call %s failed inside the daemon", call.call_id)
+            self._end(call, results.internal_error(call, exc))
+        finally:
+            call.events.close()
+            call.compact()
+            self._forget_old()
 
     def _known(self, call_id: str, tool: Tool, fingerprint: str) -> tuple[Call | None, bool]:
         """The call already under `call_id` that answers this request (or None),
@@ -314,16 +403,20 @@ class CallManager:
         except BaseException:
             pool.release(sandbox)
             raise
+        self._running(call, sandbox.id)
+        return _Run(pool, sandbox, outcome)
+
+    def _running(self, call: Call, sandbox_id: str) -> None:
+        """Mark the call running in `sandbox_id` (its request is on the way there)."""
         call.state = CallState.RUNNING
         call.started_at = time.monotonic()
-        call.sandbox_id = sandbox.id
-        call.running.set(sandbox.id)
+        call.sandbox_id = sandbox_id
+        call.running.set(sandbox_id)
         if self._journal is not None:
             try:
-                self._journal.running(call.call_id, sandbox.id)
+                self._journal.running(call.call_id, sandbox_id)
             except JournalError as exc:  # the call runs on; its end says it, or it is lost
                 log.error("cannot journal call %s as running: %s", call.call_id, exc)
-        return _Run(pool, sandbox, outcome)
 
     async def _run(self, call: Call, pool: SandboxPool, run: _Run | None) -> None:
         """The call's task: start it unless `submit` did, see it through, let go."""

@@ -29,6 +29,8 @@ from tooljail._types import (
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
+from tooljaild.sandbox.session_channel import SessionCallEnd
+from tooljaild.sessions.session import END_MESSAGES, Session
 
 NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
 CANCELLED_MESSAGE = (
@@ -156,6 +158,66 @@ def internal_error(call: Call, exc: Exception) -> ToolResult:
     )
 
 
+SESSION_KEPT = (
+    " The running code was interrupted (KeyboardInterrupt) and stopped: the session and "
+    "its variables are kept."
+)
+SESSION_RESET = (
+    " The session's interpreter was restarted: every variable, import and open object "
+    "of the session is gone (define them again); its workspace files are kept."
+)
+
+
+def in_session(
+    call: Call, end: SessionCallEnd, stop: StopReason | None, session: Session
+) -> ToolResult:
+    """The result of a call that ran in `session`: as `result_of` says, plus what
+    became of the session (kept, its interpreter restarted, or gone)."""
+    lost = end.outcome.termination in (Termination.RUNNER_LOST, Termination.KILLED)
+    if not session.open and (lost or stop is StopReason.SHUTDOWN):
+        return session_gone(call, session.id, session.end_reason, ran=True)
+    result = result_of(call, end.outcome, stop)
+    message = result.message
+    if end.reset:
+        message += (
+            SESSION_RESET
+            if stop is not None
+            else (
+                " The session's interpreter ended during (or before) this call and was "
+                "restarted: every variable, import and open object of the session is gone "
+                "(define them again); its workspace files are kept."
+            )
+        )
+    elif stop is not None and end.interrupted:
+        message += SESSION_KEPT
+    return result.model_copy(update={"message": message.strip(), "session_reset": end.reset})
+
+
+def session_gone(call: Call, session_id: str, reason: str, *, ran: bool = False) -> ToolResult:
+    """The result of a call whose session ended before or while it ran."""
+    why = END_MESSAGES.get(reason, reason or "it ended")
+    if ran:
+        return _result(
+            call,
+            status=CallStatus.CANCELLED if reason != "sandbox_died" else CallStatus.ERROR,
+            effect=Effect.UNKNOWN,
+            message=f"Session {session_id!r} ended while the call ran: {why}. The call may "
+            "have taken effect in part. The session's state is gone (variables and "
+            "workspace files): create a new session.",
+            data=_python_data(call, None),
+            error=ToolError(type="SessionEnded", message=f"session ended: {reason}"),
+            session_reset=True,
+        )
+    return _result(
+        call,
+        status=CallStatus.CANCELLED,
+        effect=Effect.NONE,
+        message=f"The tool did not run: session {session_id!r} ended before its turn "
+        f"came ({why}). Its state is gone: create a new session.",
+        error=ToolError(type="SessionEnded", message=f"session ended: {reason}"),
+    )
+
+
 def state_of(result: ToolResult) -> CallState:
     """The state a call ends in with `result` (RUNNING: it runs on, detached)."""
     if result.still_running:
@@ -227,6 +289,7 @@ def _result(call: Call, **fields: Any) -> ToolResult:
         duration_s=time.monotonic() - (call.started_at or call.created),
         output_bytes=call.stdout.total + call.stderr.total,
         truncated=call.stdout.truncated or call.stderr.truncated,
+        session_id=call.session_id,
         **fields,
     )
 

@@ -79,9 +79,12 @@ def limits_for(tool: Tool, settings: Settings) -> Limits:
     return limits
 
 
-def fingerprint(tool: str, arguments: dict[str, Any]) -> str:
-    """What makes two requests under one call id the same call: tool and arguments."""
-    canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"))
+def fingerprint(tool: str, arguments: dict[str, Any], session_id: str = "") -> str:
+    """What makes two requests under one call id the same call: tool, arguments and
+    the session it runs in (outside a session, the same fingerprint as before
+    sessions existed: journals keep answering retries across the upgrade)."""
+    parts: list[Any] = [tool, arguments, session_id] if session_id else [tool, arguments]
+    canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

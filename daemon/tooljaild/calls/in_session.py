@@ -1,0 +1,119 @@
+"""Running one call in a session: its turn, its run, and how a timeout stops it.
+
+A session call runs in the session's interpreter, in the session's turn (one
+at a time, in order). Stopping it (its timeout, a cancel, its output limit)
+keeps the session when it can:
+
+1. the running code gets a KeyboardInterrupt (`SessionSandbox.interrupt`);
+2. if the call has not ended `interrupt_grace_s` later, the interpreter is
+   killed and restarted, with every process of the call (`reset`): its
+   variables are gone, its workspace files kept;
+3. if even that gets no answer within `reset_timeout_s`, the session is
+   given up (reason "sandbox_died").
+
+The result says which (`session_reset`), in words a model reads
+(`results.in_session`). A daemon shutting down ends its sessions instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from tooljail._types import ToolResult
+from tooljail.errors import SessionEndedError
+from tooljaild.calls import results, terms
+from tooljaild.calls.call import Call, StopReason
+from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.session_channel import SessionCallEnd
+from tooljaild.sessions.manager import SessionManager
+from tooljaild.sessions.session import Session
+
+
+async def run_in_session(
+    call: Call,
+    session: Session,
+    sessions: SessionManager,
+    on_start: Callable[[Call, str], None],
+) -> ToolResult:
+    """See the call to its end in `session`; its result.
+
+    Args:
+        on_start: Told the call and the sandbox id once the call's request is sent.
+    """
+    if not await _wait_for_turn(call, session):
+        if session.end_reason:
+            return results.session_gone(call, session.id, session.end_reason)
+        return results.not_run(call, results.NOT_STARTED)
+    try:
+        if call.stop_reason is not None:
+            return results.not_run(call, results.NOT_STARTED)
+        request = terms.run_request(call.tool, call.arguments, session.terms.limits)
+        try:
+            waiter = session.channel.begin(request, call.sink)
+        except SandboxError:
+            await sessions.end(session, session.end_reason or "sandbox_died")
+            return results.session_gone(call, session.id, session.end_reason)
+        session.calls += 1
+        on_start(call, session.channel.id)
+        end = await _supervise(call, session, sessions, asyncio.ensure_future(waiter))
+        return results.in_session(call, end, call.stop_reason, session)
+    finally:
+        session.give_turn()
+
+
+async def _wait_for_turn(call: Call, session: Session) -> bool:
+    """Take the session's turn; False if the call is stopped or the session ends first."""
+    turn = asyncio.ensure_future(session.take_turn())
+    stop = call.stop_requested.wait()
+    await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
+    if not turn.done():
+        turn.cancel()
+        with contextlib.suppress(asyncio.CancelledError, SessionEndedError):
+            await turn
+        if not turn.cancelled() and turn.exception() is None:
+            session.give_turn()  # it came as the stop did: pass it on
+        return False
+    return turn.exception() is None
+
+
+async def _supervise(
+    call: Call, session: Session, sessions: SessionManager, end: asyncio.Future[SessionCallEnd]
+) -> SessionCallEnd:
+    """Wait for the call's end; its timeout or a stop interrupts it, then resets."""
+    settings = sessions.settings
+    stopping: asyncio.Future[None] | None = None
+
+    async def stop_it() -> None:
+        if call.stop_reason is StopReason.SHUTDOWN:
+            await sessions.end(session, "shutdown")
+            return
+        session.channel.interrupt()
+        await asyncio.wait({end}, timeout=settings.interrupt_grace_s)
+        if end.done() or not session.open:
+            return
+        if not await session.channel.reset(settings.reset_timeout_s):
+            await sessions.end(session, "sandbox_died")
+
+    def kill() -> None:
+        nonlocal stopping
+        if stopping is None:
+            stopping = asyncio.ensure_future(stop_it())
+
+    # In a session a call never runs on detached past its timeout (kill_after_s):
+    # the next call in line waits for the session's turn.
+    timer = asyncio.get_running_loop().call_later(
+        call.timeout_s, call.request_stop, StopReason.TIMEOUT
+    )
+    call.started_at = time.monotonic()
+    try:
+        call.kill_with(kill)
+        result = await end
+        if stopping is not None:
+            await stopping
+        return result
+    finally:
+        call.kill_with(None)
+        timer.cancel()

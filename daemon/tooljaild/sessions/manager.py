@@ -1,0 +1,442 @@
+"""The session manager: opens, finds, lists, expires and closes sessions.
+
+It knows nothing of gRPC, and runs no call itself (`calls.in_session` does,
+in the session's turn). What it guarantees:
+
+- bounds: at most `max_sessions` open at once, `max_sessions_per_client` per
+  client; past either, `OverloadedError` (RESOURCE_EXHAUSTED) with a hint of
+  when an idle session will expire;
+- ends: a session ends once, for one reason (closed, idle TTL, lifetime, its
+  sandbox died, shutdown); its sandbox is destroyed with everything in it;
+  calls waiting for its turn end without running;
+- memory of ends: a request naming an ended session learns why
+  (`SessionEndedError`), from memory for the last `remembered_ended`, from the
+  journal after that and after a restart (sessions open when the daemon died
+  are marked "daemon_restart" at start), and "not found" only for an id never
+  seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import re
+import time
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tooljail._types import SessionInfo, SessionState
+from tooljail.errors import (
+    InternalError,
+    InvalidPathError,
+    InvalidRequestError,
+    OverloadedError,
+    SessionEndedError,
+    SessionNotFoundError,
+    ShuttingDownError,
+    TooljailError,
+    WorkspaceFileNotFoundError,
+    WorkspaceFullError,
+)
+from tooljaild.journal import Journal, JournalError
+from tooljaild.sandbox.base import Limits, RunRequest, Sandbox, SandboxError, Termination
+from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
+from tooljaild.sessions.settings import SessionSettings
+
+__all__ = ["FILE_CHUNK_BYTES", "SessionManager"]
+
+log = logging.getLogger(__name__)
+
+FILE_CHUNK_BYTES = 1024 * 1024
+"""Bytes of a file moved into or out of a sandbox per operation (and per streamed chunk)."""
+OPERATION_TIMEOUT_S = 60.0
+"""How long one file operation may take in the sandbox before the session is given up."""
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_FILE_ERRORS: dict[str, type[TooljailError]] = {
+    "InvalidPathError": InvalidPathError,
+    "FileNotFoundError": WorkspaceFileNotFoundError,
+    "WorkspaceFullError": WorkspaceFullError,
+}
+"""The sandbox's error types of file operations the files RPCs answer with their own code."""
+
+
+def _drop(stream: Any, data: bytes) -> None:
+    """The sink of a file operation: it prints nothing anyone reads."""
+
+
+class SessionManager:
+    """The daemon's sessions.
+
+    Args:
+        settings: `[sessions]`.
+        limits: The daemon's `[limits]`, which a session may lower.
+        sandbox_for: A started, unused sandbox with these limits (from the warm pool
+            when they are the pool's).
+        journal: Where sessions are recorded; None: nowhere (tests).
+    """
+
+    def __init__(
+        self,
+        settings: SessionSettings,
+        limits: Limits,
+        sandbox_for: Callable[[Limits], Awaitable[Sandbox]],
+        journal: Journal | None = None,
+        *,
+        open_timeout_s: float = 30.0,
+    ) -> None:
+        self._settings = settings
+        self._limits = limits
+        self._sandbox_for = sandbox_for
+        self._journal = journal
+        self._open_timeout_s = open_timeout_s
+        self._sessions: dict[str, Session] = {}
+        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._opening: defaultdict[str, int] = defaultdict(int)
+        self._closing: set[asyncio.Task[None]] = set()
+        self._reaper: asyncio.Task[None] | None = None
+        self.draining = False
+
+    @property
+    def settings(self) -> SessionSettings:
+        return self._settings
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # ------------------------------------------------------------------ life
+
+    def start(self, recovered: bool = True) -> None:
+        """Watch sessions for their idle TTL and lifetime; and, once, mark the sessions
+        the journal holds as open ended: the daemon that held them is gone."""
+        if self._journal is not None and recovered:
+            try:
+                lost = self._journal.recover_sessions("daemon_restart")
+            except JournalError as exc:
+                log.error("cannot mark the sessions of the last run ended: %s", exc)
+            else:
+                if lost:
+                    log.warning(
+                        "sessions lost in a restart",
+                        extra={"sessions": len(lost), "ids": [r.session_id for r in lost][:20]},
+                    )
+        if self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap(), name="session-reaper")
+
+    async def stop(self) -> None:
+        """End every session (reason "shutdown") and stop watching."""
+        self.draining = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        await asyncio.gather(*(self.end(s, "shutdown") for s in list(self._sessions.values())))
+        if self._closing:
+            await asyncio.wait(list(self._closing), timeout=15.0)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self._reap_every_s())
+            now = time.monotonic()
+            for session in list(self._sessions.values()):
+                if now - session.created >= session.terms.max_lifetime_s:
+                    self._end_soon(session, "max_lifetime")
+                elif not session.busy and now - session.last_used >= session.terms.idle_ttl_s:
+                    self._end_soon(session, "idle_ttl")
+
+    def _reap_every_s(self) -> float:
+        shortest = min(
+            (min(s.terms.idle_ttl_s, s.terms.max_lifetime_s) for s in self._sessions.values()),
+            default=self._settings.idle_ttl_s,
+        )
+        return min(1.0, max(0.05, shortest / 10))
+
+    # ------------------------------------------------------------------ open
+
+    async def create(self, options: SessionOptions, client: str) -> Session:
+        """Open a session for `client`.
+
+        Raises:
+            ShuttingDownError: The daemon is draining.
+            InvalidRequestError: Sessions are disabled, or an option is out of bounds.
+            OverloadedError: The daemon (or this client's share) holds all the
+                sessions it may.
+            SandboxError: No sandbox could be started or opened as a session.
+            JournalError: The session cannot be recorded (its sandbox is closed).
+        """
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and opens no sessions")
+        s = self._settings
+        if not s.max_sessions:
+            raise InvalidRequestError(
+                "sessions are disabled on this daemon ([sessions] max_sessions = 0)"
+            )
+        terms = SessionTerms.resolve(options, s, self._limits)
+        self._check_room(client)
+        self._opening[client] += 1
+        try:
+            sandbox = await self._sandbox_for(terms.limits)
+            channel = await SessionSandbox.open(
+                sandbox,  # type: ignore[arg-type]  # every backend's sandbox is a RunnerSandbox
+                keep_processes=terms.keep_processes,
+                quota_bytes=terms.limits.workspace_bytes,
+                limits=terms.limits,
+                timeout_s=self._open_timeout_s,
+            )
+        finally:
+            self._opening[client] -= 1
+            if not self._opening[client]:
+                del self._opening[client]
+        session = Session(uuid.uuid4().hex, client, terms, channel, s)
+        if self._journal is not None:
+            try:
+                self._journal.session_opened(
+                    session.id,
+                    client=client,
+                    sandbox_id=channel.id,
+                    options_json=session.options_json(),
+                    created=session.created_unix,
+                )
+            except JournalError:
+                await channel.close()
+                raise
+        self._sessions[session.id] = session
+        channel.ended.add_done_callback(lambda _: self._end_soon(session, "sandbox_died"))
+        log.info(
+            "session opened",
+            extra={"session": session.id, "client": client, "sandbox": channel.id},
+        )
+        return session
+
+    def _check_room(self, client: str) -> None:
+        s = self._settings
+        held = sum(1 for x in self._sessions.values() if x.client == client)
+        held += self._opening.get(client, 0)
+        if len(self._sessions) + sum(self._opening.values()) >= s.max_sessions:
+            raise OverloadedError(
+                f"this daemon holds all the sessions it may ({s.max_sessions}): close one "
+                "you no longer need, or try again when an idle one expires",
+                retry_after_s=self._retry_after_s(),
+            )
+        if held >= s.max_sessions_per_client:
+            raise OverloadedError(
+                f"this client holds all the sessions one client may ({s.max_sessions_per_client}"
+                "): close one you no longer need first",
+                retry_after_s=self._retry_after_s(client),
+            )
+
+    def _retry_after_s(self, client: str | None = None) -> float:
+        """When an idle session (of `client`, if given) will expire, within [1, 60] s."""
+        now = time.monotonic()
+        soonest = min(
+            (
+                min(
+                    s.last_used + s.terms.idle_ttl_s - now,
+                    s.created + s.terms.max_lifetime_s - now,
+                )
+                for s in self._sessions.values()
+                if (client is None or s.client == client) and not s.busy
+            ),
+            default=60.0,
+        )
+        return round(min(60.0, max(1.0, soonest)), 1)
+
+    # ------------------------------------------------------------------ find
+
+    def get(self, session_id: str) -> Session:
+        """The open session with that id.
+
+        Raises:
+            InvalidRequestError: The id is malformed.
+            SessionEndedError: The session has ended (why: its `reason`).
+            SessionNotFoundError: No session of that id was ever known here.
+        """
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.check_open()
+            return session
+        raise self._gone(session_id)
+
+    def _gone(self, session_id: str) -> TooljailError:
+        """Why there is no open session `session_id`."""
+        if not _SESSION_ID.fullmatch(session_id):
+            return InvalidRequestError(
+                f"session id {session_id[:140]!r} is malformed: 1 to 128 of A-Z a-z 0-9 . _ : -"
+            )
+        reason = self._ended.get(session_id)
+        if reason is None and self._journal is not None:
+            try:
+                record = self._journal.get_session(session_id)
+            except JournalError as exc:
+                log.error("cannot read session %s from the journal: %s", session_id, exc)
+                record = None
+            if record is not None:
+                reason = record.end_reason or "daemon_restart"
+        if reason is not None:
+            return ended_error(session_id, reason)
+        return SessionNotFoundError(
+            f"no session {session_id!r} is known to this daemon (was it opened on another "
+            "daemon?). Create one with CreateSession."
+        )
+
+    def list(self, client: str | None = None) -> list[SessionInfo]:
+        """The open sessions, oldest first; of `client` only, unless None."""
+        return [s.info() for s in self._sessions.values() if client is None or s.client == client]
+
+    # ------------------------------------------------------------------ end
+
+    async def close(self, session_id: str) -> SessionInfo:
+        """Close a session at its client's request; an ended one answers its end.
+
+        Raises:
+            InvalidRequestError: The id is malformed.
+            SessionNotFoundError: No session of that id was ever known here.
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            error = self._gone(session_id)
+            if isinstance(error, SessionEndedError):
+                return SessionInfo(
+                    session_id=session_id, state=SessionState.CLOSED, end_reason=error.reason
+                )
+            raise error
+        await self.end(session, "closed")
+        return session.info()
+
+    def _end_soon(self, session: Session, reason: str) -> None:
+        if not session.open:
+            return
+        task = asyncio.ensure_future(self.end(session, reason))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def end(self, session: Session, reason: str) -> None:
+        """End `session` for `reason` (once; later reasons are ignored): its sandbox
+        and everything in it are destroyed; a running call ends with it."""
+        if not session.open:
+            return
+        session.end_reason = reason
+        self._sessions.pop(session.id, None)
+        self._ended[session.id] = reason
+        while len(self._ended) > self._settings.remembered_ended:
+            self._ended.popitem(last=False)
+        if self._journal is not None:
+            try:
+                self._journal.session_ended(session.id, reason)
+            except JournalError as exc:
+                log.error("cannot journal the end of session %s: %s", session.id, exc)
+        log.info(
+            "session ended",
+            extra={
+                "session": session.id,
+                "reason": reason,
+                "calls": session.calls,
+                "resets": session.resets,
+            },
+        )
+        await session.channel.close()
+
+    # ------------------------------------------------------------------ files
+
+    async def operation(self, session: Session, op: str, args: dict[str, Any]) -> Any:
+        """Run one workspace operation in the session's sandbox, in its turn.
+
+        Raises:
+            SessionEndedError: The session ended before or during it.
+            InvalidPathError, WorkspaceFileNotFoundError, WorkspaceFullError: As
+                the sandbox found.
+            InvalidRequestError: Another refusal of the sandbox's (its message says).
+            InternalError: The sandbox did not answer; the session is given up.
+        """
+        limits = session.terms.limits
+        request = RunRequest(
+            "workspace",
+            {"op": op, "args": args, "quota_bytes": limits.workspace_bytes},
+            limits,
+        )
+        async with session.turn():
+            try:
+                waiter = session.channel.begin(request, _drop)
+            except SandboxError as exc:
+                raise ended_error(session.id, session.end_reason or "sandbox_died") from exc
+            try:
+                end = await asyncio.wait_for(waiter, OPERATION_TIMEOUT_S)
+            except TimeoutError:
+                await self.end(session, "sandbox_died")
+                raise InternalError(
+                    f"the workspace operation {op!r} got no answer from session "
+                    f"{session.id!r} within {OPERATION_TIMEOUT_S:g}s; the session was "
+                    "given up"
+                ) from None
+        outcome = end.outcome
+        if outcome.termination is Termination.RETURNED:
+            return outcome.value
+        if not session.open or outcome.termination in (
+            Termination.RUNNER_LOST,
+            Termination.KILLED,
+        ):
+            raise ended_error(session.id, session.end_reason or "sandbox_died")
+        error = outcome.error
+        kind = error.type if error is not None else ""
+        message = error.message if error is not None else f"the operation {op!r} failed"
+        raise _FILE_ERRORS.get(kind, InvalidRequestError)(message)
+
+    async def upload(self, session: Session, path: str, chunks: Any) -> tuple[str, int]:
+        """Write a file into the session's workspace from `chunks` (an async iterator
+        of bytes), replacing it as a whole at the end: nothing is left half-written.
+
+        Returns:
+            The path as the workspace names it, and its size.
+        """
+        upload_id = uuid.uuid4().hex
+        first, pending = True, b""
+        try:
+            async for data in chunks:
+                pending += data
+                while len(pending) >= FILE_CHUNK_BYTES:
+                    piece, pending = pending[:FILE_CHUNK_BYTES], pending[FILE_CHUNK_BYTES:]
+                    await self._put(session, path, upload_id, piece, first=first, last=False)
+                    first = False
+            done = await self._put(session, path, upload_id, pending, first=first, last=True)
+        except BaseException:
+            if session.open:
+                with contextlib.suppress(TooljailError, asyncio.CancelledError):
+                    await asyncio.shield(
+                        self.operation(session, "upload_abort", {"upload_id": upload_id})
+                    )
+            raise
+        return str(done.get("path", path)), int(done.get("size_bytes", 0))
+
+    async def _put(
+        self, session: Session, path: str, upload_id: str, data: bytes, *, first: bool, last: bool
+    ) -> dict[str, Any]:
+        args = {
+            "path": path,
+            "upload_id": upload_id,
+            "data_b64": base64.b64encode(data).decode(),
+            "first": first,
+            "last": last,
+        }
+        value = await self.operation(session, "upload_chunk", args)
+        return value if isinstance(value, dict) else {}
+
+    async def download(self, session: Session, path: str) -> Any:
+        """The file's bytes, in chunks of `FILE_CHUNK_BYTES` (an async iterator)."""
+        offset = 0
+        while True:
+            value = await self.operation(
+                session,
+                "download_chunk",
+                {"path": path, "offset": offset, "length": FILE_CHUNK_BYTES},
+            )
+            if not isinstance(value, dict) or not isinstance(value.get("data_b64"), str):
+                raise InternalError(f"the sandbox answered a download of {path!r} malformed")
+            data = base64.b64decode(value["data_b64"])
+            offset += len(data)
+            yield data
+            if value.get("eof") or not data:
+                return

@@ -1,0 +1,47 @@
+"""The `[sessions]` table: how many sessions a daemon keeps, and for how long."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SessionSettings(BaseModel):
+    """Bounds of sessions on this daemon (`[sessions]` in the config file).
+
+    A session holds a sandbox (its interpreter, its workspace and every limit of
+    the `[limits]` table) from its creation to its close, so these bound what
+    sessions may hold of the host at once and for how long. A session may ask
+    for lower bounds (`CreateSession`'s options), never higher ones.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_sessions: int = Field(default=64, ge=0)
+    """Sessions open at once on this daemon; past it CreateSession gets
+    RESOURCE_EXHAUSTED with a retry hint. 0 disables sessions."""
+    max_sessions_per_client: int = Field(default=16, ge=1)
+    """Sessions one client (agent host) may hold open at once."""
+    idle_ttl_s: float = Field(default=900.0, gt=0)
+    """A session without a call for this long is closed (reason "idle_ttl")."""
+    max_lifetime_s: float = Field(default=4 * 3600.0, gt=0)
+    """A session is closed this long after its creation, busy or not (reason
+    "max_lifetime"); a call running then ends cancelled."""
+    max_queued_calls: int = Field(default=16, ge=0)
+    """Calls that may wait for their turn in one session (its calls run one at a
+    time, in order); past it a call gets RESOURCE_EXHAUSTED."""
+    interrupt_grace_s: float = Field(default=2.0, gt=0, le=60)
+    """After a session call's timeout (or cancel) its code gets a KeyboardInterrupt;
+    if it has not stopped this long after, the interpreter is restarted (its
+    variables are lost, its workspace files kept)."""
+    reset_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    """How long a restart of the interpreter may take before the whole session
+    is destroyed instead (reason "sandbox_died")."""
+    remembered_ended: int = Field(default=10_000, ge=0)
+    """Ended sessions kept in memory to say why they ended; older ones are
+    answered from the journal."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> SessionSettings:
+        if self.max_sessions and self.max_sessions_per_client > self.max_sessions:
+            self.max_sessions_per_client = self.max_sessions
+        return self

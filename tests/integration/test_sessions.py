@@ -1,0 +1,160 @@
+"""Sessions' bounds, expiry and journal, through a real daemon over gRPC (process backend).
+
+What every backend must do in a session is in tests/conformance/test_sessions.py;
+here is what the daemon around them does: how many sessions, for how long, and
+what a call learns about a session that died with the daemon.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+
+import psutil
+import pytest
+
+from tests.conftest import RunningDaemon, ServedDaemon
+from tooljail import (
+    CallStatus,
+    Client,
+    InvalidRequestError,
+    OverloadedError,
+    SessionEndedError,
+    SessionState,
+)
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _sandbox_processes(state_dir: object) -> list[psutil.Process]:
+    """Live processes whose command line names the daemon's state directory (runners)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            if any(str(state_dir) in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_session_lost_in_a_kill_9_says_so_after_the_restart(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    first = start_daemon()
+    with Client(first.target) as client:
+        s = client.session()
+        s.call("execute_python_code", {"code": "x = 1"})
+        session_id = s.id
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait(10)
+    # Nothing of it runs on: its sandboxes went with the daemon.
+    deadline = time.monotonic() + 10
+    while _sandbox_processes(first.state_dir) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p.pid for p in _sandbox_processes(first.state_dir)]
+    second = start_daemon("--state-dir", str(first.state_dir))
+    with Client(second.target) as client:
+        with pytest.raises(SessionEndedError) as ended:
+            client.call("execute_python_code", {"code": "print(x)"}, session_id=session_id)
+        assert ended.value.reason == "daemon_restart"
+        text = str(ended.value)
+        assert "restarted" in text and "gone" in text
+        closed = client.close_session(session_id)
+        assert closed.state is SessionState.CLOSED and closed.end_reason == "daemon_restart"
+
+
+def test_a_thousand_sessions_meet_the_bound_quickly_and_leave_nothing(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    daemon = start_daemon(env={"TOOLJAIL_SESSIONS__MAX_SESSIONS_PER_CLIENT": "6"})
+    proc = psutil.Process(daemon.pid)
+    with Client(daemon.target) as client:
+        client.call("execute_python_code", {"code": "1"})
+        before = proc.memory_info().rss
+        opened, refused = [], []
+        started = time.monotonic()
+        for _ in range(1000):
+            try:
+                opened.append(client.session())
+            except OverloadedError as exc:
+                refused.append(exc)
+        elapsed = time.monotonic() - started
+        assert len(opened) == 6 and len(refused) == 994
+        assert refused[0].retry_after_s >= 1
+        assert elapsed < 30, f"1000 attempts took {elapsed:.1f}s"
+        assert len(client.list_sessions()) == 6
+        for s in opened:
+            s.close()
+        assert client.list_sessions() == []
+        runners = _sandbox_processes(daemon.state_dir)
+        after = proc.memory_info().rss
+    # The pool's warm sandboxes stay; the sessions' are gone.
+    assert len(runners) <= 2 * 4, [p.cmdline() for p in runners]
+    assert after - before < 32 * 2**20, f"the daemon grew by {(after - before) >> 20} MiB"
+
+
+def test_idle_sessions_expire_and_say_why(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve()
+    with Client(served.target) as client:
+        s = client.session(idle_ttl_s=1)
+        assert s.call("execute_python_code", {"code": "print(1)"}).ok
+        time.sleep(2.5)
+        with pytest.raises(SessionEndedError) as ended:
+            s.call("execute_python_code", {"code": "print(2)"})
+        assert ended.value.reason == "idle_ttl"
+
+
+def test_a_session_ends_at_its_lifetime_even_while_busy(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve()
+    with Client(served.target) as client:
+        s = client.session(max_lifetime_s=2)
+        result = s.call("execute_python_code", {"code": "import time; time.sleep(30)"}, timeout=20)
+        assert result.status in (CallStatus.CANCELLED, CallStatus.ERROR), result
+        assert result.session_reset
+        assert "max" in result.message.lower() or "lifetime" in result.message.lower()
+        with pytest.raises(SessionEndedError) as ended:
+            s.call("execute_python_code", {"code": "1"})
+        assert ended.value.reason == "max_lifetime"
+
+
+def test_options_may_lower_the_bounds_never_raise_them(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve()
+    with Client(served.target) as client:
+        with pytest.raises(InvalidRequestError, match="idle_ttl_s"):
+            client.session(idle_ttl_s=10**9)
+        with pytest.raises(InvalidRequestError, match="memory_bytes"):
+            client.session(memory_bytes=2**50)
+        with client.session(workspace_bytes=4 * 2**20, idle_ttl_s=30) as s:
+            info = [i for i in client.list_sessions() if i.session_id == s.id][0]
+            assert info.workspace_bytes == 4 * 2**20 and info.idle_ttl_s == 30
+            full = s.call("write_file", {"path": "big.txt", "content": "x" * (5 * 2**20)})
+            assert full.status is CallStatus.ERROR, full
+            assert "quota" in full.to_model_text().lower() or "full" in full.to_model_text().lower()
+
+
+def test_a_session_queue_is_bounded(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve(sessions={"max_queued_calls": 1})
+    import threading
+
+    with Client(served.target) as client, client.session() as s:
+        blockers = [
+            threading.Thread(
+                target=s.call,
+                args=("execute_python_code", {"code": "import time; time.sleep(1.5)"}),
+            )
+            for _ in range(2)
+        ]
+        for t in blockers:
+            t.start()
+            time.sleep(0.3)
+        with pytest.raises(OverloadedError, match="turn"):
+            s.call("execute_python_code", {"code": "1"})
+        for t in blockers:
+            t.join(30)
+        assert s.call("execute_python_code", {"code": "print(1)"}).ok
