@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.aio
 
+from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_base import _BaseClient, _new_stub, _Progress
 from tooljail._session_base import (
     close_session_request,
@@ -34,9 +35,6 @@ from tooljail._types import (
     ToolResult,
 )
 from tooljail.v1 import tooljail_pb2 as pb
-
-if TYPE_CHECKING:
-    from tooljail._async_session import _AsyncSessionStart
 
 __all__ = ["AsyncClient"]
 
@@ -243,9 +241,6 @@ class AsyncClient(_BaseClient):
         it at its end. Not retried: see `Client.session`, which has the
         contract, the options and the errors.
         """
-        # Imported here: _async_session imports this module for its types.
-        from tooljail._async_session import _AsyncSessionStart
-
         request = create_session_request(
             idle_ttl_s=idle_ttl_s,
             max_lifetime_s=max_lifetime_s,

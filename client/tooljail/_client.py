@@ -362,8 +362,8 @@ class Client(_BaseClient):
         """Opens a session now: a sandbox kept for a sequence of calls.
 
         Use it in a `with` block (closed at its end), or close it yourself.
-        Each bound may only lower the daemon's (a larger value gets the
-        daemon's); None (or 0) takes the daemon's.
+        Each bound may only lower the daemon's own (its config): None (or 0)
+        takes the daemon's. `session.info` says which bounds are in force.
 
         Not retried, not even when the daemon cannot be reached: creating a
         session is not idempotent, and a retry after a dropped answer could
@@ -386,7 +386,8 @@ class Client(_BaseClient):
 
         Raises:
             TypeError: When an option has the wrong type.
-            InvalidRequestError: When an option is negative or not finite.
+            InvalidRequestError: When an option is negative or not finite (or
+                the daemon refuses it).
             OverloadedError: When the daemon (or this client) has as many
                 sessions as it allows; see `retry_after_s`.
             ShuttingDownError: When the daemon is draining.

@@ -142,8 +142,8 @@ def create_session_request(
 ) -> pb.CreateSessionRequest:
     """The `CreateSessionRequest` for `session(...)`, after checking every option.
 
-    None (or 0) leaves an option to the daemon's bound; a value may only lower it
-    (the daemon clamps, it does not refuse).
+    None (or 0) leaves an option to the daemon's bound; a value may only lower
+    it, which the daemon judges (this checks only what the wire can carry).
 
     Raises:
         TypeError: When an option has the wrong type (bool is not a number here).
