@@ -331,6 +331,20 @@ async def test_sync_exit_keeps_the_callers_exception_when_close_fails_too(server
 # --- async ---
 
 
+async def test_async_exit_keeps_the_callers_exception_when_close_fails_too(server) -> None:
+    servicer, target = server
+    servicer.close_fails = True
+    async with AsyncClient(target) as client:
+        with pytest.raises(KeyError, match="the caller's") as info:
+            async with client.session():
+                raise KeyError("the caller's")
+        assert any("closing session s1 failed too" in n for n in info.value.__notes__)
+        with pytest.raises(InternalError):
+            async with client.session():
+                pass
+    assert servicer.closes == ["s1", "s2"]
+
+
 async def test_async_session_with_and_await(server) -> None:
     servicer, target = server
     async with AsyncClient(target) as client:
