@@ -6,6 +6,10 @@
         result = client.call("execute_python_code", {"code": "print(1)"})
         print(result.status, result.data)
 
+        with client.session() as s:  # an interpreter and workspace kept across calls
+            s.call("execute_python_code", {"code": "x = 41"})
+            print(s.call("execute_python_code", {"code": "print(x + 1)"}).data)
+
 A tool that fails is a `ToolResult` with a non-success `status`, never an
 exception; the exceptions below (the tree in `tooljail.errors`) are for
 requests the daemon refuses and RPCs that fail. This package imports neither
@@ -13,7 +17,9 @@ the daemon (`tooljaild`) nor docker or psutil: an agent host needs only grpcio,
 protobuf and pydantic.
 """
 
+from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client, default_target
+from tooljail._session import Session
 from tooljail._tooldef import tool
 from tooljail._types import (
     CallInfo,
@@ -55,6 +61,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncSession",
     "BadTimeoutError",
     "CallIdConflictError",
     "CallInfo",
@@ -72,6 +79,7 @@ __all__ = [
     "JournalUnavailableError",
     "Output",
     "OverloadedError",
+    "Session",
     "SessionEndedError",
     "SessionInfo",
     "SessionNotFoundError",

@@ -6,18 +6,39 @@ Only the methods that touch the channel are here; the rest is `_BaseClient`'s.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.aio
 
+from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_base import _BaseClient, _new_stub, _Progress
-from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
+from tooljail._session_base import (
+    close_session_request,
+    create_session_request,
+    decode_file_info,
+    decode_session_info,
+    decode_sessions,
+    download_request,
+    list_sessions_request,
+    upload_messages,
+)
+from tooljail._types import (
+    CallInfo,
+    CallState,
+    Diagnostic,
+    Output,
+    SessionInfo,
+    ToolInfo,
+    ToolResult,
+)
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = ["AsyncClient"]
+
+_T = TypeVar("_T")
 
 
 class AsyncClient(_BaseClient):
@@ -63,11 +84,26 @@ class AsyncClient(_BaseClient):
         """Closes the channel; RPCs still in flight are cancelled."""
         await self._channel.close()
 
-    async def _unary(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return await method(request, timeout=self._timeout, wait_for_ready=False)
-        except grpc.RpcError as e:
-            raise self._map_rpc_error(e) from e
+    async def _retried(self, send: Callable[[], Awaitable[_T]], *, retry: bool = True) -> _T:
+        """`await send()`, the RPC, with its failure mapped. See `Client._retried`."""
+        attempt = 0
+        while True:
+            try:
+                return await send()
+            except grpc.RpcError as e:
+                error = self._map_rpc_error(e)
+                if not (retry and self._should_retry(error, attempt)):
+                    raise error from e
+            await asyncio.sleep(self._backoff_s(attempt))
+            attempt += 1
+
+    async def _unary(self, method: Callable[..., Any], request: Any, *, retry: bool = False) -> Any:
+        return await self._retried(
+            lambda: method(
+                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            ),
+            retry=retry,
+        )
 
     async def list_tools(self) -> list[ToolInfo]:
         """The tools the daemon serves. See `Client.list_tools`."""
@@ -91,24 +127,20 @@ class AsyncClient(_BaseClient):
         # The tool call's own timeout, enforced by the daemon: not an await deadline.
         timeout: float | None = None,  # noqa: ASYNC109
         call_id: str | None = None,
+        session_id: str | None = None,
     ) -> ToolResult:
         """Runs a tool and waits for its result. See `Client.call` for the contract.
 
         Cancelling the awaiting task cancels the RPC only, not the call on the daemon.
         """
-        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        attempt = 0
-        while True:
-            try:
-                return self._decode_result(
-                    await self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
-                )
-            except grpc.RpcError as e:
-                error = self._map_rpc_error(e)
-                if not self._should_retry(error, attempt):
-                    raise error from e
-            await asyncio.sleep(self._backoff_s(attempt))
-            attempt += 1
+        request = self._build_call_request(
+            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
+        )
+        return self._decode_result(
+            await self._retried(
+                lambda: self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
+            )
+        )
 
     def stream(
         self,
@@ -117,6 +149,7 @@ class AsyncClient(_BaseClient):
         *,
         timeout: float | None = None,
         call_id: str | None = None,
+        session_id: str | None = None,
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Runs a tool and yields its output as it arrives, then its result.
 
@@ -125,7 +158,9 @@ class AsyncClient(_BaseClient):
         only: the call keeps running on the daemon; use `cancel(call_id)` to stop
         it. See `Client.stream`.
         """
-        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
+        request = self._build_call_request(
+            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
+        )
         return self._stream(request)
 
     def attach(
@@ -185,3 +220,78 @@ class AsyncClient(_BaseClient):
         request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
         resp: pb.CancelResponse = await self._unary(self._stub.Cancel, request)
         return self._decode_cancel(resp)
+
+    # --- sessions and workspace files ---
+
+    def session(
+        self,
+        *,
+        idle_ttl_s: float | None = None,
+        max_lifetime_s: float | None = None,
+        memory_bytes: int | None = None,
+        pids: int | None = None,
+        cpus: float | None = None,
+        workspace_bytes: int | None = None,
+        keep_processes: bool = False,
+    ) -> _AsyncSessionStart:
+        """Opens a session: `async with client.session() as s:` or `s = await client.session()`.
+
+        The options are checked at once; the session opens when the returned
+        object is awaited or entered (once), and an `async with` block closes
+        it at its end. Not retried: see `Client.session`, which has the
+        contract, the options and the errors.
+        """
+        request = create_session_request(
+            idle_ttl_s=idle_ttl_s,
+            max_lifetime_s=max_lifetime_s,
+            memory_bytes=memory_bytes,
+            pids=pids,
+            cpus=cpus,
+            workspace_bytes=workspace_bytes,
+            keep_processes=keep_processes,
+        )
+        return _AsyncSessionStart(self, request)
+
+    async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo:
+        """The one CreateSession RPC, never retried (see `Client.session`)."""
+        return decode_session_info(await self._unary(self._stub.CreateSession, request))
+
+    async def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
+        """The open sessions of this client, or of every client. See `Client.list_sessions`."""
+        resp: pb.ListSessionsResponse = await self._unary(
+            self._stub.ListSessions, list_sessions_request(all_clients), retry=True
+        )
+        return decode_sessions(resp)
+
+    async def close_session(self, session_id: str) -> SessionInfo:
+        """Ends a session. See `Client.close_session`."""
+        request = close_session_request(session_id)
+        resp: pb.SessionInfo = await self._unary(self._stub.CloseSession, request, retry=True)
+        return decode_session_info(resp)
+
+    async def upload_file(
+        self, session_id: str, path: str, data: bytes | bytearray | memoryview
+    ) -> int:
+        """Writes `data` to `path` in a session's workspace. See `Client.upload_file`."""
+        make_chunks = upload_messages(session_id, path, data)
+        resp: pb.FileInfo = await self._retried(
+            lambda: self._stub.UploadFile(
+                make_chunks(),
+                timeout=self._timeout,
+                wait_for_ready=False,
+                metadata=self._metadata,
+            )
+        )
+        return decode_file_info(resp)
+
+    async def download_file(self, session_id: str, path: str) -> bytes:
+        """The content of `path` in a session's workspace. See `Client.download_file`."""
+        request = download_request(session_id, path)
+
+        async def gather() -> bytes:
+            rpc = self._stub.DownloadFile(
+                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            )
+            return b"".join([chunk.data async for chunk in rpc])
+
+        return await self._retried(gather)

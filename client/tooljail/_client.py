@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import grpc
 import grpc.aio
@@ -36,7 +36,26 @@ from tooljail._client_base import (
     default_socket_path,
     default_target,
 )
-from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
+from tooljail._session import Session
+from tooljail._session_base import (
+    close_session_request,
+    create_session_request,
+    decode_file_info,
+    decode_session_info,
+    decode_sessions,
+    download_request,
+    list_sessions_request,
+    upload_messages,
+)
+from tooljail._types import (
+    CallInfo,
+    CallState,
+    Diagnostic,
+    Output,
+    SessionInfo,
+    ToolInfo,
+    ToolResult,
+)
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
@@ -48,6 +67,8 @@ __all__ = [
     "default_socket_path",
     "default_target",
 ]
+
+_T = TypeVar("_T")
 
 
 class Client(_BaseClient):
@@ -61,14 +82,18 @@ class Client(_BaseClient):
         target: The daemon: "unix:///path.sock", a bare socket path, or
             "host:port". None means `default_target()`.
         timeout: The deadline in seconds of each unary RPC (`list_tools`,
-            `get_call`, `cancel`, ...). None means no deadline. It does not bound
-            `call`/`stream`, which last as long as the tool's own timeout.
+            `get_call`, `cancel`, the session and file methods, ...), per try.
+            None means no deadline. It does not bound `call`/`stream`, which
+            last as long as the tool's own timeout.
         retries: How many times `call`, `stream` and `attach` try again when the
             daemon cannot be reached or the connection drops (UNAVAILABLE), with
             backoff (0.1 s, 0.3 s, 0.9 s, ...). Every try carries the same call
             id (the SDK makes one when none is given), so the daemon joins the
             call it already runs instead of running it twice; a broken stream
-            resumes with `attach` after the last chunk received.
+            resumes with `attach` after the last chunk received. The session
+            methods that are safe to repeat (`list_sessions`, `close_session`,
+            `upload_file`, `download_file`) retry the same way; `session()`
+            does not (see there).
 
     Raises:
         TypeError: When an argument has the wrong type.
@@ -99,11 +124,27 @@ class Client(_BaseClient):
         """Closes the channel; RPCs still in flight fail. Calling it twice is fine."""
         self._channel.close()
 
-    def _unary(self, method: Callable[..., Any], request: Any) -> Any:
-        try:
-            return method(request, timeout=self._timeout, wait_for_ready=False)
-        except grpc.RpcError as e:
-            raise self._map_rpc_error(e) from e
+    def _retried(self, send: Callable[[], _T], *, retry: bool = True) -> _T:
+        """`send()`, the RPC, with its failure mapped; sent again while the retry
+        policy (`_should_retry`) allows and `retry` is true, after a backoff."""
+        attempt = 0
+        while True:
+            try:
+                return send()
+            except grpc.RpcError as e:
+                error = self._map_rpc_error(e)
+                if not (retry and self._should_retry(error, attempt)):
+                    raise error from e
+            time.sleep(self._backoff_s(attempt))
+            attempt += 1
+
+    def _unary(self, method: Callable[..., Any], request: Any, *, retry: bool = False) -> Any:
+        return self._retried(
+            lambda: method(
+                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            ),
+            retry=retry,
+        )
 
     def list_tools(self) -> list[ToolInfo]:
         """The tools the daemon serves.
@@ -138,6 +179,7 @@ class Client(_BaseClient):
         *,
         timeout: float | None = None,
         call_id: str | None = None,
+        session_id: str | None = None,
     ) -> ToolResult:
         """Runs a tool and waits for its result; output chunks are not kept.
 
@@ -151,6 +193,9 @@ class Client(_BaseClient):
                 None means the tool's default. Sent to the daemon, which enforces it.
             call_id: An idempotency key: the same id and arguments return the
                 stored outcome instead of running again. None: the SDK makes one.
+            session_id: Run in this session (its interpreter and workspace),
+                which any client may name; None means a fresh sandbox. A call
+                in a session waits for the session's calls before it.
 
         Returns:
             The call's one final result.
@@ -164,21 +209,18 @@ class Client(_BaseClient):
             CallIdConflictError: When the call id was used with other arguments.
             OverloadedError: When the daemon is full; see `retry_after_s`.
             ShuttingDownError: When the daemon is draining.
+            SessionNotFoundError: When the daemon never knew the session.
+            SessionEndedError: When the session has ended (`reason` says why).
             TransportError: When the RPC fails or ends without a result.
         """
-        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
-        attempt = 0
-        while True:
-            try:
-                return self._decode_result(
-                    self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
-                )
-            except grpc.RpcError as e:
-                error = self._map_rpc_error(e)
-                if not self._should_retry(error, attempt):
-                    raise error from e
-            time.sleep(self._backoff_s(attempt))
-            attempt += 1
+        request = self._build_call_request(
+            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
+        )
+        return self._decode_result(
+            self._retried(
+                lambda: self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
+            )
+        )
 
     def stream(
         self,
@@ -187,6 +229,7 @@ class Client(_BaseClient):
         *,
         timeout: float | None = None,
         call_id: str | None = None,
+        session_id: str | None = None,
     ) -> Generator[Output | ToolResult, None, None]:
         """Runs a tool and yields its output as it arrives, then its result.
 
@@ -202,6 +245,7 @@ class Client(_BaseClient):
             args: The tool's arguments (a JSON-serialisable dict); None means {}.
             timeout: The call's timeout in seconds; None means the tool's default.
             call_id: An idempotency key; None lets the SDK make one.
+            session_id: Run in this session; None means a fresh sandbox.
 
         Returns:
             An iterator of `Output` chunks in order, and the `ToolResult` last.
@@ -210,7 +254,9 @@ class Client(_BaseClient):
             TypeError, InvalidRequestError, BadTimeoutError: As for `call`, at once.
             TooljailError: As for `call`, from the iterator.
         """
-        request = self._build_call_request(tool, args, timeout=timeout, call_id=call_id)
+        request = self._build_call_request(
+            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
+        )
         return self._stream(request)
 
     def attach(
@@ -299,3 +345,154 @@ class Client(_BaseClient):
         request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
         resp: pb.CancelResponse = self._unary(self._stub.Cancel, request)
         return self._decode_cancel(resp)
+
+    # --- sessions and workspace files ---
+
+    def session(
+        self,
+        *,
+        idle_ttl_s: float | None = None,
+        max_lifetime_s: float | None = None,
+        memory_bytes: int | None = None,
+        pids: int | None = None,
+        cpus: float | None = None,
+        workspace_bytes: int | None = None,
+        keep_processes: bool = False,
+    ) -> Session:
+        """Opens a session now: a sandbox kept for a sequence of calls.
+
+        Use it in a `with` block (closed at its end), or close it yourself.
+        Each bound may only lower the daemon's own (its config): None (or 0)
+        takes the daemon's. `session.info` says which bounds are in force.
+
+        Not retried, not even when the daemon cannot be reached: creating a
+        session is not idempotent, and a retry after a dropped answer could
+        open a second session that nobody closes (it would end only at its
+        idle TTL). Catch `DaemonUnavailableError` and call again if you wish.
+
+        Args:
+            idle_ttl_s: Seconds without a call after which the session closes.
+            max_lifetime_s: Seconds after creation at which it closes, busy or not.
+            memory_bytes: Memory of the whole session (processes, /tmp, workspace).
+            pids: Processes and threads in the whole session.
+            cpus: CPU cores the session may use at once.
+            workspace_bytes: Size of the workspace directory.
+            keep_processes: Processes a call starts keep running after the call
+                (servers, background jobs) until the session ends; by default
+                they are killed when the call ends.
+
+        Returns:
+            The open `Session`; `session.info` holds the bounds in force.
+
+        Raises:
+            TypeError: When an option has the wrong type.
+            InvalidRequestError: When an option is negative or not finite (or
+                the daemon refuses it).
+            OverloadedError: When the daemon (or this client) has as many
+                sessions as it allows; see `retry_after_s`.
+            ShuttingDownError: When the daemon is draining.
+            TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
+        """
+        request = create_session_request(
+            idle_ttl_s=idle_ttl_s,
+            max_lifetime_s=max_lifetime_s,
+            memory_bytes=memory_bytes,
+            pids=pids,
+            cpus=cpus,
+            workspace_bytes=workspace_bytes,
+            keep_processes=keep_processes,
+        )
+        info = decode_session_info(self._unary(self._stub.CreateSession, request))
+        return Session(self, info)
+
+    def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
+        """The open sessions of this client (its host and process), or of every client.
+
+        Raises:
+            TypeError: When `all_clients` is not a bool.
+            TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
+        """
+        resp: pb.ListSessionsResponse = self._unary(
+            self._stub.ListSessions, list_sessions_request(all_clients), retry=True
+        )
+        return decode_sessions(resp)
+
+    def close_session(self, session_id: str) -> SessionInfo:
+        """Ends a session: its sandbox, interpreter and workspace are destroyed.
+
+        Closing a session that already ended is not an error: the answer says
+        how it ended. Retried like `call` (closing twice is harmless).
+
+        Returns:
+            The session as it ended (`state` CLOSED, `end_reason`).
+
+        Raises:
+            TypeError: When the id is not a str.
+            InvalidRequestError: When the id is empty.
+            SessionNotFoundError: When the daemon never knew the session.
+            TransportError: When the RPC fails.
+        """
+        request = close_session_request(session_id)
+        resp: pb.SessionInfo = self._unary(self._stub.CloseSession, request, retry=True)
+        return decode_session_info(resp)
+
+    def upload_file(self, session_id: str, path: str, data: bytes | bytearray | memoryview) -> int:
+        """Writes `data` to `path` in a session's workspace, replacing any file there.
+
+        The bytes stream in chunks of 1 MiB, so a file larger than the daemon's
+        request limit fits (the workspace quota bounds it). Retried
+        like `call`, by sending the whole file again: writing the same bytes to
+        the same path twice leaves the same file.
+
+        Args:
+            session_id: The session.
+            path: Relative to the workspace.
+            data: The file's content (bytes, bytearray or memoryview).
+
+        Returns:
+            The size in bytes of the file written.
+
+        Raises:
+            TypeError: When an argument has the wrong type (a str `data` too:
+                encode it).
+            InvalidRequestError: When the session id is empty.
+            InvalidPathError: When the path is empty, absolute, leaves the
+                workspace or names a directory.
+            WorkspaceFullError: When the file would pass the workspace quota.
+            SessionNotFoundError, SessionEndedError: As for `call`.
+            TransportError: When the RPC fails.
+        """
+        make_chunks = upload_messages(session_id, path, data)
+        resp: pb.FileInfo = self._retried(
+            lambda: self._stub.UploadFile(
+                make_chunks(),
+                timeout=self._timeout,
+                wait_for_ready=False,
+                metadata=self._metadata,
+            )
+        )
+        return decode_file_info(resp)
+
+    def download_file(self, session_id: str, path: str) -> bytes:
+        """The content of `path` in a session's workspace, gathered from its chunks.
+
+        Retried like `call` (reading again is harmless), from the start.
+
+        Raises:
+            TypeError: When an argument has the wrong type.
+            InvalidRequestError: When the session id is empty.
+            InvalidPathError: When the path is empty, absolute, leaves the
+                workspace or names a directory.
+            WorkspaceFileNotFoundError: When there is no such file.
+            SessionNotFoundError, SessionEndedError: As for `call`.
+            TransportError: When the RPC fails.
+        """
+        request = download_request(session_id, path)
+
+        def gather() -> bytes:
+            rpc = self._stub.DownloadFile(
+                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            )
+            return b"".join(chunk.data for chunk in rpc)
+
+        return self._retried(gather)

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tooljail._session_base import check_session_id
 from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
 from tooljail._wire import (
     call_info_from_proto,
@@ -286,13 +287,14 @@ class _BaseClient:
         *,
         timeout: float | None,
         call_id: str | None,
+        session_id: str | None = None,
     ) -> pb.CallRequest:
         """The `CallRequest` for a call, after checking every argument.
 
         Raises:
             TypeError: When an argument has the wrong type.
-            InvalidRequestError: When the tool name or call id is empty, or the
-                arguments are not JSON-serialisable.
+            InvalidRequestError: When the tool name, call id or session id is
+                empty, or the arguments are not JSON-serialisable.
             BadTimeoutError: When the timeout is not a positive finite number.
         """
         checked_timeout = self._check_seconds(timeout, "timeout", BadTimeoutError)
@@ -302,6 +304,8 @@ class _BaseClient:
             call_id=self._check_call_id(call_id, required=False) or self._new_call_id(),
             # 0 on the wire means "the tool's default timeout".
             timeout_s=checked_timeout or 0.0,
+            # "" on the wire means "a fresh sandbox, no session".
+            session_id="" if session_id is None else check_session_id(session_id),
         )
 
     def _build_attach_request(self, call_id: str, from_seq: int) -> pb.AttachRequest:

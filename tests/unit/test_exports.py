@@ -48,6 +48,8 @@ EXPECTED_ALL = {
     "WorkspaceFullError",
     "SessionInfo",
     "SessionState",
+    "Session",
+    "AsyncSession",
 }
 
 

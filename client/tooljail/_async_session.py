@@ -1,0 +1,131 @@
+"""`AsyncSession`, the asyncio twin of `Session`, and what `AsyncClient.session()` returns.
+
+`AsyncClient.session(...)` checks its options at once and returns an
+`_AsyncSessionStart`, which opens the session when awaited or entered:
+
+    async with client.session() as s:   # closed at the end of the block
+        ...
+    s = await client.session()          # closed by `await s.close()`
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Generator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from tooljail._session_base import _SessionBase
+from tooljail._types import Output, SessionInfo, SessionState, ToolResult
+from tooljail.errors import TooljailError
+from tooljail.v1 import tooljail_pb2 as pb
+
+if TYPE_CHECKING:
+    from tooljail._async_client import AsyncClient
+
+__all__ = ["AsyncSession"]
+
+
+class AsyncSession(_SessionBase):
+    """A session through an `AsyncClient`: the async twin of `Session`, same contract.
+
+    Example:
+        async with client.session(idle_ttl_s=300) as s:
+            await s.call("execute_python_code", {"code": "x = 41"})
+            result = await s.call("execute_python_code", {"code": "print(x + 1)"})
+            print(result.data["stdout"])  # 42
+    """
+
+    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
+        super().__init__(info)
+        self._client = client
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self.close()
+        except TooljailError as error:
+            if exc is None:
+                raise
+            self._note_close_failure(exc, error)
+
+    async def call(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        # The tool call's own timeout, enforced by the daemon: not an await deadline.
+        timeout: float | None = None,  # noqa: ASYNC109
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """Runs a tool in this session. See `Session.call`."""
+        return await self._client.call(
+            tool, args, timeout=timeout, call_id=call_id, session_id=self.id
+        )
+
+    def stream(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        call_id: str | None = None,
+    ) -> AsyncGenerator[Output | ToolResult, None]:
+        """Runs a tool in this session, yielding its output. See `Session.stream`."""
+        return self._client.stream(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+
+    async def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
+        """Writes `data` to `path` in the workspace. See `Session.upload`."""
+        return await self._client.upload_file(self.id, path, data)
+
+    async def download(self, path: str) -> bytes:
+        """The content of `path` in the workspace. See `Session.download`."""
+        return await self._client.download_file(self.id, path)
+
+    async def close(self) -> SessionInfo:
+        """Ends the session. See `Session.close`."""
+        if self._info.state is not SessionState.CLOSED:
+            self._info = await self._client.close_session(self.id)
+        return self._info
+
+
+class _AsyncSessionStart:
+    """A session about to open: `await` it for the `AsyncSession`, or `async with` it.
+
+    It opens one session, once: awaiting or entering it a second time raises
+    `RuntimeError` rather than open another. Never awaited, it opens nothing.
+    """
+
+    def __init__(self, client: AsyncClient, request: pb.CreateSessionRequest) -> None:
+        self._client = client
+        self._request = request
+        self._used = False
+        self._session: AsyncSession | None = None
+
+    async def _open(self) -> AsyncSession:
+        if self._used:
+            raise RuntimeError("this client.session(...) was already awaited: call it again")
+        self._used = True
+        return AsyncSession(self._client, await self._client._create_session(self._request))
+
+    def __await__(self) -> Generator[Any, None, AsyncSession]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncSession:
+        self._session = await self._open()
+        return self._session
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._session is not None:  # None only when __aenter__ raised
+            await self._session.__aexit__(exc_type, exc, tb)

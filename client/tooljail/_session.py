@@ -1,0 +1,118 @@
+"""`Session`: a sandbox kept for a sequence of calls, through a blocking `Client`.
+
+Every method is the client's own with the session's id filled in
+(`Client.call(..., session_id=...)`, `Client.upload_file`, ...), so a session
+behaves exactly as its id does in any other client, even in another process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from tooljail._session_base import _SessionBase
+from tooljail._types import Output, SessionInfo, SessionState, ToolResult
+from tooljail.errors import TooljailError
+
+if TYPE_CHECKING:
+    from tooljail._client import Client
+
+__all__ = ["Session"]
+
+
+class Session(_SessionBase):
+    """A session: a live Python interpreter and a workspace directory kept across calls.
+
+    Variables, imports and open objects survive between `execute_python_code`
+    calls, as in a notebook; files in the workspace survive too. Calls run one
+    at a time, in order. Made by `Client.session()`, which opens it at once.
+
+    Example:
+        with client.session(idle_ttl_s=300) as s:
+            s.call("execute_python_code", {"code": "x = 41"})
+            result = s.call("execute_python_code", {"code": "print(x + 1)"})
+            print(result.data["stdout"])  # 42
+            s.upload("data.csv", b"a,b\\n1,2\\n")
+            report = s.download("report.txt")
+
+    A call that passes its timeout is interrupted; if its code does not stop,
+    the interpreter is restarted (files kept) and the result says so:
+    `result.session_reset`. The session ends at `close()` (or the end of the
+    `with` block), after its idle TTL, or at its maximum lifetime; calls
+    after that raise `SessionEndedError`, whose `reason` says why.
+    """
+
+    def __init__(self, client: Client, info: SessionInfo) -> None:
+        super().__init__(info)
+        self._client = client
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.close()
+        except TooljailError as error:
+            if exc is None:
+                raise
+            self._note_close_failure(exc, error)
+
+    def call(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        """Runs a tool in this session and waits for its result.
+
+        As `Client.call` with this session's id: the same arguments, retries and
+        errors (`SessionEndedError` once the session has ended).
+        """
+        return self._client.call(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+
+    def stream(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        call_id: str | None = None,
+    ) -> Generator[Output | ToolResult, None, None]:
+        """Runs a tool in this session, yielding its output, then its result.
+
+        As `Client.stream` with this session's id.
+        """
+        return self._client.stream(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+
+    def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
+        """Writes `data` to `path` in the workspace. As `Client.upload_file`.
+
+        Returns:
+            The size in bytes of the file written.
+        """
+        return self._client.upload_file(self.id, path, data)
+
+    def download(self, path: str) -> bytes:
+        """The content of `path` in the workspace. As `Client.download_file`."""
+        return self._client.download_file(self.id, path)
+
+    def close(self) -> SessionInfo:
+        """Ends the session: its sandbox, interpreter and workspace are destroyed.
+
+        Calling it again sends nothing and answers the same. See
+        `Client.close_session`.
+
+        Returns:
+            The session as it ended (also `self.info` from now on).
+        """
+        if self._info.state is not SessionState.CLOSED:
+            self._info = self._client.close_session(self.id)
+        return self._info
