@@ -283,14 +283,9 @@ def open_session(client: Client) -> Any:
 
 
 class WarmSession:
-    """One session with its own `Client`; `x` counts the calls made (see `verify`).
+    """One session with its own `Client`; `x` counts the calls made (see `verify`)."""
 
-    Args:
-        target: The daemon.
-        by_id: Make the calls with `Client.call(..., session_id=)` instead of the Session's.
-    """
-
-    def __init__(self, target: str, *, by_id: bool = False) -> None:
+    def __init__(self, target: str) -> None:
         self.client = Client(target)
         try:
             self.session = open_session(self.client)
@@ -298,19 +293,15 @@ class WarmSession:
             self.client.close()
             raise
         self.count = 0
-        self._call: Callable[[], ToolResult] = partial(self.session.call, TOOL, {"code": WARM_CODE})
-        if by_id:
-            self._call = partial(
-                self.client.call, TOOL, {"code": WARM_CODE}, session_id=self.session.id
-            )
-            try:
-                self.call()
-            except TypeError as e:  # an SDK without session_id=
-                self.close()
-                raise Unavailable(f"Client.call takes no session_id: {e}") from e
 
     def call(self) -> None:
-        checked(self._call(), "a warm session call")
+        checked(self.session.call(TOOL, {"code": WARM_CODE}), "a warm session call")
+        self.count += 1
+
+    def call_by_id(self) -> None:
+        """The same call as `Client.call(..., session_id=)`, as another process makes it."""
+        result = self.client.call(TOOL, {"code": WARM_CODE}, session_id=self.session.id)
+        checked(result, "a warm call by session id")
         self.count += 1
 
     def verify(self) -> None:
@@ -395,27 +386,57 @@ def open_side(key: str, make: Callable[[], Any], c: int, got: Measured) -> Warm 
     return Warm(made[0], made[1:])
 
 
+@dataclass
+class ById:
+    """Side (i): the sessions of side (s), called by id (they share `x` and its count)."""
+
+    of: WarmSession
+
+    def call(self) -> None:
+        self.of.call_by_id()
+
+    def verify(self) -> None:
+        self.of.verify()
+
+    def close(self) -> None:
+        """Nothing: side (s) closes the session."""
+
+
+def by_id_side(sessions: Warm, got: Measured) -> Warm | None:
+    """Side (i) on the sessions of (s), or None when `Client.call` takes no session_id."""
+    side = Warm(ById(sessions.serial), [ById(inst) for inst in sessions.concurrent])
+    try:
+        side.serial.call()
+    except TypeError as e:
+        got.skipped["i"] = f"Client.call takes no session_id ({e})"
+        print(f"(i) skipped: {got.skipped['i']}", flush=True)
+        return None
+    return side
+
+
 def measure(args: argparse.Namespace, target: str, echo_target: str, payload: bytes) -> Measured:
     """Open every side, warm it up, then run each metric in alternating blocks."""
     got = Measured()
     c = args.concurrency
     makers: dict[str, Callable[[], Any]] = {
         "s": partial(WarmSession, target),
-        "i": partial(WarmSession, target, by_id=True),
         "g": partial(EchoChannel, echo_target, payload),
         "j": Kernel,
     }
     sides: dict[str, Warm] = {}
     with contextlib.ExitStack() as stack:
         for key, make in makers.items():
-            if key == "i" and "s" in got.skipped:
-                got.skipped[key] = "as (s)"
-                continue
             side = timed(f"open ({key}) x{c + 1}", partial(open_side, key, make, c, got))
             if side is not None:
                 sides[key] = side
                 for inst in side.all():
                     stack.callback(inst.close)
+        if "s" in sides:  # C+1 sessions in all: a daemon bounds the sessions of one client
+            by_id = by_id_side(sides["s"], got)
+            if by_id is not None:
+                sides = {"s": sides["s"], "i": by_id, **sides}
+        elif "s" in got.skipped:
+            got.skipped["i"] = "as (s)"
         if "j" in sides:
             got.info["jupyter_python"] = sides["j"].serial.python()
 
