@@ -56,6 +56,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -414,18 +415,31 @@ def by_id_side(sessions: Warm, got: Measured) -> Warm | None:
     return side
 
 
-def measure(args: argparse.Namespace, target: str, echo_target: str, payload: bytes) -> Measured:
+def request_bytes(target: str, session_id: str) -> bytes:
+    """The CallRequest a warm session call sends, serialized: what the echo carries."""
+    with Client(target) as client:
+        request = client._build_call_request(TOOL, {"code": WARM_CODE}, timeout=None, call_id=None)
+    request.session_id = session_id
+    return bytes(request.SerializeToString())
+
+
+def measure(args: argparse.Namespace, target: str, echo_target: str) -> Measured:
     """Open every side, warm it up, then run each metric in alternating blocks."""
     got = Measured()
     c = args.concurrency
+    payload = b""  # set below, once a session's id is known; read when (g) is opened
     makers: dict[str, Callable[[], Any]] = {
         "s": partial(WarmSession, target),
-        "g": partial(EchoChannel, echo_target, payload),
+        "g": lambda: EchoChannel(echo_target, payload),
         "j": Kernel,
     }
     sides: dict[str, Warm] = {}
     with contextlib.ExitStack() as stack:
         for key, make in makers.items():
+            if key == "g":  # a real session's id where there is one, else one as long
+                sid = sides["s"].serial.session.id if "s" in sides else uuid.uuid4().hex
+                payload = request_bytes(target, sid)
+                got.info["echo_request_bytes"] = len(payload)
             side = timed(f"open ({key}) x{c + 1}", partial(open_side, key, make, c, got))
             if side is not None:
                 sides[key] = side
@@ -577,6 +591,8 @@ def print_report(got: Measured, args: argparse.Namespace) -> None:
             f"  ({k}) {WARM_SIDES[k][1]}"
             + (f"; skipped: {got.skipped[k]}" if k in got.skipped else "")
         )
+    if "echo_request_bytes" in got.info:
+        print(f"  (g) echoes {got.info['echo_request_bytes']} bytes: the CallRequest (s) sends")
     if "jupyter_python" in got.info:
         print(f"  (j) kernel interpreter: {got.info['jupyter_python']}")
 
@@ -651,12 +667,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"daemon: serving after {daemon.startup_s * 1000:.0f} ms", flush=True)
         echo = EchoServer()
         try:
-            with Client(daemon.target) as client:
-                request = client._build_call_request(
-                    TOOL, {"code": WARM_CODE}, timeout=None, call_id=None
-                )
-            payload = request.SerializeToString()
-            got = measure(args, daemon.target, echo.target, payload)
+            got = measure(args, daemon.target, echo.target)
         finally:
             echo.stop()
     except BaseException:
