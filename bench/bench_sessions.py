@@ -195,8 +195,11 @@ class Kernel:
                 f"{e.name} is not installed: pip install -e '.[bench]' (scripts/test does)"
             ) from e
         # The "python3" kernel of the interpreter that has ipykernel: this one.
+        # Its own output would land in --json's stdout (a file descriptor the
+        # redirect of sys.stdout does not reach), and its start-up warnings in the table.
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         self.manager, self.client = start_new_kernel(
-            kernel_name="python3", startup_timeout=120, stderr=subprocess.DEVNULL
+            kernel_name="python3", startup_timeout=120, **quiet
         )
         self.count = 0
         self.execute(INIT_CODE)
