@@ -381,9 +381,11 @@ def open_side(key: str, make: Callable[[], Any], c: int, got: Measured) -> Warm 
     try:
         for _ in range(c + 1):
             made.append(make())
-    except Unavailable as e:
-        for inst in made:
+    except BaseException as e:
+        for inst in made:  # no kernel or session outlives a failed start
             inst.close()
+        if not isinstance(e, Unavailable):
+            raise
         got.skipped[key] = str(e)
         print(f"({key}) skipped: {e}", flush=True)
         return None
