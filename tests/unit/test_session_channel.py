@@ -31,6 +31,24 @@ Output = dict[StreamKind, bytes]
 Opener = Callable[..., Awaitable[SessionSandbox]]
 
 
+COUNTING = """
+import os
+from tooljail import tool
+
+@tool
+def count(n: int):
+    \"\"\"Yields 0..n-1, then says where it ran.\"\"\"
+    for i in range(n):
+        yield i
+    print(os.getcwd())
+
+@tool
+def same(value: int) -> int:
+    \"\"\"Returns its argument.\"\"\"
+    return value
+"""
+
+
 @pytest.fixture(params=["none", "bwrap", "zygote"])
 async def open_session(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
     """Open sessions (`await open_session(keep_processes=...)`) on one kind of
@@ -42,7 +60,11 @@ async def open_session(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
             pytest.skip("bubblewrap cannot make namespaces here")
         iso = NAMESPACES
     first = build(tmp_path, iso)
-    config, sandboxes = first._config, first._context
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "counting.py").write_text(COUNTING)
+    config = first._config
+    sandboxes = dataclasses.replace(first._context, shared_dirs=(tools,))
     zygote = None
     if request.param == "zygote":
         zygote = zygote_for(config, sandboxes, Limits())
@@ -125,6 +147,23 @@ async def test_output_is_cut_exactly_at_each_call(open_session: Opener) -> None:
     assert first == {StreamKind.STDOUT: expected, StreamKind.STDERR: b"e\n"}
     end, second = await call(session, "print('two')")
     assert second == {StreamKind.STDOUT: b"two\n"}
+
+
+async def test_user_tools_yield_and_return_in_a_session(
+    open_session: Opener, tmp_path: Path
+) -> None:
+    session = await open_session()
+    module = str(tmp_path / "tools" / "counting.py")
+    out: list[tuple[StreamKind, bytes]] = []
+    request = RunRequest("user", {"module_path": module, "function": "count", "args": {"n": 3}})
+    end = await session.begin(request, lambda kind, data: out.append((kind, data)))
+    assert end.outcome.termination is Termination.RETURNED and end.outcome.yields == 3
+    assert [data for kind, data in out if kind is StreamKind.YIELD] == [b"0", b"1", b"2"]
+    _, where = await call(session, "import os\nprint(os.getcwd())")
+    assert (StreamKind.STDOUT, where[StreamKind.STDOUT]) in out, "the tool runs in the workspace"
+    request = RunRequest("user", {"module_path": module, "function": "same", "args": {"value": 5}})
+    end = await session.begin(request, lambda kind, data: None)
+    assert (end.outcome.value_kind, end.outcome.value) == ("json", 5)
 
 
 async def test_system_exit_ends_the_call_not_the_interpreter(open_session: Opener) -> None:

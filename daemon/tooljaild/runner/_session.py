@@ -348,12 +348,13 @@ class _Supervisor:
 
     def _below(self, everything: bool) -> list[int]:
         found: list[int] = []
-        stack = [self.me]
+        # The supervisor has one thread: its own children list is all of them.
+        stack = self.children(self.me, single=True)
         while stack:
-            for pid in self.children(stack.pop()):
-                stack.append(pid)
-                if everything or pid != self.interpreter:
-                    found.append(pid)
+            pid = stack.pop()
+            if everything or pid != self.interpreter:
+                found.append(pid)
+            stack += self.children(pid)
         return found
 
 
@@ -399,38 +400,49 @@ def _children_reader(me: int) -> Any:
     return _children_by_scan
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
+def _children(pid: int, single: bool = False) -> list[int]:
+    """The children of `pid`, from each of its threads' lists (the one thread's
+    when `single`). Read with bare system calls: this runs at every call's end."""
     try:
-        tasks = os.listdir(f"/proc/{pid}/task")
+        tasks = [str(pid)] if single else os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return found
-    for tid in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
-                found += [int(child) for child in f.read().split()]
-        except OSError:
-            continue
-    return found
-
-
-def _children_by_scan(pid: int) -> list[int]:
+        return []
     found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _stat(int(entry))[1:2] == [str(pid).encode()]:
-            found.append(int(entry))
+    for tid in tasks:
+        text = _read(f"/proc/{pid}/task/{tid}/children")
+        if text:
+            found += [int(child) for child in text.split()]
     return found
+
+
+def _children_by_scan(pid: int, single: bool = False) -> list[int]:
+    parent = str(pid).encode()
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _stat(int(entry))[1:2] == [parent]
+    ]
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file's content; b"" when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
 
 
 def _stat(pid: int) -> list[bytes]:
     """/proc/PID/stat's fields after the command name: [state, ppid, ...]; [] if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return []
+    stat = _read(f"/proc/{pid}/stat")
     # The command name may hold spaces and parentheses: split after the last ')'.
-    return stat[stat.rfind(b")") + 2 :].split()
+    return stat[stat.rfind(b")") + 2 :].split() if stat else []
 
 
 def _alive(pid: int) -> bool:
@@ -514,7 +526,9 @@ def _interpreter(
             message = json.loads(pending.pop(0))
         except (InterruptedError, KeyboardInterrupt):
             continue  # a stray signal while idle
-        frame = _interpret(runner, message, main, keep=keep, cpu_s=cpu_s)
+        frame = _interpret(
+            runner, message, main, keep=keep, cpu_s=cpu_s, tooldef=session.get("tooldef")
+        )
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -527,7 +541,7 @@ def _interpret(
 ) -> dict[str, Any]:
     """Run one call's request; its result frame, whatever the tool does."""
     global _in_tool
-    request = message.get("request") or {}
+    request = {"tooldef": options["tooldef"], **(message.get("request") or {})}
     try:
         if not options["keep"]:
             runner._reap_all()  # zombies of the call before (the sweep killed them)
