@@ -46,6 +46,11 @@ def count(n: int):
 def same(value: int) -> int:
     \"\"\"Returns its argument.\"\"\"
     return value
+
+@tool
+def big() -> str:
+    \"\"\"Returns more than a frame may hold.\"\"\"
+    return "x" * (17 * 1024 * 1024)
 """
 
 
@@ -164,6 +169,9 @@ async def test_user_tools_yield_and_return_in_a_session(
     request = RunRequest("user", {"module_path": module, "function": "same", "args": {"value": 5}})
     end = await session.begin(request, lambda kind, data: None)
     assert (end.outcome.value_kind, end.outcome.value) == ("json", 5)
+    request = RunRequest("user", {"module_path": module, "function": "big", "args": {}})
+    end = await session.begin(request, lambda kind, data: None)
+    assert end.outcome.error is not None and end.outcome.error.type == "ResultTooLarge"
 
 
 async def test_system_exit_ends_the_call_not_the_interpreter(open_session: Opener) -> None:
@@ -229,6 +237,9 @@ async def test_cpu_limit_per_call(open_session: Opener) -> None:
     for _ in range(3):  # 1.8 s of CPU in all: past 1 s only if the limit were the session's
         end, _ = await call(session, busy, limits)
         assert end.outcome.termination is Termination.RETURNED, end
+    # A call without a limit of its own is not held to the last call's.
+    end, _ = await call(session, busy.replace("0.6", "1.2"), Limits(cpu_s=0))
+    assert end.outcome.termination is Termination.RETURNED, end
     end, _ = await call(session, "while True: pass", limits)
     assert end.outcome.termination is Termination.CPU_LIMIT and end.reset
 

@@ -304,7 +304,8 @@ class _Supervisor:
             return
         if message.get("t") == "yield" and "v" in message:
             self.runner._write_frame({"t": "yield", "seq": self.running, "v": message["v"]})
-        elif message.get("t") == "result" and message.get("seq") == self.running:
+        elif message.get("t") == "result" and message.get("seq", self.running) == self.running:
+            # (Without a seq: the runner's own ResultTooLarge frame, which has none.)
             frame = {key: message[key] for key in _RESULT_KEYS if key in message}
             self._write(self.running, {"t": "result", **frame}, reset=False)
 
@@ -545,7 +546,8 @@ def _interpret(
     try:
         if not options["keep"]:
             runner._reap_all()  # zombies of the call before (the sweep killed them)
-        _cpu_limit(int(request.get("limits", {}).get("cpu_s") or options["cpu_s"]))
+        limits = request.get("limits")  # the call's own; else the session's
+        _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
         _in_tool = True
         try:
             if request.get("kind") == "user":
@@ -583,18 +585,18 @@ def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType |
 
 
 def _cpu_limit(cpu_s: int) -> None:
-    """Let this call use `cpu_s` more CPU seconds: the soft RLIMIT_CPU moves to
-    what the interpreter has used so far plus that.
+    """Let this call use `cpu_s` more CPU seconds (0: no limit): the soft
+    RLIMIT_CPU moves to what the interpreter has used so far plus that.
 
     The hard limit can only be lowered, never raised again, so it stays as the
     session started; past the soft limit the kernel sends SIGXCPU (which kills,
     unless the tool handles it: then the call's timeout ends it).
     """
-    if cpu_s <= 0:
-        return
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    soft = math.ceil(usage.ru_utime + usage.ru_stime) + cpu_s
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    if hard != resource.RLIM_INFINITY:
-        soft = min(soft, hard)
+    soft = hard  # no limit of the call's own: the session's, if any
+    if cpu_s > 0:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        soft = math.ceil(usage.ru_utime + usage.ru_stime) + cpu_s
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
