@@ -186,7 +186,8 @@ class SessionSandbox:
             timeout_s: How long the runner may take to confirm.
 
         Raises:
-            SandboxError: When the runner does not confirm (the sandbox is closed then).
+            SandboxError: When the sandbox is not started, or is used (then it is
+                left as it is), or its runner does not confirm (then it is closed).
         """
         pipes, spec = sandbox.hand_over()
         session = cls(sandbox, pipes)
@@ -196,6 +197,9 @@ class SessionSandbox:
         timer = asyncio.get_running_loop().call_later(timeout_s, _settle, session._started, False)
         try:
             started = await session._started
+        except BaseException:  # cancelled: no one else will close it
+            await session.close()
+            raise
         finally:
             timer.cancel()
         if not started:
