@@ -230,6 +230,20 @@ async def test_an_interpreter_that_dies_is_restarted(open_session: Opener) -> No
     assert out == {StreamKind.STDOUT: b"False\n"} and not end.reset
 
 
+async def test_an_interpreter_that_dies_while_idle_is_told_at_the_next_call(
+    open_session: Opener,
+) -> None:
+    session = await open_session()
+    code = "import os, threading, time\nx = 1\n"
+    code += "threading.Thread(target=lambda: (time.sleep(0.2), os._exit(5))).start()"
+    end, _ = await call(session, code)
+    assert end.outcome.termination is Termination.RETURNED and not end.reset
+    await asyncio.sleep(0.6)
+    end, out = await call(session, "print('x' in globals())")
+    assert out == {StreamKind.STDOUT: b"False\n"}
+    assert end.reset and session.resets == 1
+
+
 async def test_cpu_limit_per_call(open_session: Opener) -> None:
     session = await open_session()
     busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
