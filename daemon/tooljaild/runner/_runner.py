@@ -30,7 +30,8 @@ library of Python 3.11+: it runs in whatever interpreter the sandbox has. It is
 one file of ~700 lines on purpose: it runs as a script under ``-I`` (no sibling
 module is importable without changing sys.path), install_runner copies it into
 every sandbox's view, and each module more is one more file found and read at
-every sandbox start outside the zygote.
+every sandbox start outside the zygote. (A session's supervisor and interpreter
+are in _session.py, imported only when a session starts: `_serve_session`.)
 """
 
 from __future__ import annotations

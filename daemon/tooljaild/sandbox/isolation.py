@@ -11,6 +11,7 @@ Levels:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -330,5 +331,6 @@ def install_runner(state_dir: Path) -> Path:
     # compiled once here instead of at each session (~8 ms each on a small VM).
     # Only an interpreter of the daemon's version uses these; others compile.
     for name in ("_session.py", "_workspace.py"):
-        py_compile.compile(str(target / name), quiet=2)
+        with contextlib.suppress(OSError):  # then each session compiles it, as before
+            py_compile.compile(str(target / name), quiet=2)
     return target
