@@ -30,7 +30,8 @@ library of Python 3.11+: it runs in whatever interpreter the sandbox has. It is
 one file of ~700 lines on purpose: it runs as a script under ``-I`` (no sibling
 module is importable without changing sys.path), install_runner copies it into
 every sandbox's view, and each module more is one more file found and read at
-every sandbox start outside the zygote.
+every sandbox start outside the zygote. (A session's supervisor and interpreter
+are in _session.py, imported only when a session starts: `_serve_session`.)
 """
 
 from __future__ import annotations
@@ -317,11 +318,16 @@ def _exit_code_of(exc: SystemExit) -> int:
     return 1
 
 
-def _run_script(request: dict[str, Any]) -> dict[str, Any]:
-    """Run code or a file as __main__, like `python -c` / `python FILE` would."""
+def _run_script(request: dict[str, Any], main: types.ModuleType | None = None) -> dict[str, Any]:
+    """Run code or a file as __main__, like `python -c` / `python FILE` would.
+
+    Args:
+        main: The namespace to run in (a session's, kept across calls); None: a fresh one.
+    """
     kind = request["kind"]
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
+    if main is None:
+        main = types.ModuleType("__main__")
+        main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
     try:
         if kind == "code":
@@ -458,6 +464,8 @@ def _worker() -> None:
     _write_frame({"t": "ready", "worker": os.getpid(), "keeper": os.getppid()})
 
     request = _read_request()
+    if request.get("kind") == "session":
+        _serve_session(request)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
@@ -479,16 +487,7 @@ def _worker() -> None:
         else:
             raise ValueError(f"unknown request kind {kind!r}")
     except SystemExit as exc:
-        frame = {
-            "t": "result",
-            "ok": False,
-            "exit_code": _exit_code_of(exc),
-            "error": {
-                "type": "SystemExit",
-                "message": f"the tool called sys.exit({exc.code!r})",
-                "traceback": "",
-            },
-        }
+        frame = _system_exit_frame(exc)
     except BaseException as exc:
         frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc)}
     for stream in (sys.stdout, sys.stderr):
@@ -498,6 +497,36 @@ def _worker() -> None:
         frame["sealed"] = True
     _write_frame(frame)
     os._exit(int(frame.get("exit_code", 0)) & 0xFF)
+
+
+def _system_exit_frame(exc: SystemExit) -> dict[str, Any]:
+    """The result of a tool (not a script) that called sys.exit()."""
+    return {
+        "t": "result",
+        "ok": False,
+        "exit_code": _exit_code_of(exc),
+        "error": {
+            "type": "SystemExit",
+            "message": f"the tool called sys.exit({exc.code!r})",
+            "traceback": "",
+        },
+    }
+
+
+def _serve_session(request: dict[str, Any]) -> None:
+    """Become a session's supervisor (see _session.py). Never returns.
+
+    _session.py sits beside this file; under ``-I`` its directory is not on
+    sys.path, so it is put there for the import only (the zygote imports
+    _session at start: then this finds it loaded).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    try:
+        import _session  # type: ignore[import-not-found]  # beside this file
+    finally:
+        sys.path.remove(here)
+    _session.serve(request, sys.modules[__name__])
 
 
 def _seal() -> bool:

@@ -47,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
+import _session  # type: ignore[import-not-found]  # noqa: F401  # loaded once, for every session
 
 CLONE_VM = 0x00000100
 CLONE_FILES = 0x00000400

@@ -40,6 +40,8 @@ class OutputChannel(asyncio.Protocol):
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         """Done at end-of-file: every process holding the pipe's other end is gone."""
         self._sink: OutputSink | None = None
+        self.dropped = 0
+        """Bytes dropped since `drop()`."""
         self._early = bytearray()
         self._keep = keep
 
@@ -49,6 +51,18 @@ class OutputChannel(asyncio.Protocol):
         if self._early:
             sink(self.kind, bytes(self._early))
             self._early.clear()
+
+    def drop(self) -> None:
+        """Keep nothing of what arrives from now on: count it (`dropped`) only.
+
+        A session's pipes between its calls: what a process left running
+        writes then belongs to no call.
+        """
+        self._sink = self._count
+        self._early.clear()
+
+    def _count(self, kind: StreamKind, data: bytes) -> None:
+        self.dropped += len(data)
 
     def said(self) -> str:
         """What arrived before any sink was attached (first `keep` bytes), as text."""
@@ -228,6 +242,26 @@ class PipeReader:
         else:
             self._end(None)
 
+    def read_now(self) -> None:
+        """Read what the pipe holds now, until it would block, into the protocol.
+
+        Whatever a process wrote before it said something on another pipe is
+        then delivered before that is acted on: a session's output is cut
+        exactly at its call's result frame.
+        """
+        while self._fd >= 0:
+            try:
+                data = os.read(self._fd, self._chunk)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._end(exc)
+                return
+            if not data:
+                self._end(None)
+                return
+            self._protocol.data_received(data)
+
     def close(self) -> None:
         """Stop reading; the protocol hears `connection_lost(None)` unless it has."""
         self._end(None)
@@ -242,9 +276,10 @@ class PipeReader:
 
 
 class PipeWriter:
-    """Writes one message into a pipe, then closes it: a sandbox's request.
+    """Writes messages into a pipe: a sandbox's request (then closes it), or a
+    session's requests, one line after another (`write`).
 
-    The message goes in with one `write` when the pipe has room (a request
+    A message goes in with one `write` when the pipe has room (a request
     under 64 KiB, nearly always); the rest as the reader makes room. A reader
     that is gone (EPIPE) loses the rest: the sandbox's end reports why.
 
@@ -256,19 +291,32 @@ class PipeWriter:
         self._loop = asyncio.get_running_loop()
         self._fd = fd
         self._pending = memoryview(b"")  # a view: each write's rest is sliced, never copied
+        self._closing = False
+        self._watching = False
         os.set_blocking(fd, False)
 
     def is_closing(self) -> bool:
         """Whether the pipe is closed, or closes once what is pending is written."""
-        return self._fd < 0 or bool(self._pending)
+        return self._fd < 0 or self._closing
 
     def write_and_close(self, data: bytes) -> None:
         """Write `data`, then close the pipe (at once, or once all is written)."""
         if self.is_closing():
             return
+        self._closing = True
+        self.write(data)
+
+    def write(self, data: bytes) -> None:
+        """Write `data` after anything still pending; the pipe stays open."""
+        if self._fd < 0:
+            return
+        if self._pending:
+            self._pending = memoryview(bytes(self._pending) + data)
+            return  # the writer is watching already
         self._pending = memoryview(data)
         self._on_writable()
-        if self._fd >= 0:
+        if self._fd >= 0 and self._pending and not self._watching:
+            self._watching = True
             self._loop.add_writer(self._fd, self._on_writable)
 
     def _on_writable(self) -> None:
@@ -279,13 +327,19 @@ class PipeWriter:
         except OSError:
             written = len(self._pending)  # EPIPE: no reader left; nothing more to do
         self._pending = self._pending[written:]
-        if not self._pending:
+        if self._pending:
+            return
+        if self._closing:
             self.close()
+        elif self._watching:
+            self._watching = False
+            self._loop.remove_writer(self._fd)
 
     def close(self) -> None:
         """Close the pipe now, dropping anything not yet written."""
         if self._fd < 0:
             return
+        self._watching = False
         with contextlib.suppress(ValueError, RuntimeError):
             self._loop.remove_writer(self._fd)  # none registered, or the loop is closed
         os.close(self._fd)

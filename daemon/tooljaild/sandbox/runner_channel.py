@@ -88,7 +88,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tooljail._types import StreamKind
-from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Sandbox, SandboxError
+from tooljaild.sandbox.base import (
+    Limits,
+    OutputSink,
+    RunOutcome,
+    RunRequest,
+    Sandbox,
+    SandboxError,
+)
 from tooljaild.sandbox.channels import (
     Frame,
     FrameChannel,
@@ -147,12 +154,19 @@ class RunnerSpec:
 
 def request_message(request: RunRequest, spec: RunnerSpec) -> bytes:
     """The request line for the runner (see the module docstring)."""
+    return runner_line(request.kind, request.payload, request.limits, request.env, spec)
+
+
+def runner_line(
+    kind: str, payload: dict[str, Any], limits: Limits, env: dict[str, str], spec: RunnerSpec
+) -> bytes:
+    """A first request line of any kind (a session's too: see session_channel)."""
     message = {
-        "kind": request.kind,
-        **request.payload,
-        "limits": request.limits.rlimits(),
+        "kind": kind,
+        **payload,
+        "limits": limits.rlimits(),
         "cwd": spec.workdir,
-        "env": {**sandbox_env(spec.workdir, spec.tmpdir), **request.env},
+        "env": {**sandbox_env(spec.workdir, spec.tmpdir), **env},
         "tooldef": spec.tooldef,
         "seal": spec.seal,
     }
@@ -205,10 +219,10 @@ class RunnerPipes:
         self.frames = FrameChannel(self._on_start_frame, MAX_FRAME_BYTES, MAX_FRAME_CONTAINERS)
         self._first: asyncio.Future[FrameItem] = loop.create_future()
         self._stdin = PipeWriter(stdin_w)
+        self._output = (PipeReader(stdout_r, self.stdout), PipeReader(stderr_r, self.stderr))
         self._pipes: list[PipeReader | PipeWriter] = [
             self._stdin,
-            PipeReader(stdout_r, self.stdout),
-            PipeReader(stderr_r, self.stderr),
+            *self._output,
             PipeReader(frames_r, self.frames),
         ]
 
@@ -248,6 +262,16 @@ class RunnerPipes:
         self.stderr.attach(sink)
         self._stdin.write_and_close(request_message(request, spec))
         return frames
+
+    def send(self, line: bytes) -> None:
+        """Write one more request line; the pipe stays open (a session's requests)."""
+        self._stdin.write(line)
+
+    def read_output_now(self) -> None:
+        """Deliver what stdout and stderr hold now to their sinks, before anything
+        else is acted on (see `PipeReader.read_now`)."""
+        for reader in self._output:
+            reader.read_now()
 
     async def drain(self, kill: Callable[[], Awaitable[None]], timeout_s: float = 2.0) -> None:
         """Let output still in flight arrive; kill what keeps the pipes open past
@@ -422,6 +446,23 @@ class RunnerSandbox(Sandbox):
     async def kill(self) -> None:
         self._killed = True
         await self._kill_all()
+
+    def hand_over(self) -> tuple[RunnerPipes, RunnerSpec]:
+        """The runner's pipes and how it sees things, for a conversation longer
+        than one request (a session: see session_channel). The sandbox counts as
+        used from now on; `kill` and `close` still end it.
+
+        Raises:
+            SandboxError: The sandbox is not started, is used or is closed.
+        """
+        if self._pipes is None or self._used or self._closed:
+            raise SandboxError(f"sandbox {self.id} is not ready for a session")
+        self._used = True
+        return self._pipes, self._runner_spec()
+
+    async def outcome_of(self, end: CallFrames) -> RunOutcome:
+        """What `end` means, as this backend reads it (see `_outcome`)."""
+        return await self._outcome(end)
 
     @abc.abstractmethod
     def _runner_spec(self) -> RunnerSpec:

@@ -1,0 +1,602 @@
+"""A session inside a sandbox: the supervisor, and the interpreter it keeps alive.
+
+Loaded by _runner.py on a "session" request (the zygote loads it at start, so
+its sandboxes find it already imported). The worker that read that request
+becomes the session's *supervisor*; it forks the *interpreter*, which holds one
+persistent ``__main__`` namespace and runs the session's calls one at a time.
+What the daemon and the supervisor say to each other is described once, in
+the daemon's tooljaild/sandbox/session_channel.py.
+
+    daemon --request pipe (fd 0)--> supervisor --private pipe--> interpreter
+    daemon <--frame pipe----------- supervisor <--private pipe-- interpreter
+    daemon <--stdout, stderr (fds 1, 2)------------------------- interpreter
+
+Why two processes. The supervisor runs no tool code, so it can do what tool
+code must not be able to undo: it alone holds the daemon's request and frame
+pipes (the interpreter closes them right after the fork: tool code in a
+session can write no frame at all), it runs the workspace operations (tool
+code cannot tamper with them), it kills every process a call started before it
+reports the call's end, and it restarts the interpreter when it dies or the
+daemon asks (a reset). It is a child subreaper (whatever the tool orphans is
+re-parented to it, where the sweep finds it) and not dumpable (tool code of the
+same uid can neither ptrace it nor open its descriptors through /proc).
+
+What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
+"result", "seq", ...}, the runner's own frames) is read as the tool's words:
+bounded per line, parsed, and only a result for the call that runs is taken.
+
+stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
+One file of ~600 lines on purpose: both processes share the session's
+request, the line splitter and the sweep, and each runner module more is one
+more file to find and compile at a session's start outside the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import select
+import signal
+import sys
+import time
+import types
+from typing import Any
+
+import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 4096
+"""The longest line the interpreter may send (the runner's own bound on a frame)."""
+_CHUNK = 1 << 20
+_SWEEP_ROUNDS = 2000
+"""Passes of the end-of-call sweep before it gives up (a process stuck in the
+kernel); after the first few it sleeps a millisecond per pass."""
+
+
+def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
+    """Be the session's supervisor until the daemon closes the request pipe. Never returns.
+
+    Args:
+        request: The "session" request line (limits, cwd, env, keep_processes,
+            quota_bytes, tooldef).
+        runner: The _runner module (it runs as ``__main__`` or as ``_runner``):
+            its frame writer, limits and tool runners are used as they are.
+    """
+    # Tool code (same uid) must not be able to ptrace this process or open its
+    # descriptors: the frame pipe is here.
+    if not runner._prctl(runner.PR_SET_DUMPABLE, 0):
+        os.write(2, b"tooljail session: prctl(PR_SET_DUMPABLE, 0) failed\n")
+        os._exit(111)
+    if os.getpid() != 1:
+        runner._prctl(runner.PR_SET_CHILD_SUBREAPER, 1)
+    supervisor = _Supervisor(request, runner)
+    supervisor.start_interpreter()
+    runner._write_frame({"t": "session", "interpreter": supervisor.interpreter})
+    supervisor.serve()
+    supervisor.sweep(everything=True)
+    os._exit(0)
+
+
+class _Supervisor:
+    """The session's supervisor: the loop over the daemon's requests, the
+    interpreter's messages and the deaths of its children."""
+
+    def __init__(self, request: dict[str, Any], runner: types.ModuleType) -> None:
+        self.runner = runner
+        self.request = request
+        self.keep = bool(request.get("keep_processes"))
+        self.quota = int(request.get("quota_bytes") or 0)
+        self.root = str(request.get("cwd") or os.getcwd())
+        self.me = os.getpid()
+        self.interpreter = 0
+        self.status: int | None = None
+        """The interpreter's wait status once it is reaped (it died)."""
+        self.running: int | None = None
+        """The seq of the call the interpreter runs, None while it is idle."""
+        self.resets = 0
+        self.reset_pending = False
+        """The interpreter was restarted while idle: the next call's end says so."""
+        self.to_interp = -1
+        self.from_interp = -1
+        self.outgoing = b""  # what is still to be written to the interpreter
+        self.writing = False  # `to_interp` is watched for room to write the rest
+        self.requests = _Lines(MAX_MESSAGE_BYTES * 4)
+        self.messages = _Lines(MAX_MESSAGE_BYTES)
+        self.poll = select.poll()
+        # Children's deaths wake the loop through this pipe; no thread, no polling.
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, _ignore)
+        # The tool can reach this process with signals (same uid): none of the
+        # polite ones may raise in the supervisor's code.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.poll.register(0, select.POLLIN)
+        self.poll.register(self.wake_r, select.POLLIN)
+        self.children = _children_reader(self.me)
+        with contextlib.suppress(OSError):
+            os.chdir(self.root)
+
+    # ------------------------------------------------------------ interpreter
+
+    def start_interpreter(self) -> None:
+        """Fork a fresh interpreter (its limits, cwd and env are the session's)."""
+        to_r, to_w = os.pipe()
+        from_r, from_w = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _interpreter(self.runner, self.request, self.me, to_r, from_w)
+            finally:
+                os._exit(70)
+        os.close(to_r)
+        os.close(from_w)
+        os.set_blocking(to_w, False)
+        os.set_blocking(from_r, False)
+        self.interpreter, self.status = pid, None
+        self.to_interp, self.from_interp = to_w, from_r
+        self.outgoing = b""
+        self.messages = _Lines(MAX_MESSAGE_BYTES)
+        self.writing = False
+        self.poll.register(from_r, select.POLLIN)
+
+    def _stop_interpreter(self) -> None:
+        """Kill the interpreter and every other process of the session; reap it."""
+        if self.status is None:  # (once reaped, its pid may be anyone's)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.interpreter, signal.SIGKILL)
+        self.sweep(everything=True)
+        if self.status is None:
+            with contextlib.suppress(ChildProcessError):
+                _, self.status = os.waitpid(self.interpreter, 0)
+        for fd in (self.to_interp, self.from_interp):
+            with contextlib.suppress(KeyError, ValueError):
+                self.poll.unregister(fd)
+            os.close(fd)
+
+    def restart(self, *, asked: bool) -> None:
+        """Replace the interpreter (dead, or killed now); end the call it ran.
+
+        Args:
+            asked: The daemon asked for the reset: the running call ends as
+                killed. Else the interpreter died by itself, and the call ends
+                with how it died.
+        """
+        self._take_messages()  # a result written just before the end still counts
+        self._stop_interpreter()
+        status = self.status
+        self.start_interpreter()
+        self.resets += 1
+        if self.running is None:
+            self.reset_pending = True
+            return
+        if asked or status is None:
+            lost = {"code": None, "signal": int(signal.SIGKILL)}
+        elif os.WIFSIGNALED(status):
+            lost = {"code": None, "signal": os.WTERMSIG(status)}
+        else:
+            lost = {"code": os.WEXITSTATUS(status), "signal": None}
+        self._write(self.running, {"t": "result", "lost": lost, "asked": asked}, reset=True)
+
+    # ------------------------------------------------------------ the loop
+
+    def serve(self) -> None:
+        """Serve until the daemon closes the request pipe (or it breaks)."""
+        while True:
+            for fd, _ in self.poll.poll():
+                if fd == self.wake_r:
+                    with contextlib.suppress(OSError):
+                        os.read(self.wake_r, 4096)
+                    self._reap()
+                elif fd == 0:
+                    try:
+                        data = os.read(0, _CHUNK)
+                    except InterruptedError:
+                        continue
+                    except OSError:
+                        data = b""
+                    if not data:
+                        return
+                    for line in self.requests.feed(data):
+                        self._on_request(line)
+                elif fd == self.from_interp:
+                    self._take_messages()
+                elif fd == self.to_interp:
+                    self._send(b"")
+            if self.status is not None:
+                self.restart(asked=False)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.interpreter:
+                self.status = status
+
+    def _on_request(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+            op, seq = message["op"], int(message["seq"])
+        except (ValueError, KeyError, TypeError):
+            return  # the daemon writes none such
+        if op == "call":
+            self._call(seq, message.get("request") or {}, line)
+        elif op == "interrupt":
+            if self.running == seq and self.status is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.interpreter, signal.SIGINT)
+        elif op == "reset":
+            self.restart(asked=True)
+            self.runner._write_frame({"t": "reset", "seq": seq, "resets": self.resets})
+
+    def _call(self, seq: int, request: dict[str, Any], line: bytes) -> None:
+        kind = request.get("kind")
+        if kind == "workspace":
+            self._write(seq, self._workspace(request), reset=False)
+        elif kind in ("code", "file", "user"):
+            self.running = seq
+            self._send(line if line.endswith(b"\n") else line + b"\n")
+        else:
+            error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
+            self._write(seq, _failed(error), reset=False)
+
+    def _workspace(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a workspace operation here, where no tool code runs."""
+        quota = int(request.get("quota_bytes") or self.quota)
+        try:
+            value = _workspace.run(request.get("op"), request.get("args") or {}, self.root, quota)
+        except _workspace.WorkspaceError as exc:
+            type_, message = _workspace_error(exc)
+            return _failed({"type": type_, "message": message})
+        except Exception as exc:
+            return {"t": "result", "ok": False, "exit_code": 1, "error": self.runner._error(exc)}
+        return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
+
+    def _send(self, data: bytes) -> None:
+        """Write to the interpreter without ever blocking (it may be busy or stuck)."""
+        self.outgoing += data
+        try:
+            written = os.write(self.to_interp, self.outgoing)
+        except (BlockingIOError, InterruptedError):
+            written = 0
+        except OSError:
+            written = len(self.outgoing)  # it is dead: its end is handled as it comes
+        self.outgoing = self.outgoing[written:]
+        if bool(self.outgoing) != self.writing:
+            self.writing = bool(self.outgoing)
+            if self.writing:
+                self.poll.register(self.to_interp, select.POLLOUT)
+            else:
+                self.poll.unregister(self.to_interp)
+
+    def _take_messages(self) -> None:
+        while True:
+            try:
+                data = os.read(self.from_interp, _CHUNK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.poll.unregister(self.from_interp)
+                return
+            for line in self.messages.feed(data):
+                self._on_message(line)
+
+    def _on_message(self, line: bytes) -> None:
+        """One line from the interpreter: tool code can write there too."""
+        if self.running is None:
+            return
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            return
+        if not isinstance(message, dict):
+            return
+        if message.get("t") == "yield" and "v" in message:
+            self.runner._write_frame({"t": "yield", "seq": self.running, "v": message["v"]})
+        elif message.get("t") == "result" and message.get("seq", self.running) == self.running:
+            # (Without a seq: the runner's own ResultTooLarge frame, which has none.)
+            frame = {key: message[key] for key in _RESULT_KEYS if key in message}
+            self._write(self.running, {"t": "result", **frame}, reset=False)
+
+    def _write(self, seq: int, frame: dict[str, Any], *, reset: bool) -> None:
+        """End call `seq` with `frame`: after every process it started is gone."""
+        if not self.keep:
+            self.sweep(everything=False)
+        frame["seq"] = seq
+        frame["reset"] = reset or self.reset_pending
+        frame["resets"] = self.resets
+        self.reset_pending = False
+        if self.running == seq:
+            self.running = None
+        self.runner._write_frame(frame)
+
+    # ------------------------------------------------------------ the sweep
+
+    def sweep(self, *, everything: bool) -> None:
+        """SIGKILL every process below the supervisor (but the interpreter, unless
+        `everything`) until none is left.
+
+        They are found through the kernel's children lists, from here down: an
+        orphan is re-parented to this subreaper, so nothing the tool started
+        escapes the walk, and no /proc scan of the host is needed (with no pid
+        namespace, isolation "none", kill(-1) would reach the host's processes
+        of this uid: never used). Stopping before killing keeps a fork loop
+        from outrunning the sweep.
+        """
+        for round_ in range(_SWEEP_ROUNDS):
+            pids = [pid for pid in self._below(everything) if _alive(pid)]
+            if not pids:
+                break
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
+            self._reap()
+            if round_ > 10:
+                time.sleep(0.001)
+        self._reap()
+
+    def _below(self, everything: bool) -> list[int]:
+        found: list[int] = []
+        # The supervisor has one thread: its own children list is all of them.
+        stack = self.children(self.me, single=True)
+        while stack:
+            pid = stack.pop()
+            if everything or pid != self.interpreter:
+                found.append(pid)
+            stack += self.children(pid)
+        return found
+
+
+_RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
+
+
+def _ignore(signum: int, frame: types.FrameType | None) -> None:
+    """SIGCHLD's handler: its wakeup byte is all that matters."""
+
+
+class _Lines:
+    """Splits a byte stream into lines, dropping any longer than `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._held = bytearray()
+        self._skipping = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        parts = data.split(b"\n")
+        rest = parts.pop()
+        lines = []
+        for i, part in enumerate(parts):
+            if i == 0:
+                if self._skipping:
+                    self._skipping = False
+                    continue
+                part, self._held = bytes(self._held) + part, bytearray()
+            if part.strip() and len(part) <= self._limit:
+                lines.append(part)
+        if not self._skipping:
+            self._held += rest
+            if len(self._held) > self._limit:
+                self._held, self._skipping = bytearray(), True
+        return lines
+
+
+def _children_reader(me: int) -> Any:
+    """How to list a process's children: the kernel's lists where it keeps them
+    (/proc/PID/task/TID/children), else one walk of /proc (slower, same answer)."""
+    if os.path.exists(f"/proc/{me}/task/{me}/children"):
+        return _children
+    return _children_by_scan
+
+
+def _children(pid: int, single: bool = False) -> list[int]:
+    """The children of `pid`, from each of its threads' lists (the one thread's
+    when `single`). Read with bare system calls: this runs at every call's end."""
+    try:
+        tasks = [str(pid)] if single else os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        text = _read(f"/proc/{pid}/task/{tid}/children")
+        if text:
+            found += [int(child) for child in text.split()]
+    return found
+
+
+def _children_by_scan(pid: int, single: bool = False) -> list[int]:
+    parent = str(pid).encode()
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _stat(int(entry))[1:2] == [parent]
+    ]
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file's content; b"" when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command name: [state, ppid, ...]; [] if gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    return stat[stat.rfind(b")") + 2 :].split() if stat else []
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a process not yet dead (zombies are)."""
+    return _stat(pid)[:1] not in ([], [b"Z"], [b"X"])
+
+
+def _failed(error: dict[str, str]) -> dict[str, Any]:
+    return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}
+
+
+def _workspace_error(exc: BaseException) -> tuple[str, str]:
+    """(type, message) of a `_workspace.WorkspaceError(type_, message)`."""
+    args = [str(arg) for arg in exc.args]
+    type_ = getattr(exc, "type_", None) or getattr(exc, "type", None)
+    message = getattr(exc, "message", None)
+    if not isinstance(type_, str):
+        type_ = args[0] if len(args) > 1 else "WorkspaceError"
+    if not isinstance(message, str):
+        message = args[-1] if args else ""
+    return type_, message
+
+
+# --------------------------------------------------------------------------- interpreter
+
+_in_tool = False
+"""True while tool code runs: only then does SIGINT raise KeyboardInterrupt."""
+
+
+def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
+    # A SIGINT that comes late, when the call's code is over, must not break
+    # the interpreter's own loop: it is dropped then.
+    if _in_tool:
+        raise KeyboardInterrupt
+
+
+def _interpreter(
+    runner: types.ModuleType,
+    session: dict[str, Any],
+    supervisor: int,
+    requests: int,
+    messages: int,
+) -> None:
+    """The interpreter, just forked: shed the supervisor's descriptors, then
+    run calls one at a time in one namespace. Never returns."""
+    # Nothing of the supervisor's may reach tool code: not the daemon's
+    # request pipe (fd 0), not the frame pipe, not its wakeup pipe.
+    signal.set_wakeup_fd(-1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    _close_all_but((0, 1, 2, requests, messages))
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, _on_sigint)
+    runner._prctl(runner.PR_SET_DUMPABLE, 1)  # the supervisor's shield is not the tool's
+    runner._prctl(runner.PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != supervisor:
+        os._exit(0)  # the supervisor died before the line above
+    # The runner's own frames (yields, the result) go to the supervisor from now on.
+    runner.__dict__["_frame_fd"] = messages
+    limits = dict(session.get("limits") or {})
+    cpu_s = int(limits.pop("cpu_s", 0) or 0)
+    # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
+    runner._apply_limits(limits)
+    if session.get("cwd"):
+        os.chdir(session["cwd"])
+    os.environ.clear()
+    os.environ.update(session.get("env") or {})
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    keep = bool(session.get("keep_processes"))
+    lines = _Lines(1 << 62)
+    pending: list[bytes] = []
+    while True:
+        try:
+            while not pending:
+                data = os.read(requests, _CHUNK)
+                if not data:
+                    os._exit(0)
+                pending += lines.feed(data)
+            message = json.loads(pending.pop(0))
+        except (InterruptedError, KeyboardInterrupt):
+            continue  # a stray signal while idle
+        frame = _interpret(
+            runner, message, main, keep=keep, cpu_s=cpu_s, tooldef=session.get("tooldef")
+        )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        frame["seq"] = message.get("seq")
+        runner._write_frame(frame)
+
+
+def _interpret(
+    runner: types.ModuleType, message: dict[str, Any], main: types.ModuleType, **options: Any
+) -> dict[str, Any]:
+    """Run one call's request; its result frame, whatever the tool does."""
+    global _in_tool
+    request = {"tooldef": options["tooldef"], **(message.get("request") or {})}
+    try:
+        if not options["keep"]:
+            runner._reap_all()  # zombies of the call before (the sweep killed them)
+        limits = request.get("limits")  # the call's own; else the session's
+        _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
+        _in_tool = True
+        try:
+            if request.get("kind") == "user":
+                return dict(runner._run_user_tool(request))
+            # Code runs in the session's one namespace; a file, as `python FILE` would.
+            return dict(
+                runner._run_script(request, main if request.get("kind") == "code" else None)
+            )
+        finally:
+            _in_tool = False
+            sys.modules["__main__"] = main
+    except SystemExit as exc:
+        return dict(runner._system_exit_frame(exc))
+    except BaseException as exc:
+        error = runner._error(exc.with_traceback(_without_own_frames(exc.__traceback__)))
+        return {"t": "result", "ok": False, "exit_code": 1, "error": error}
+
+
+def _close_all_but(keep: tuple[int, ...]) -> None:
+    """Close every open descriptor not in `keep`."""
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every possible descriptor, then
+        fds = list(range(min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1 << 16)))
+    for fd in fds:
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def _cpu_limit(cpu_s: int) -> None:
+    """Let this call use `cpu_s` more CPU seconds (0: no limit): the soft
+    RLIMIT_CPU moves to what the interpreter has used so far plus that.
+
+    The hard limit can only be lowered, never raised again, so it stays as the
+    session started; past the soft limit the kernel sends SIGXCPU (which kills,
+    unless the tool handles it: then the call's timeout ends it).
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = hard  # no limit of the call's own: the session's, if any
+    if cpu_s > 0:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        soft = math.ceil(usage.ru_utime + usage.ru_stime) + cpu_s
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))

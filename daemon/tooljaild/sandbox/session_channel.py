@@ -1,0 +1,384 @@
+"""Sessions on the runner channel: one sandbox kept for a sequence of calls.
+
+A session is a started, unused `RunnerSandbox` (any backend: everything rides on
+its four pipes, see runner_channel) whose worker becomes a *supervisor* that
+keeps a live *interpreter* (runner/_session.py). The request pipe stays open for
+more lines; each frame the supervisor writes names the call it belongs to.
+
+The daemon's lines (request pipe), one JSON object each:
+
+    {"kind": "session", "keep_processes": bool, "quota_bytes": int,
+     "limits", "cwd", "env", "tooldef", "seal": false}
+        first, once, after the ready frame (`runner_line`): the worker becomes
+        the supervisor, forks the interpreter (which applies the limits, moves
+        to the workspace, takes the env and holds one ``__main__`` namespace)
+        and answers {"t": "session"}.
+    {"op": "call", "seq": n, "request": {"kind", ...payload, "limits"}}
+        one call; ``seq`` counts from 1. Kinds code, file and user run in the
+        interpreter; kind "workspace" ({"op", "args", "quota_bytes"}) runs in
+        the supervisor itself (`_workspace.run`), where tool code cannot reach.
+    {"op": "interrupt", "seq": n}
+        SIGINT to the interpreter if call n is still running there: its code
+        sees KeyboardInterrupt (only while tool code runs, never the runner's
+        own loop); the call then ends as any call does.
+    {"op": "reset", "seq": n}
+        kill the interpreter and every process of the session, fork a fresh
+        one (workspace kept, cwd back to it); the running call, if any, ends
+        with a result that says so; then {"t": "reset"}.
+
+The supervisor's frames (frame pipe), each on a line of its own:
+
+    {"t": "ready", ...}                       as for every sandbox, first.
+    {"t": "session", "interpreter": pid}      the session runs.
+    {"t": "yield", "seq": n, "v": <json>}     a user tool's value.
+    {"t": "result", "seq": n, <the runner's result fields>, "reset": bool,
+     "resets": int}
+        call n is over: its output is all written, and (unless the session
+        keeps processes) every process it started is dead. ``reset``: the
+        interpreter was restarted during the call or while idle before it;
+        ``resets``: restarts so far.
+    {"t": "result", "seq": n, "lost": {"code", "signal"}, "asked": bool,
+     "reset": true, "resets": int}
+        call n's interpreter died: killed by a reset the daemon asked for
+        (``asked``), or by itself (os._exit, a signal, SIGXCPU, the OOM
+        killer): read as a fresh sandbox's exit would be (`outcome_of`).
+    {"t": "reset", "seq": n, "resets": int}    a reset asked for is done.
+    {"t": "exit", ...}                         a keeper's, when the sandbox ends.
+
+Output is cut exactly per call. The interpreter flushes before it hands its
+result to the supervisor, the supervisor writes the result frame after that,
+and the daemon, on that frame, reads stdout and stderr until they are empty
+(`RunnerPipes.read_output_now`) before it detaches the call's sink. Between
+calls no sink is attached: what a kept process prints then is counted and
+dropped.
+
+A hostile sandbox, again. In a session the interpreter closes the frame pipe
+(and the request pipe) right after its fork, before any tool code runs, and
+the supervisor is not dumpable: tool code cannot write a frame at all (which
+closes, for sessions, the residual risk runner_channel describes, decision 37).
+What it can still write is the private pipe to the supervisor, which takes
+from it only a yield or the running call's result, bounded per line: so it
+can claim its own call's result, as it could by printing it. Frames are still
+checked as in a single call (`CallFrames`); one that breaks the protocol ends
+the session.
+
+Limits: the interpreter's rlimits are set once, at its start; the CPU limit
+per call is its soft RLIMIT_CPU moved to (CPU used so far + cpu_s) at each call
+start, under a hard limit that stays as the session started (it could never
+be raised again). The sandbox's cgroup (memory, pids, CPU share) holds the
+whole session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Coroutine
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tooljaild.sandbox.base import (
+    Limits,
+    OutputSink,
+    RunOutcome,
+    RunRequest,
+    SandboxError,
+    Termination,
+)
+from tooljaild.sandbox.channels import Frame, FrameItem, Malformed
+from tooljaild.sandbox.runner_channel import (
+    MAX_FRAME_BYTES_PER_CALL,
+    CallFrames,
+    RunnerPipes,
+    RunnerSandbox,
+    _exit_problem,
+    _is_int,
+    _short,
+    runner_line,
+)
+
+SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
+"""The request kinds a session runs."""
+
+
+@dataclass(frozen=True)
+class SessionCallEnd:
+    """How one call in a session ended."""
+
+    outcome: RunOutcome
+    """As a fresh sandbox's run reports it."""
+    reset: bool
+    """The interpreter was restarted during this call (it crashed, exited with
+    os._exit, was killed for a limit, or `reset()` was called), or while idle
+    since the previous call: the session's variables are gone."""
+    interrupted: bool
+    """`interrupt()` was called during this call and the call then ended on its
+    own (its code saw KeyboardInterrupt): the variables are kept."""
+
+
+@dataclass
+class _Call:
+    seq: int
+    frames: CallFrames
+    end: asyncio.Future[Frame | None]
+    """The call's result frame, or None when the sandbox ended first."""
+    interrupted: bool = False
+
+
+@dataclass
+class _Waiters:
+    """Futures resolved in order, one per event (reset confirmations)."""
+
+    queue: deque[asyncio.Future[bool]] = field(default_factory=deque)
+
+    def resolve_next(self, value: bool) -> None:
+        while self.queue:
+            future = self.queue.popleft()
+            if not future.done():
+                future.set_result(value)
+                return
+
+    def resolve_all(self, value: bool) -> None:
+        while self.queue:
+            self.resolve_next(value)
+
+
+class SessionSandbox:
+    """A sandbox whose runner keeps an interpreter for a sequence of calls.
+
+    One call at a time: the caller serializes (`begin` refuses a second). Made
+    by `open`; `close` destroys it.
+    """
+
+    def __init__(self, sandbox: RunnerSandbox, pipes: RunnerPipes) -> None:
+        loop = asyncio.get_running_loop()
+        self.id = sandbox.id
+        self.ended: asyncio.Future[None] = loop.create_future()
+        """Done when the sandbox is gone (runner died, killed, closed)."""
+        self.resets = 0
+        """Interpreter restarts so far."""
+        self._sandbox = sandbox
+        self._pipes = pipes
+        self._seq = 0
+        self._call: _Call | None = None
+        self._started: asyncio.Future[bool] = loop.create_future()
+        self._resets = _Waiters()
+        self._exit_frame: Frame | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        sandbox: RunnerSandbox,
+        *,
+        keep_processes: bool,
+        quota_bytes: int,
+        limits: Limits,
+        timeout_s: float,
+    ) -> SessionSandbox:
+        """Turn a started, unused sandbox (from a pool or a factory) into a session.
+
+        Args:
+            keep_processes: Processes a call starts outlive the call (they
+                still die with the session).
+            quota_bytes: The workspace quota, for workspace operations (0: none known).
+            limits: The session's limits (rlimits of its interpreter; cpu_s per call).
+            timeout_s: How long the runner may take to confirm.
+
+        Raises:
+            SandboxError: When the sandbox is not started, or is used (then it is
+                left as it is), or its runner does not confirm (then it is closed).
+        """
+        pipes, spec = sandbox.hand_over()
+        session = cls(sandbox, pipes)
+        pipes.frames.on_frame = session._on_frame
+        options = {"keep_processes": keep_processes, "quota_bytes": quota_bytes}
+        pipes.send(runner_line("session", options, limits, {}, replace(spec, seal=False)))
+        timer = asyncio.get_running_loop().call_later(timeout_s, _settle, session._started, False)
+        try:
+            started = await session._started
+        except BaseException:  # cancelled: no one else will close it
+            await session.close()
+            raise
+        finally:
+            timer.cancel()
+        if not started:
+            said = pipes.stderr.said()
+            await session.close()
+            raise SandboxError(
+                f"sandbox {sandbox.id} did not start a session: {said or 'no answer'}"
+            )
+        # No call runs: nothing printed now belongs to any call.
+        pipes.stdout.drop()
+        pipes.stderr.drop()
+        return session
+
+    def _start_failed(self) -> None:
+        _settle(self._started, False)
+
+    # ------------------------------------------------------------ calls
+
+    def begin(self, request: RunRequest, sink: OutputSink) -> Coroutine[Any, Any, SessionCallEnd]:
+        """Send one call now (kinds code|file|user|workspace); return what waits for its end.
+
+        Output of this call (stdout, stderr and yields) goes to `sink` until its
+        end, and nothing of it after: the pipes are read empty when the result
+        frame comes, before the call ends. If the sandbox ends during the
+        call, the outcome is RUNNER_LOST (or the kill's), not an exception.
+
+        Raises:
+            SandboxError: The session has ended, a call is running, or the
+                kind cannot run in a session.
+        """
+        if self.ended.done() or self._call is not None:
+            raise SandboxError(f"session sandbox {self.id} is ended or busy")
+        if request.kind not in SESSION_KINDS:
+            raise SandboxError(f"a {request.kind!r} request cannot run in a session")
+        self._seq += 1
+        pipes = self._pipes
+        frames = CallFrames(request.kind, sink, pipes.frames, seal=False, keeper=False)
+        call = _Call(self._seq, frames, asyncio.get_running_loop().create_future())
+        self._call = call
+        pipes.frames.limit(MAX_FRAME_BYTES_PER_CALL)
+        pipes.stdout.attach(sink)
+        pipes.stderr.attach(sink)
+        body = {"kind": request.kind, **request.payload, "limits": request.limits.rlimits()}
+        pipes.send(_line({"op": "call", "seq": call.seq, "request": body}))
+        return self._until_end(call)
+
+    async def _until_end(self, call: _Call) -> SessionCallEnd:
+        result = await call.end
+        frames = call.frames
+        sandbox = self._sandbox
+        if frames.broken is not None:
+            # Only the runner writes frames here: it is broken, the session is over.
+            await self.close()
+            return SessionCallEnd(await sandbox.outcome_of(frames), False, False)
+        if result is None:  # the sandbox ended during the call
+            frames.exit_frame = self._exit_frame
+            return SessionCallEnd(await sandbox.outcome_of(frames), False, False)
+        reset = result.get("reset") is True
+        lost = result.get("lost")
+        if isinstance(lost, dict) and result.get("asked") is True:
+            # Ended by a reset the daemon asked for: as a kill of a fresh sandbox.
+            outcome = RunOutcome(
+                Termination.KILLED, signal=lost.get("signal"), yields=frames.yields
+            )
+        elif isinstance(lost, dict):
+            frames.exit_frame = {"t": "exit", **lost}
+            outcome = await sandbox.outcome_of(frames)
+        else:
+            outcome = await sandbox.outcome_of(frames)
+        return SessionCallEnd(outcome, reset, call.interrupted and not reset)
+
+    def interrupt(self) -> None:
+        """KeyboardInterrupt in the running call's code; a no-op when idle."""
+        call = self._call
+        if call is None or self.ended.done():
+            return
+        call.interrupted = True
+        self._pipes.send(_line({"op": "interrupt", "seq": call.seq}))
+
+    async def reset(self, timeout_s: float) -> bool:
+        """Kill the interpreter and every process of the running call, start a
+        fresh interpreter (workspace kept). The running call (if any) ends with
+        reset=True.
+
+        Returns:
+            False when the runner did not confirm within `timeout_s` (the
+            caller closes the session then), or the session has ended.
+        """
+        if self.ended.done():
+            return False
+        loop = asyncio.get_running_loop()
+        confirmed: asyncio.Future[bool] = loop.create_future()
+        self._resets.queue.append(confirmed)
+        self._pipes.send(_line({"op": "reset", "seq": self._seq}))
+        timer = loop.call_later(timeout_s, _settle, confirmed, False)
+        try:
+            return await confirmed
+        finally:
+            timer.cancel()
+
+    async def close(self) -> None:
+        """Destroy the sandbox: everything in it dies. Idempotent."""
+        await self._sandbox.close()
+        self._gone()
+
+    # ------------------------------------------------------------ frames
+
+    def _on_frame(self, item: FrameItem) -> None:
+        if item is None:
+            self._gone()
+            return
+        call = self._call
+        if isinstance(item, Malformed):
+            if call is not None:
+                call.frames.on_frame(item)  # skipped, or the end of the call if fatal
+                self._check(call)
+            return
+        kind = item.get("t")
+        if kind in ("yield", "result") and call is not None and item.get("seq") == call.seq:
+            self._on_call_frame(call, item)
+        elif kind == "session" and _is_int(item.get("interpreter")):
+            _settle(self._started, True)
+        elif kind == "reset":
+            self._count_resets(item)
+            self._resets.resolve_next(True)
+        elif kind == "exit" and _exit_problem(item) is None:
+            self._exit_frame = item  # a keeper's: the sandbox is ending
+        elif call is not None:
+            call.frames.broken = f"a frame of type {_short(kind)} in a session"
+            self._end_call(call, None)
+
+    def _on_call_frame(self, call: _Call, frame: Frame) -> None:
+        if frame["t"] == "yield":
+            call.frames.on_frame(frame)
+            self._check(call)
+            return
+        lost = frame.get("lost")
+        if lost is not None:
+            problem = _exit_problem(lost) if isinstance(lost, dict) else "not an object"
+            if problem is not None:
+                call.frames.broken = f"a lost-interpreter result frame: {problem}"
+        else:
+            call.frames.on_frame(frame)  # checked as any call's result
+        self._count_resets(frame)
+        self._end_call(call, frame)
+
+    def _check(self, call: _Call) -> None:
+        if call.frames.broken is not None:
+            self._end_call(call, None)
+
+    def _count_resets(self, frame: Frame) -> None:
+        resets = frame.get("resets")
+        if isinstance(resets, int) and not isinstance(resets, bool):
+            self.resets = max(self.resets, resets)
+
+    def _end_call(self, call: _Call, result: Frame | None) -> None:
+        """The call is over: its output is cut here, its end is resolved."""
+        self._call = None
+        pipes = self._pipes
+        pipes.read_output_now()  # everything written before the result is the call's
+        pipes.stdout.drop()
+        pipes.stderr.drop()
+        if not call.end.done():
+            call.end.set_result(result)
+
+    def _gone(self) -> None:
+        """The sandbox has ended: nothing in it can answer any more."""
+        if self._call is not None:
+            self._end_call(self._call, None)
+        self._start_failed()
+        self._resets.resolve_all(False)
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+
+def _settle(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
