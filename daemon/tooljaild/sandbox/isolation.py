@@ -316,6 +316,7 @@ def install_runner(state_dir: Path) -> Path:
     for source in (
         RUNNER_PATH,
         RUNNER_PATH.with_name("_zygote.py"),
+        RUNNER_PATH.with_name("_workspace.py"),
         Path(tooljail._tooldef.__file__),
     ):
         dest = target / source.name
