@@ -491,6 +491,16 @@ def test_grep_finds_lines_and_skips_binary_files(root: Path) -> None:
     assert run(root, "grep", pattern="nothing here")["note"] == "No line matches."
 
 
+def test_line_numbers_agree_across_tools_with_odd_separators(root: Path) -> None:
+    """Only a newline ends a line: a form feed or a CR does not shift the numbers."""
+    (root / "f.py").write_text("a\x0cb\r\nc\x1cd\ntarget\n", newline="")
+    assert run(root, "read_file", path="f.py")["content"].split("\n")[2] == "     3\ttarget"
+    assert run(root, "grep", pattern="target")["matches"] == ["f.py:3:target"]
+    assert run(root, "edit_file", path="f.py", old_string="target", new_string="t")["line"] == 3
+    run(root, "insert_file", path="f.py", offset=2, content="new")
+    assert (root / "f.py").read_bytes() == b"a\x0cb\r\nc\x1cd\nnew\nt\n"
+
+
 def test_grep_refuses_a_bad_regex_clearly(root: Path) -> None:
     message = fails(root, "grep", "PatternError", pattern="def (")
     assert "'def ('" in message and "not a valid Python regular expression" in message

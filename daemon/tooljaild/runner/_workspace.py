@@ -13,8 +13,13 @@ with ``..`` and symlinks whose target resolves outside the root are refused
 with an ``InvalidPathError`` naming the path as given. A path is resolved
 (`os.path.realpath`) and checked for containment before it is used, and the
 resolved path is then opened with O_NOFOLLOW, so that a symlink swapped in
-after the check is refused rather than followed. delete_file and move_file act
-on a symlink itself (its directory is what must lie inside), never on its target.
+as its last component after the check is refused rather than followed.
+delete_file and move_file act on a symlink itself (its directory is what must
+lie inside), never on its target. Code running in the same sandbox at the same
+moment (a session's background process) could still race a parent directory
+into a symlink between check and use; it would reach only what that code can
+reach anyway: the sandbox's own view. The sandbox, not this check, is what
+keeps the host out; the check keeps a model's paths honest.
 
 Failures raise `WorkspaceError(type_, message)`, whose message a model can act
 on; the types the daemon maps for the files RPCs are "InvalidPathError",
@@ -367,6 +372,21 @@ def _cut_line(line: str, limit: int, more_bytes: int = 0) -> str:
     return f"{line[:limit]}... [line cut: {left} more bytes]"
 
 
+def _text_lines(text: str, *, keepends: bool = False) -> list[str]:
+    """`text`'s lines, ended by newlines only (as read_file numbers them:
+    str.splitlines would also split at form feeds and other separators).
+    Without `keepends`, a carriage return before the newline goes too."""
+    parts = text.split("\n")
+    last = parts.pop()
+    if keepends:
+        lines = [part + "\n" for part in parts]
+    else:
+        lines = [part.removesuffix("\r") for part in parts]
+    if last:
+        lines.append(last)
+    return lines
+
+
 def _numbered(first: int, lines: list[str]) -> str:
     return "".join(f"{first + i:6}\t{line}\n" for i, line in enumerate(lines))
 
@@ -525,7 +545,7 @@ def _write_file(ws: _Workspace, args: dict[str, Any]) -> dict[str, Any]:
 
 def _snippet(text: str, first_line: int, count: int, around: int = 3) -> str:
     """Numbered lines `first_line`..+`count` of `text` (1-based) with `around` more each side."""
-    lines = text.splitlines()
+    lines = _text_lines(text)
     start = max(1, first_line - around)
     end = min(len(lines), first_line + max(count, 1) - 1 + around)
     return _numbered(start, [_cut_line(s, MAX_LINE_CHARS) for s in lines[start - 1 : end]])
@@ -573,7 +593,7 @@ def _insert_file(ws: _Workspace, args: dict[str, Any]) -> dict[str, Any]:
     content = _arg(args, "content", str)
     real = ws.resolve(path)
     text, st = _read_text(ws, path, real)
-    lines = text.splitlines(keepends=True)
+    lines = _text_lines(text, keepends=True)
     if offset > len(lines):
         raise _bad_argument(
             f"offset {offset} is past the end of {path!r}, which has {len(lines)} lines: "
@@ -858,7 +878,7 @@ def _grep(ws: _Workspace, args: dict[str, Any]) -> dict[str, Any]:
         if _is_binary(data[:SNIFF_BYTES]):
             continue
         searched += 1
-        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        for number, line in enumerate(_text_lines(data.decode("utf-8", "replace")), 1):
             if regex.search(line):
                 if len(matches) < MAX_MATCHES:
                     matches.append(f"{rel}:{number}:{_cut_line(line, MAX_MATCH_CHARS)}")
