@@ -25,6 +25,7 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.config import Settings
 from tooljaild.registry import Tool, ToolOptions
 from tooljaild.sandbox.backends import Promises
+from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_payload, workspace_tools
 
 __all__ = ["BUILTIN_TOOLS", "RUNS", "BuiltinRun", "builtin_run", "builtin_tools"]
 
@@ -139,6 +140,7 @@ def builtin_tools(
             source="builtin",
             builtin="execute_python_file",
         ),
+        *workspace_tools(promises),
     )
 
 
@@ -150,7 +152,7 @@ BUILTIN_TOOLS: tuple[Tool, ...] = builtin_tools()
 class BuiltinRun:
     """How the daemon runs one built-in tool."""
 
-    kind: Literal["code", "file"]
+    kind: Literal["code", "file", "workspace"]
     """The request kind the sandbox's runner gets (see `sandbox.runner_channel`)."""
     payload: Callable[[Mapping[str, Any]], dict[str, Any]]
     """The request's payload, from the call's checked arguments."""
@@ -159,7 +161,8 @@ class BuiltinRun:
     recorded or run, and returns them as the call keeps them. Raises
     `InvalidArgumentsError`."""
     output_is_data: bool = True
-    """The result's data is the program's `{stdout, stderr, exit_code}`."""
+    """The result's data is the program's `{stdout, stderr, exit_code}`; False:
+    it is the value the run returned (the workspace tools' op results)."""
 
 
 def _resolve_file(arguments: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -200,6 +203,10 @@ RUNS: dict[str, BuiltinRun] = {
         lambda a: {"path": a["path"], "args": list(a.get("args") or [])},
         prepare=_resolve_file,
     ),
+    **{
+        name: BuiltinRun("workspace", workspace_payload(name), output_is_data=False)
+        for name in WORKSPACE_TOOL_NAMES
+    },
 }
 """Each built-in's implementation, by the `builtin` name its `Tool` carries."""
 

@@ -21,6 +21,7 @@ from tooljaild.registry import (
     find_tool_files,
     validate_arguments,
 )
+from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES
 
 
 def _user_tool(func: Any, file: str = "tools.py") -> Tool:
@@ -95,7 +96,12 @@ def test_tool_options_accept_kill_after_past_timeout() -> None:
 def test_builtins_are_served_with_closed_schemas() -> None:
     registry = Registry()
     names = [t.name for t in registry.tools()]
-    assert names == ["execute_python_code", "execute_python_code_stream", "execute_python_file"]
+    assert names == [
+        "execute_python_code",
+        "execute_python_code_stream",
+        "execute_python_file",
+        *WORKSPACE_TOOL_NAMES,
+    ]
     for builtin in BUILTIN_TOOLS:
         assert builtin.source == "builtin"
         assert builtin.builtin == builtin.name

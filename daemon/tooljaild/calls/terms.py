@@ -92,7 +92,10 @@ def run_request(tool: Tool, arguments: dict[str, Any], limits: Limits) -> RunReq
     """What the sandbox's runner is asked to run."""
     run = builtin_run(tool)
     if run is not None:
-        return RunRequest(run.kind, run.payload(arguments), limits)
+        payload = run.payload(arguments)
+        if run.kind == "workspace":  # writes are refused past the workspace's quota
+            payload["quota_bytes"] = limits.workspace_bytes
+        return RunRequest(run.kind, payload, limits)
     return RunRequest(
         "user",
         {"module_path": tool.module_path, "function": tool.function, "args": arguments},

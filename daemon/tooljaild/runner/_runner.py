@@ -448,6 +448,28 @@ def _describe(request: dict[str, Any]) -> dict[str, Any]:
     return {"t": "result", "ok": True, "exit_code": 0, "kind": "json", "value": described}
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+"""This file's directory, where _workspace.py is installed beside it."""
+
+
+def _run_workspace(request: dict[str, Any]) -> dict[str, Any]:
+    """A workspace file op (see _workspace.py) on the workspace, the request's cwd."""
+    # Imported here: most sandboxes never run one. Under -I the script's own
+    # directory is not on sys.path; the zygote's import of this file put it there.
+    if _HERE not in sys.path:
+        sys.path.insert(0, _HERE)
+    import _workspace  # type: ignore[import-not-found]  # beside this file
+
+    try:
+        value = _workspace.run(
+            request["op"], request["args"], request["cwd"], request.get("quota_bytes", 0)
+        )
+    except _workspace.WorkspaceError as exc:
+        error = {"type": exc.type, "message": exc.message, "traceback": ""}
+        return {"t": "result", "ok": False, "exit_code": 1, "error": error}
+    return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
+
+
 def _worker() -> None:
     os.setsid()
     global _frame_fd
@@ -484,6 +506,8 @@ def _worker() -> None:
             frame = _run_user_tool(request)
         elif kind == "describe":
             frame = _describe(request)
+        elif kind == "workspace":
+            frame = _run_workspace(request)
         else:
             raise ValueError(f"unknown request kind {kind!r}")
     except SystemExit as exc:

@@ -75,9 +75,10 @@ class Limits(BaseModel):
 class RunRequest:
     """One thing to run inside a sandbox."""
 
-    kind: Literal["code", "file", "user", "describe"]
+    kind: Literal["code", "file", "user", "describe", "workspace"]
     payload: dict[str, Any]
-    """Kind-specific fields: code | path, args | module_path, function, args | files."""
+    """Kind-specific fields: code | path, args | module_path, function, args | files
+    | op, args, quota_bytes."""
     limits: Limits = field(default_factory=Limits)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables on top of the sandbox's scrubbed environment."""

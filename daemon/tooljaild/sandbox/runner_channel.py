@@ -507,6 +507,8 @@ def _result_problem(frame: Frame, kind: str, seal: bool) -> str | None:
         return f"a result value from a {kind!r} request, which returns none"
     if kind == "describe" and (value_kind != "json" or not isinstance(value, list)):
         return "a describe result that is not a list"
+    if kind == "workspace" and value_kind != "json":
+        return "a workspace result that is not a JSON value"
     if (value_kind == "none" and value is not None) or (
         value_kind == "text" and not isinstance(value, str)
     ):
