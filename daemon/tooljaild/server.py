@@ -123,7 +123,6 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             await abort_with(context, exc)
         return pb.CancelResponse(state=call_state_to_proto(state))
 
-
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
@@ -262,7 +261,9 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(ToolRunnerServicer(manager, sessions), server)  # type: ignore[no-untyped-call]
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(
+        ToolRunnerServicer(manager, sessions), server
+    )  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -50,7 +50,9 @@ def test_variables_live_across_calls_and_not_across_sessions(daemon: SecurityDae
 
 def test_write_edit_run_grep_download(daemon: SecurityDaemon) -> None:
     with Client(daemon.target) as client, client.session() as s:
-        wrote = s.call("write_file", {"path": "pkg/f.py", "content": "GREETING = 'hi'\nprint(GREETING)\n"})
+        wrote = s.call(
+            "write_file", {"path": "pkg/f.py", "content": "GREETING = 'hi'\nprint(GREETING)\n"}
+        )
         assert wrote.status is CallStatus.SUCCESS, wrote
         edited = s.call(
             "edit_file", {"path": "pkg/f.py", "old_string": "'hi'", "new_string": "'hello'"}
@@ -107,7 +109,13 @@ def test_no_path_reaches_the_hosts_files(daemon: SecurityDaemon) -> None:
             },
         )
         assert made.status is CallStatus.SUCCESS, made
-        for path in ("../../etc/passwd", "/etc/passwd", "shadow", "journal", "state/journal.sqlite3"):
+        for path in (
+            "../../etc/passwd",
+            "/etc/passwd",
+            "shadow",
+            "journal",
+            "state/journal.sqlite3",
+        ):
             result = s.call("read_file", {"path": path})
             assert result.status is CallStatus.ERROR, (path, result)
             assert path in result.to_model_text(), (path, result)
@@ -202,7 +210,10 @@ def test_calls_in_one_session_run_one_at_a_time_in_order(daemon: SecurityDaemon)
         results = {}
 
         def run(i: int) -> None:
-            code = f"import time\nlog.append(('start', {i}))\ntime.sleep(0.3)\nlog.append(('end', {i}))"
+            code = (
+                f"import time\nlog.append(('start', {i}))\ntime.sleep(0.3)\n"
+                f"log.append(('end', {i}))"
+            )
             results[i] = s.call("execute_python_code", {"code": code})
 
         threads = []
@@ -214,7 +225,7 @@ def test_calls_in_one_session_run_one_at_a_time_in_order(daemon: SecurityDaemon)
             t.join(30)
         assert all(r.ok for r in results.values()), results
         log = s.call("execute_python_code", {"code": "print(log)"})
-        events = eval(_stdout(log))  # noqa: S307 - our own repr of a list of tuples
+        events = eval(_stdout(log))
         assert events == [(e, i) for i in range(3) for e in ("start", "end")], events
 
 
@@ -234,7 +245,10 @@ def test_user_tools_run_in_the_session_and_see_its_workspace(daemon: SecurityDae
         s.upload("note.txt", b"for the tool")
         result = s.call("where", {})
         assert result.ok, result
-        listing = s.call("execute_python_code", {"code": f"import os; print(os.getcwd() == {result.data['cwd']!r})"})
+        listing = s.call(
+            "execute_python_code",
+            {"code": f"import os; print(os.getcwd() == {result.data['cwd']!r})"},
+        )
         assert _stdout(listing) == "True\n"
 
 

@@ -131,7 +131,7 @@ def test_options_may_lower_the_bounds_never_raise_them(serve: Callable[..., Serv
         with pytest.raises(InvalidRequestError, match="memory_bytes"):
             client.session(memory_bytes=2**50)
         with client.session(workspace_bytes=4 * 2**20, idle_ttl_s=30) as s:
-            info = [i for i in client.list_sessions() if i.session_id == s.id][0]
+            info = next(i for i in client.list_sessions() if i.session_id == s.id)
             assert info.workspace_bytes == 4 * 2**20 and info.idle_ttl_s == 30
             full = s.call("write_file", {"path": "big.txt", "content": "x" * (5 * 2**20)})
             assert full.status is CallStatus.ERROR, full

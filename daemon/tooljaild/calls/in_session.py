@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tooljail._types import ToolResult
 from tooljail.errors import SessionEndedError
@@ -68,7 +69,8 @@ async def _wait_for_turn(call: Call, session: Session) -> bool:
     """Take the session's turn; False if the call is stopped or the session ends first."""
     turn = asyncio.ensure_future(session.take_turn())
     stop = call.stop_requested.wait()
-    await asyncio.wait({turn, stop}, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {turn, stop}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     if not turn.done():
         turn.cancel()
         with contextlib.suppress(asyncio.CancelledError, SessionEndedError):

@@ -31,6 +31,7 @@ from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.session import END_MESSAGES, Session
+from tooljaild.workspace_tools import NOTHING_PERSISTS
 
 NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
 CANCELLED_MESSAGE = (
@@ -57,10 +58,20 @@ _FAILED_BY_ITSELF = {
 
 def result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolResult:
     """The result of a call that ran: what its run reported, read in the light
-    of why the daemon stopped it (`stop`; None when it did not).
+    of why the daemon stopped it (`stop`; None when it did not). A workspace
+    tool's result outside a session says that nothing it wrote persists.
 
     Pure but for the clock (the duration ends now).
     """
+    result = _result_of(call, outcome, stop)
+    run = builtin_run(call.tool)
+    if run is not None and run.kind == "workspace" and not call.session_id:
+        message = f"{result.message} {NOTHING_PERSISTS}".strip()
+        return result.model_copy(update={"message": message})
+    return result
+
+
+def _result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolResult:
     if stop is not None:
         return stopped(call, stop)
     t = outcome.termination

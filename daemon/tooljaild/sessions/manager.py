@@ -406,7 +406,9 @@ class SessionManager:
             if session.open:
                 with contextlib.suppress(TooljailError, asyncio.CancelledError):
                     await asyncio.shield(
-                        self.operation(session, "upload_abort", {"upload_id": upload_id})
+                        self.operation(
+                            session, "upload_abort", {"upload_id": upload_id, "path": path}
+                        )
                     )
             raise
         return str(done.get("path", path)), int(done.get("size_bytes", 0))
