@@ -352,18 +352,20 @@ async def test_workspace_operations_run_in_the_supervisor(open_session: Opener) 
     # Tool code replaces the interpreter's copy of the workspace module: the
     # operation must not see it (it runs in the supervisor).
     await call(session, "import sys\nsys.modules['_workspace'].run = lambda *a: 'tampered'")
-    outcomes = []
-    for _ in range(2):
-        request = RunRequest(
-            "workspace",  # type: ignore[arg-type]  # W adds the kind to RunRequest
-            {"op": "no-such-op", "args": {}, "quota_bytes": 0},
-        )
-        end = await session.begin(request, lambda kind, data: None)
-        outcomes.append(end.outcome)
-    for outcome in outcomes:
-        assert outcome.error is not None and outcome.error.type == "InvalidRequest", outcome
-    _, out = await call(session, "print(1)")
-    assert out == {StreamKind.STDOUT: b"1\n"}
+    wrote = await session.begin(
+        RunRequest("workspace", {"op": "write_file", "args": {"path": "w.txt", "content": "hi"}}),
+        lambda kind, data: None,
+    )
+    assert wrote.outcome.termination is Termination.RETURNED, wrote
+    assert isinstance(wrote.outcome.value, dict), wrote.outcome  # not 'tampered'
+    refused = await session.begin(
+        RunRequest("workspace", {"op": "no-such-op", "args": {}, "quota_bytes": 0}),
+        lambda kind, data: None,
+    )
+    assert refused.outcome.error is not None, refused
+    assert "no-such-op" in refused.outcome.error.message
+    _, out = await call(session, "print(open('w.txt').read())")
+    assert out == {StreamKind.STDOUT: b"hi\n"}
 
 
 async def test_one_call_at_a_time_and_none_after_the_end(open_session: Opener) -> None:
