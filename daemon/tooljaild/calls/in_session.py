@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tooljail._types import ToolResult
@@ -33,33 +32,50 @@ from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
 
 
+def start_in_session(
+    call: Call, session: Session, on_start: Callable[[Call, str], None]
+) -> Coroutine[Any, Any, SessionCallEnd]:
+    """Send the call's request into the session (whose turn the caller holds) now;
+    return what waits for its end.
+
+    Raises:
+        SandboxError: The session's sandbox has ended.
+    """
+    request = terms.run_request(call.tool, call.arguments, session.terms.limits)
+    waiter = session.channel.begin(request, call.sink)
+    session.calls += 1
+    on_start(call, session.channel.id)
+    return waiter
+
+
 async def run_in_session(
     call: Call,
     session: Session,
     sessions: SessionManager,
     on_start: Callable[[Call, str], None],
+    started: Coroutine[Any, Any, SessionCallEnd] | None = None,
 ) -> ToolResult:
-    """See the call to its end in `session`; its result.
+    """See the call to its end in `session`; its result. Gives the turn back.
 
     Args:
         on_start: Told the call and the sandbox id once the call's request is sent.
+        started: The call's end, when it was started already (`start_in_session`,
+            in the turn); None: wait for the turn and start it here.
     """
-    if not await _wait_for_turn(call, session):
+    if started is None and not await _wait_for_turn(call, session):
         if session.end_reason:
             return results.session_gone(call, session.id, session.end_reason)
         return results.not_run(call, results.NOT_STARTED)
     try:
-        if call.stop_reason is not None:
-            return results.not_run(call, results.NOT_STARTED)
-        request = terms.run_request(call.tool, call.arguments, session.terms.limits)
-        try:
-            waiter = session.channel.begin(request, call.sink)
-        except SandboxError:
-            await sessions.end(session, session.end_reason or "sandbox_died")
-            return results.session_gone(call, session.id, session.end_reason)
-        session.calls += 1
-        on_start(call, session.channel.id)
-        end = await _supervise(call, session, sessions, asyncio.ensure_future(waiter))
+        if started is None:
+            if call.stop_reason is not None:
+                return results.not_run(call, results.NOT_STARTED)
+            try:
+                started = start_in_session(call, session, on_start)
+            except SandboxError:
+                await sessions.end(session, session.end_reason or "sandbox_died")
+                return results.session_gone(call, session.id, session.end_reason)
+        end = await _supervise(call, session, sessions, started)
         return results.in_session(call, end, call.stop_reason, session)
     finally:
         session.give_turn()
@@ -82,10 +98,15 @@ async def _wait_for_turn(call: Call, session: Session) -> bool:
 
 
 async def _supervise(
-    call: Call, session: Session, sessions: SessionManager, end: asyncio.Future[SessionCallEnd]
+    call: Call,
+    session: Session,
+    sessions: SessionManager,
+    waiter: Coroutine[Any, Any, SessionCallEnd],
 ) -> SessionCallEnd:
     """Wait for the call's end; its timeout or a stop interrupts it, then resets."""
     settings = sessions.settings
+    loop = asyncio.get_running_loop()
+    over: asyncio.Future[None] = loop.create_future()
     stopping: asyncio.Future[None] | None = None
 
     async def stop_it() -> None:
@@ -93,8 +114,8 @@ async def _supervise(
             await sessions.end(session, "shutdown")
             return
         session.channel.interrupt()
-        await asyncio.wait({end}, timeout=settings.interrupt_grace_s)
-        if end.done() or not session.open:
+        await asyncio.wait({over}, timeout=settings.interrupt_grace_s)
+        if over.done() or not session.open:
             return
         if not await session.channel.reset(settings.reset_timeout_s):
             await sessions.end(session, "sandbox_died")
@@ -106,13 +127,13 @@ async def _supervise(
 
     # In a session a call never runs on detached past its timeout (kill_after_s):
     # the next call in line waits for the session's turn.
-    timer = asyncio.get_running_loop().call_later(
-        call.timeout_s, call.request_stop, StopReason.TIMEOUT
-    )
-    call.started_at = time.monotonic()
+    timer = loop.call_later(call.timeout_s, call.request_stop, StopReason.TIMEOUT)
     try:
         call.kill_with(kill)
-        result = await end
+        try:
+            result = await waiter
+        finally:
+            over.set_result(None)
         if stopping is not None:
             await stopping
         return result

@@ -33,12 +33,13 @@ from tooljail.errors import (
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
 from tooljaild.calls.call import Call, StopReason
-from tooljaild.calls.in_session import run_in_session
+from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.config import Settings
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
 from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
 
@@ -215,16 +216,30 @@ class CallManager:
         call.session_id = session.id
         self._journal_admitted(call, arguments_json, rerun)
         self._calls[call.call_id] = call
-        task = asyncio.create_task(self._run_in_session(call, session), name=f"call-{call.call_id}")
+        started = None
+        if session.try_take_turn():  # the request is in the sandbox before this returns
+            try:
+                started = start_in_session(call, session, self._running)
+            except SandboxError:
+                session.give_turn()  # the call's task finds out why, in its turn
+        task = asyncio.create_task(
+            self._run_in_session(call, session, started), name=f"call-{call.call_id}"
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return call
 
-    async def _run_in_session(self, call: Call, session: Session) -> None:
-        """A session call's task: its turn, its run, its end."""
+    async def _run_in_session(
+        self,
+        call: Call,
+        session: Session,
+        started: Coroutine[Any, Any, SessionCallEnd] | None,
+    ) -> None:
+        """A session call's task: its turn (unless `submit` started it), its run, its end."""
         assert self._sessions is not None
         try:
-            self._end(call, await run_in_session(call, session, self._sessions, self._running))
+            result = await run_in_session(call, session, self._sessions, self._running, started)
+            self._end(call, result)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))

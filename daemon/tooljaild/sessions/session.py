@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
@@ -157,9 +158,10 @@ class Session:
         self.end_reason = ""
         """Why it ended; "" while it is open."""
         self._settings = settings
-        self._turn = asyncio.Lock()
-        self._waiting = 0
+        self._line: deque[asyncio.Future[None]] = deque()
+        """Those waiting for the turn, first first."""
         self._busy = False
+        """Someone holds the turn."""
 
     @property
     def open(self) -> bool:
@@ -168,7 +170,7 @@ class Session:
     @property
     def busy(self) -> bool:
         """A call or an operation holds its turn, or waits for one."""
-        return self._busy or self._waiting > 0
+        return self._busy or bool(self._line)
 
     @property
     def resets(self) -> int:
@@ -187,13 +189,20 @@ class Session:
 
     def check_room(self) -> None:
         """Raises OverloadedError when its queue of calls is full."""
-        if self._waiting >= self._settings.max_queued_calls:
+        if len(self._line) >= self._settings.max_queued_calls:
             raise OverloadedError(
-                f"session {self.id!r} already has {self._waiting} calls waiting for their "
+                f"session {self.id!r} already has {len(self._line)} calls waiting for their "
                 f"turn (at most {self._settings.max_queued_calls}): its calls run one at a "
                 "time; wait for one to end",
                 retry_after_s=1.0,
             )
+
+    def try_take_turn(self) -> bool:
+        """Take the session's turn now if nobody holds it or waits for it."""
+        if self._busy or self._line or self.end_reason:
+            return False
+        self._busy = True
+        return True
 
     async def take_turn(self) -> None:
         """Wait for the session's turn: calls and file operations run one at a time,
@@ -204,21 +213,32 @@ class Session:
             SessionEndedError: The session ended before the turn came (the turn
                 is not held then).
         """
-        self._waiting += 1
-        try:
-            await self._turn.acquire()
-        finally:
-            self._waiting -= 1
+        if not self.try_take_turn():
+            self.check_open()
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._line.append(waiter)
+            try:
+                await waiter  # resolved by `give_turn`: the turn is ours then
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self.give_turn()  # handed over as we were cancelled: pass it on
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._line.remove(waiter)
+                raise
         if self.end_reason:
-            self._turn.release()
+            self.give_turn()
             raise ended_error(self.id, self.end_reason)
-        self._busy = True
 
     def give_turn(self) -> None:
-        """Let the next call or operation in line run."""
-        self._busy = False
+        """Let the next call or operation in line run (the turn passes to it)."""
         self.last_used = time.monotonic()
-        self._turn.release()
+        while self._line:
+            waiter = self._line.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy = False
 
     @contextlib.asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
@@ -246,6 +266,6 @@ class Session:
             workspace_bytes=limits.workspace_bytes,
             keep_processes=self.terms.keep_processes,
             calls=self.calls,
-            queued=self._waiting,
+            queued=len(self._line),
             resets=self.resets,
         )
