@@ -274,3 +274,17 @@ def test_file_tools_outside_a_session_say_nothing_persists(daemon: SecurityDaemo
         assert "persist" in wrote.message
         read = client.call("read_file", {"path": "a.txt"})
         assert read.status is CallStatus.ERROR
+
+
+def test_the_sessions_memory_bound_holds_and_the_session_survives_it(
+    daemon: SecurityDaemon,
+) -> None:
+    with Client(daemon.target) as client, client.session(memory_bytes=128 * 2**20) as s:
+        assert s.info.memory_bytes == 128 * 2**20
+        s.call("execute_python_code", {"code": "open('kept.txt', 'w').write('kept')"})
+        hog = s.call("execute_python_code", {"code": "b = b'\\x01' * (400 * 2**20)"})
+        assert hog.status is CallStatus.ERROR, hog
+        assert hog.session_reset, hog
+        assert hog.error is not None and hog.error.type in ("OutOfMemory", "MemoryError"), hog
+        after = s.call("execute_python_code", {"code": "print(open('kept.txt').read())"})
+        assert _stdout(after) == "kept\n", after
