@@ -14,6 +14,7 @@ when no daemon answers.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -175,6 +176,8 @@ def _open(client: Client, args: argparse.Namespace) -> int:
         workspace_bytes=args.workspace,
         keep_processes=args.keep_processes,
     )
+    # Not closed here: the session is the point of the command, and it outlives
+    # this process (nothing closes a session when its client goes away).
     info = session.info
     print(info.model_dump_json(indent=2) if args.json else info.session_id)
     until = [f"`tooljail sessions close {info.session_id}`"]
@@ -187,8 +190,6 @@ def _open(client: Client, args: argparse.Namespace) -> int:
 
 
 def _ls(client: Client, args: argparse.Namespace) -> int:
-    import json
-
     sessions = client.list_sessions(all_clients=True)
     if args.json:
         print(json.dumps([s.model_dump(mode="json") for s in sessions], indent=2))
