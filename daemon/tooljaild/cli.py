@@ -1,4 +1,4 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, doctor, images, demo.
+"""The `tooljail` command: serve, tools, call, get, cancel, sessions, doctor, images, demo.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
@@ -104,6 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--timeout", type=float, help="seconds before the call times out")
     call.add_argument("--call-id", help="idempotency key for this call")
+    call.add_argument("--session", metavar="ID", help="run in this session (tooljail sessions)")
     call.add_argument("--json", action="store_true", help="print the final result as JSON")
 
     get = sub.add_parser("get", help="show a call's state and result")
@@ -113,6 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     cancel = sub.add_parser("cancel", help="cancel a call")
     target(cancel)
     cancel.add_argument("call_id")
+
+    from tooljaild import cli_sessions  # here: it imports this module's helpers
+
+    cli_sessions.add_parser(sub, target)
 
     doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
     doctor.add_argument("--json", action="store_true", help="print JSON")
@@ -159,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "call": _call,
         "get": _get,
         "cancel": _cancel,
+        "sessions": _sessions,
         "doctor": _doctor,
         "images": _images,
         "demo": _demo,
@@ -238,9 +244,16 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _refused(exc: Exception) -> int:
     """Exit 3 when no daemon could be reached; 2 when it refused the request."""
-    from tooljail import DaemonUnavailableError, JournalUnavailableError, TransportError
+    from tooljail import (
+        DaemonUnavailableError,
+        JournalUnavailableError,
+        SessionEndedError,
+        TransportError,
+    )
 
-    print(f"tooljail: {exc}", file=sys.stderr)
+    # The reason in a word too ("closed", "idle_ttl", "daemon_restart"), for scripts.
+    why = f" [reason: {exc.reason}]" if isinstance(exc, SessionEndedError) and exc.reason else ""
+    print(f"tooljail: {exc}{why}", file=sys.stderr)
     if isinstance(exc, (DaemonUnavailableError, JournalUnavailableError)) or (
         isinstance(exc, TransportError) and exc.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
     ):
@@ -348,7 +361,11 @@ def _call(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             for item in client.stream(
-                args.tool, arguments, timeout=args.timeout, call_id=args.call_id
+                args.tool,
+                arguments,
+                timeout=args.timeout,
+                call_id=args.call_id,
+                session_id=args.session,
             ):
                 if isinstance(item, Output):
                     out = (
@@ -410,6 +427,12 @@ def _cancel(args: argparse.Namespace) -> int:
         return _refused(exc)
     print(state.value)
     return EXIT_OK
+
+
+def _sessions(args: argparse.Namespace) -> int:
+    from tooljaild import cli_sessions
+
+    return cli_sessions.run(args)
 
 
 # ---------------------------------------------------------------------- doctor, demo
