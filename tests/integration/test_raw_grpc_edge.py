@@ -76,7 +76,9 @@ def _refusal(err: grpc.RpcError) -> Refusal:
 def _refused(rpc: Callable[[], object]) -> Refusal:
     with pytest.raises(grpc.RpcError) as info:
         reply = rpc()
-        if not isinstance(reply, pb.Result | pb.CallInfo | pb.CancelResponse):
+        if not isinstance(
+            reply, pb.Result | pb.CallInfo | pb.CancelResponse | pb.SessionInfo | pb.FileInfo
+        ):
             reply = list(reply)  # type: ignore[call-overload]
         raise AssertionError(f"not refused: {reply}")
     return _refusal(info.value)
@@ -246,3 +248,85 @@ def test_bytes_that_do_not_parse_are_invalid_argument(
 def test_the_daemon_serves_after_the_corpus(edge: RunningDaemon) -> None:
     edge.assert_serving()
     assert edge.process.poll() is None
+
+
+# --- sessions and files ----------------------------------------------------
+
+
+@pytest.fixture
+def session_id(channel: grpc.Channel) -> Iterator[str]:
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    info = stub.CreateSession(pb.CreateSessionRequest(), timeout=60)
+    yield info.session_id
+    stub.CloseSession(pb.CloseSessionRequest(session_id=info.session_id), timeout=60)
+
+
+@pytest.mark.parametrize("session_id", [HUGE, "a b", "../x", "id\x00", ""])
+def test_bad_session_ids_are_invalid_requests(channel: grpc.Channel, session_id: str) -> None:
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    if session_id:
+        got = _call(
+            channel, tool="execute_python_code", arguments_json=CODE_OK, session_id=session_id
+        )
+        _check(got, INVALID, "invalid_request")
+    got = _refused(lambda: stub.CloseSession(pb.CloseSessionRequest(session_id=session_id)))
+    _check(got, INVALID, "invalid_request")
+
+
+def test_an_unknown_session_is_not_found(channel: grpc.Channel) -> None:
+    got = _call(channel, tool="execute_python_code", arguments_json=CODE_OK, session_id="f" * 32)
+    _check(got, NOT_FOUND, "session_not_found")
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    request = pb.DownloadFileRequest(session_id="f" * 32, path="a")
+    _check(_refused(lambda: stub.DownloadFile(request)), NOT_FOUND, "session_not_found")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"idle_ttl_s": -1},
+        {"idle_ttl_s": math.nan},
+        {"max_lifetime_s": 1e12},
+        {"memory_bytes": 2**62},
+        {"cpus": math.inf},
+        {"workspace_bytes": 1000},
+        {"pids": 2},
+    ],
+)
+def test_session_options_out_of_bounds_are_refused_by_name(
+    channel: grpc.Channel, fields: dict[str, object]
+) -> None:
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    request = pb.CreateSessionRequest(**fields)  # type: ignore[arg-type]
+    got = _refused(lambda: stub.CreateSession(request, timeout=60))
+    _check(got, INVALID, "invalid_request")
+    assert next(iter(fields)) in got.details
+
+
+def test_uploads_that_break_the_rules_are_refused(channel: grpc.Channel, session_id: str) -> None:
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    _check(_refused(lambda: stub.UploadFile(iter(()))), INVALID, "invalid_request")
+    mixed = [
+        pb.FileChunk(session_id=session_id, path="a.txt", data=b"1"),
+        pb.FileChunk(session_id="other", data=b"2"),
+    ]
+    _check(_refused(lambda: stub.UploadFile(iter(mixed))), INVALID, "invalid_request")
+    for path in ("../a", "/etc/passwd", "", "a/../../b"):
+        chunks = [pb.FileChunk(session_id=session_id, path=path, data=b"x")]
+        _check(_refused(lambda c=chunks: stub.UploadFile(iter(c))), INVALID, "invalid_path")
+    # Nothing half-written was left by the refused upload.
+    listing = stub.Run(
+        pb.CallRequest(tool="ls", arguments_json="{}", session_id=session_id), timeout=60
+    )
+    assert "a.txt" not in listing.data_json
+
+
+def test_downloads_of_what_is_not_a_file_are_refused(
+    channel: grpc.Channel, session_id: str
+) -> None:
+    stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+    missing = pb.DownloadFileRequest(session_id=session_id, path="missing.txt")
+    _check(_refused(lambda: stub.DownloadFile(missing)), NOT_FOUND, "file_not_found")
+    for path in ("..", "/etc/passwd", "."):
+        request = pb.DownloadFileRequest(session_id=session_id, path=path)
+        _check(_refused(lambda r=request: stub.DownloadFile(r)), INVALID, "invalid_path")

@@ -158,3 +158,40 @@ def test_a_session_queue_is_bounded(serve: Callable[..., ServedDaemon]) -> None:
         for t in blockers:
             t.join(30)
         assert s.call("execute_python_code", {"code": "print(1)"}).ok
+
+
+def test_code_that_kills_its_supervisor_ends_its_session_and_says_so(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve()
+    with Client(served.target) as client:
+        s = client.session()
+        s.call("execute_python_code", {"code": "x = 1"})
+        result = s.call("execute_python_code", {"code": "import os; os.kill(os.getppid(), 9)"})
+        assert result.status is CallStatus.ERROR, result
+        assert result.session_reset
+        assert "ended" in result.message and "create a new session" in result.message
+        with pytest.raises(SessionEndedError) as ended:
+            s.call("execute_python_code", {"code": "print(x)"})
+        assert ended.value.reason == "sandbox_died"
+        assert s.id not in [i.session_id for i in client.list_sessions()]
+        served.assert_serving()
+
+
+def test_a_session_whose_supervisor_cannot_answer_is_given_up_in_bounded_time(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve(sessions={"interrupt_grace_s": 0.5, "reset_timeout_s": 1.5})
+    with Client(served.target) as client:
+        s = client.session()
+        freeze = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True: pass"
+        started = time.monotonic()
+        result = s.call("execute_python_code", {"code": freeze}, timeout=1)
+        took = time.monotonic() - started
+        assert result.status is CallStatus.TIMEOUT, result
+        assert result.session_reset
+        assert took < 10, f"took {took:.1f}s"
+        with pytest.raises(SessionEndedError) as ended:
+            s.call("execute_python_code", {"code": "1"})
+        assert ended.value.reason == "sandbox_died"
+        served.assert_serving()

@@ -538,3 +538,38 @@ def test_the_cost_of_the_three_writes_is_printed(path: Path, capsys: Any) -> Non
     with capsys.disabled():
         print("\njournal writes, 3000 calls:\n  " + "\n  ".join(lines))
         print(f"  prune of 3000 calls: {prune_ms:.1f} ms")
+
+
+# ---------------------------------------------------------------------- sessions
+
+
+def test_a_version_1_journal_is_brought_up_to_date_and_keeps_its_calls(path: Path) -> None:
+    make_journal(path, calls=2)
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
+        db.execute("DROP TABLE sessions")  # what a journal of schema 1 is
+        db.execute("PRAGMA user_version = 1")
+    with Journal.open(path) as journal:
+        assert not journal.created
+        assert entry(journal, "c1").state is CallState.SUCCEEDED
+        journal.session_opened("s1", client="me", sandbox_id="sb", options_json="{}")
+        assert journal.get_session("s1") is not None
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+
+
+def test_sessions_open_at_a_crash_are_ended_for_the_restart(path: Path) -> None:
+    with Journal.open(path) as journal:
+        journal.session_opened("s1", client="a", sandbox_id="x", options_json="{}", created=5.0)
+        journal.session_opened("s2", client="b", sandbox_id="y", options_json="{}", created=6.0)
+        journal.session_ended("s2", "closed", ended=7.0)
+    with Journal.open(path) as journal:
+        lost = journal.recover_sessions("daemon_restart", now=9.0)
+        assert [r.session_id for r in lost] == ["s1"]
+        s1, s2 = journal.get_session("s1"), journal.get_session("s2")
+        assert s1 is not None and (s1.ended, s1.end_reason) == (9.0, "daemon_restart")
+        assert s2 is not None and (s2.ended, s2.end_reason) == (7.0, "closed")
+        journal.session_ended("s2", "idle_ttl")  # the first end stands
+        again = journal.get_session("s2")
+        assert again is not None and again.end_reason == "closed"
+        assert journal.recover_sessions("daemon_restart") == []
+        assert journal.get_session("never") is None

@@ -76,6 +76,8 @@ async def run_in_session(
                 await sessions.end(session, session.end_reason or "sandbox_died")
                 return results.session_gone(call, session.id, session.end_reason)
         end = await _supervise(call, session, sessions, started)
+        if session.channel.ended.done():  # its sandbox is gone: so is the session, now
+            await sessions.end(session, session.end_reason or "sandbox_died")
         return results.in_session(call, end, call.stop_reason, session)
     finally:
         session.give_turn()

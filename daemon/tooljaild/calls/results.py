@@ -184,9 +184,18 @@ def in_session(
 ) -> ToolResult:
     """The result of a call that ran in `session`: as `result_of` says, plus what
     became of the session (kept, its interpreter restarted, or gone)."""
-    lost = end.outcome.termination in (Termination.RUNNER_LOST, Termination.KILLED)
-    if not session.open and (lost or stop is StopReason.SHUTDOWN):
-        return session_gone(call, session.id, session.end_reason, ran=True)
+    if not session.open:
+        if stop is None or stop is StopReason.SHUTDOWN:
+            return session_gone(call, session.id, session.end_reason, ran=True)
+        # Stopped (timeout, cancel, output) and then the session had to go: the
+        # stop is what happened to the call, the session's end what it left.
+        result = stopped(call, stop)
+        why = END_MESSAGES.get(session.end_reason, session.end_reason)
+        message = (
+            f"{result.message} Session {session.id!r} had to be given up ({why}): its "
+            "state is gone (variables and workspace files): create a new session."
+        )
+        return result.model_copy(update={"message": message, "session_reset": True})
     result = result_of(call, end.outcome, stop)
     message = result.message
     if end.reset:
