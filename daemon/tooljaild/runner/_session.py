@@ -211,13 +211,7 @@ class _Supervisor:
                 self.restart(asked=False)
 
     def _reap(self) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, status in self.runner._reap_all():
             if pid == self.interpreter:
                 self.status = status
 

@@ -230,17 +230,22 @@ class PipeReader:
         self._loop.add_reader(fd, self._on_readable)
 
     def _on_readable(self) -> None:
+        self._read_once()
+
+    def _read_once(self) -> bool:
+        """One read into the protocol; True when it got data (more may be there)."""
         try:
             data = os.read(self._fd, self._chunk)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError as exc:
             self._end(exc)
-            return
-        if data:
-            self._protocol.data_received(data)
-        else:
+            return False
+        if not data:
             self._end(None)
+            return False
+        self._protocol.data_received(data)
+        return True
 
     def read_now(self) -> None:
         """Read what the pipe holds now, until it would block, into the protocol.
@@ -249,18 +254,8 @@ class PipeReader:
         then delivered before that is acted on: a session's output is cut
         exactly at its call's result frame.
         """
-        while self._fd >= 0:
-            try:
-                data = os.read(self._fd, self._chunk)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self._end(exc)
-                return
-            if not data:
-                self._end(None)
-                return
-            self._protocol.data_received(data)
+        while self._fd >= 0 and self._read_once():
+            pass
 
     def close(self) -> None:
         """Stop reading; the protocol hears `connection_lost(None)` unless it has."""
