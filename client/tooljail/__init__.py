@@ -22,6 +22,8 @@ from tooljail._client import AsyncClient, Client, default_target
 from tooljail._session import Session
 from tooljail._tooldef import tool
 from tooljail._types import (
+    ArtifactInfo,
+    ArtifactRef,
     CallInfo,
     CallState,
     CallStatus,
@@ -36,6 +38,8 @@ from tooljail._types import (
     ToolResult,
 )
 from tooljail.errors import (
+    ArtifactGoneError,
+    ArtifactNotFoundError,
     BadTimeoutError,
     CallIdConflictError,
     CallNotFoundError,
@@ -60,6 +64,10 @@ from tooljail.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArtifactGoneError",
+    "ArtifactInfo",
+    "ArtifactNotFoundError",
+    "ArtifactRef",
     "AsyncClient",
     "AsyncSession",
     "BadTimeoutError",

@@ -102,6 +102,28 @@ class Output(BaseModel):
         return json.loads(self.data)
 
 
+class ArtifactRef(BaseModel):
+    """An artifact a result names: read it with `Client.get_artifact(artifact_id)`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    artifact_id: str
+    name: str = ""
+    mime_type: str = "application/octet-stream"
+    size_bytes: int = 0
+
+
+class ArtifactInfo(ArtifactRef):
+    """An artifact as `Client.list_artifacts` describes it."""
+
+    call_id: str = ""
+    session_id: str = ""
+    created_unix: float = 0.0
+    source: str = ""
+    """"output", "result", "outputs", "figure" or "display"."""
+    tool: str = ""
+
+
 class ToolResult(BaseModel):
     """The one final outcome of a call."""
 
@@ -128,6 +150,9 @@ class ToolResult(BaseModel):
     session_reset: bool = False
     """The session's interpreter was restarted during (or, unnoticed, before) this
     call: its variables, imports and open objects are gone; its files are kept."""
+    artifacts: tuple[ArtifactRef, ...] = ()
+    """What the call made, in order (whole output, offloaded result, files of its
+    outputs directory, figures): read each with `Client.get_artifact`."""
 
     @property
     def ok(self) -> bool:

@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from tooljail._types import (
+    ArtifactInfo,
+    ArtifactRef,
     CallInfo,
     CallState,
     CallStatus,
@@ -42,6 +44,7 @@ from tooljail._types import (
 )
 from tooljail.errors import (
     ERRORS_BY_CODE,
+    ArtifactGoneError,
     DaemonUnavailableError,
     InvalidArgumentsError,
     JournalUnavailableError,
@@ -230,6 +233,7 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         output_bytes=r.output_bytes,
         session_id=r.session_id,
         session_reset=r.session_reset,
+        artifacts=[artifact_ref_to_proto(a) for a in r.artifacts],
     )
     if r.error is not None:
         m.error.CopyFrom(
@@ -270,6 +274,7 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         output_bytes=m.output_bytes,
         session_id=m.session_id,
         session_reset=m.session_reset,
+        artifacts=[artifact_ref_from_proto(a) for a in m.artifacts],
     )
 
 
@@ -423,7 +428,7 @@ def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:
         detail.actual = bounded(exc.actual, MAX_DETAIL_FIELD_BYTES)
     elif isinstance(exc, OverloadedError):
         detail.retry_after_s = exc.retry_after_s
-    elif isinstance(exc, (JournalUnavailableError, SessionEndedError)):
+    elif isinstance(exc, (JournalUnavailableError, SessionEndedError, ArtifactGoneError)):
         detail.reason = bounded(exc.reason, MAX_DETAIL_FIELD_BYTES)
     return detail
 
@@ -483,6 +488,8 @@ def error_from_rpc(
             return JournalUnavailableError(message, reason=detail.reason)
         if cls is SessionEndedError:
             return SessionEndedError(message, reason=detail.reason)
+        if cls is ArtifactGoneError:
+            return ArtifactGoneError(message, reason=detail.reason)
         if cls is not None:
             return cls(message)
         return UnknownError(
@@ -546,3 +553,38 @@ def session_info_from_proto(m: pb.SessionInfo) -> SessionInfo:
         state=_from_pb(_SESSION_STATE_FROM_PB, m.state, "SessionState"),
         **{name: getattr(m, name) for name in _SESSION_FIELDS},
     )
+
+
+def artifact_ref_to_proto(a: ArtifactRef) -> pb.ArtifactRef:
+    """An artifact a result names, as its wire message."""
+    return pb.ArtifactRef(
+        artifact_id=a.artifact_id, name=a.name, mime_type=a.mime_type, size_bytes=a.size_bytes
+    )
+
+
+def artifact_ref_from_proto(m: pb.ArtifactRef) -> ArtifactRef:
+    return ArtifactRef(
+        artifact_id=m.artifact_id, name=m.name, mime_type=m.mime_type, size_bytes=m.size_bytes
+    )
+
+
+_ARTIFACT_FIELDS = (
+    "artifact_id",
+    "name",
+    "mime_type",
+    "size_bytes",
+    "call_id",
+    "session_id",
+    "created_unix",
+    "source",
+    "tool",
+)
+
+
+def artifact_info_to_proto(a: ArtifactInfo) -> pb.ArtifactInfo:
+    """An artifact's description as its wire message."""
+    return pb.ArtifactInfo(**{name: getattr(a, name) for name in _ARTIFACT_FIELDS})
+
+
+def artifact_info_from_proto(m: pb.ArtifactInfo) -> ArtifactInfo:
+    return ArtifactInfo(**{name: getattr(m, name) for name in _ARTIFACT_FIELDS})

@@ -16,6 +16,8 @@
     ├── WorkspaceFileNotFoundError (LookupError) NOT_FOUND, code "file_not_found"
     ├── InvalidPathError (ValueError)            INVALID_ARGUMENT, code "invalid_path"
     ├── WorkspaceFullError                       RESOURCE_EXHAUSTED, code "workspace_full"
+    ├── ArtifactNotFoundError (LookupError)      NOT_FOUND, code "artifact_not_found"
+    ├── ArtifactGoneError (LookupError)          NOT_FOUND, code "artifact_gone"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -38,6 +40,8 @@ from __future__ import annotations
 
 __all__ = [
     "ERRORS_BY_CODE",
+    "ArtifactGoneError",
+    "ArtifactNotFoundError",
     "BadTimeoutError",
     "CallIdConflictError",
     "CallNotFoundError",
@@ -225,6 +229,28 @@ class WorkspaceFullError(TooljailError):
     code = "workspace_full"
 
 
+class ArtifactNotFoundError(TooljailError, LookupError):
+    """No artifact of that id was made by this client's calls (another client's is
+    not found either: nothing is told of it)."""
+
+    code = "artifact_not_found"
+
+
+class ArtifactGoneError(TooljailError, LookupError):
+    """This client's artifact existed and is gone.
+
+    Attributes:
+        reason: "evicted" (the store's byte bound made room for newer ones),
+            "expired" (its age bound) or "deleted"; "" when the daemon did not say.
+    """
+
+    code = "artifact_gone"
+
+    def __init__(self, message: str, *, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -282,6 +308,8 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         WorkspaceFileNotFoundError,
         InvalidPathError,
         WorkspaceFullError,
+        ArtifactNotFoundError,
+        ArtifactGoneError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

@@ -30,6 +30,8 @@ import grpc.aio
 
 from tooljail._wire import ERROR_DETAIL_KEY, bounded, error_detail_for
 from tooljail.errors import (
+    ArtifactGoneError,
+    ArtifactNotFoundError,
     BadTimeoutError,
     CallIdConflictError,
     CallNotFoundError,
@@ -69,6 +71,8 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     WorkspaceFileNotFoundError: grpc.StatusCode.NOT_FOUND,
     InvalidPathError: grpc.StatusCode.INVALID_ARGUMENT,
     WorkspaceFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ArtifactNotFoundError: grpc.StatusCode.NOT_FOUND,
+    ArtifactGoneError: grpc.StatusCode.NOT_FOUND,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 

@@ -50,6 +50,10 @@ EXPECTED_ALL = {
     "SessionState",
     "Session",
     "AsyncSession",
+    "ArtifactGoneError",
+    "ArtifactInfo",
+    "ArtifactNotFoundError",
+    "ArtifactRef",
 }
 
 
@@ -84,6 +88,8 @@ EXPECTED_ERRORS_ALL = {
     "SessionNotFoundError",
     "WorkspaceFileNotFoundError",
     "WorkspaceFullError",
+    "ArtifactGoneError",
+    "ArtifactNotFoundError",
 }
 
 

@@ -67,6 +67,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_FILE_NOT_FOUND: _ClassVar[ErrorCode]
     ERROR_CODE_INVALID_PATH: _ClassVar[ErrorCode]
     ERROR_CODE_WORKSPACE_FULL: _ClassVar[ErrorCode]
+    ERROR_CODE_ARTIFACT_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_ARTIFACT_GONE: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -110,6 +112,8 @@ ERROR_CODE_SESSION_ENDED: ErrorCode
 ERROR_CODE_FILE_NOT_FOUND: ErrorCode
 ERROR_CODE_INVALID_PATH: ErrorCode
 ERROR_CODE_WORKSPACE_FULL: ErrorCode
+ERROR_CODE_ARTIFACT_NOT_FOUND: ErrorCode
+ERROR_CODE_ARTIFACT_GONE: ErrorCode
 
 class ListToolsRequest(_message.Message):
     __slots__ = ()
@@ -214,7 +218,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +232,7 @@ class Result(_message.Message):
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_RESET_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -241,7 +246,20 @@ class Result(_message.Message):
     output_bytes: int
     session_id: str
     session_reset: bool
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ...) -> None: ...
+    artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ...) -> None: ...
+
+class ArtifactRef(_message.Message):
+    __slots__ = ("artifact_id", "name", "mime_type", "size_bytes")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    name: str
+    mime_type: str
+    size_bytes: int
+    def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
 
 class AttachRequest(_message.Message):
     __slots__ = ("call_id", "from_seq")
@@ -380,6 +398,68 @@ class FileInfo(_message.Message):
     path: str
     size_bytes: int
     def __init__(self, path: _Optional[str] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
+class ArtifactInfo(_message.Message):
+    __slots__ = ("artifact_id", "name", "mime_type", "size_bytes", "call_id", "session_id", "created_unix", "source", "tool")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    name: str
+    mime_type: str
+    size_bytes: int
+    call_id: str
+    session_id: str
+    created_unix: float
+    source: str
+    tool: str
+    def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size_bytes: _Optional[int] = ..., call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., source: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
+
+class GetArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class ArtifactChunk(_message.Message):
+    __slots__ = ("info", "data")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    info: ArtifactInfo
+    data: bytes
+    def __init__(self, info: _Optional[_Union[ArtifactInfo, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ListArtifactsRequest(_message.Message):
+    __slots__ = ("call_id", "session_id")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    session_id: str
+    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class ListArtifactsResponse(_message.Message):
+    __slots__ = ("artifacts",)
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactInfo]
+    def __init__(self, artifacts: _Optional[_Iterable[_Union[ArtifactInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteArtifactRequest(_message.Message):
+    __slots__ = ("artifact_id",)
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    def __init__(self, artifact_id: _Optional[str] = ...) -> None: ...
+
+class DeleteArtifactResponse(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: bool
+    def __init__(self, deleted: _Optional[bool] = ...) -> None: ...
 
 class ErrorDetail(_message.Message):
     __slots__ = ("code", "message", "parameter", "expected", "actual", "retry_after_s", "reason")

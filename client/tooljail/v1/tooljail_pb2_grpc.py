@@ -90,6 +90,21 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.FromString,
                 _registered_method=True)
+        self.GetArtifact = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/GetArtifact',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.GetArtifactRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ArtifactChunk.FromString,
+                _registered_method=True)
+        self.ListArtifacts = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/ListArtifacts',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsResponse.FromString,
+                _registered_method=True)
+        self.DeleteArtifact = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/DeleteArtifact',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -187,6 +202,29 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetArtifact(self, request, context):
+        """Reads an artifact the calling client's calls made, streamed in chunks: the
+        first chunk carries its `info`. Another client's artifact is not found.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListArtifacts(self, request, context):
+        """The artifacts the calling client's calls made (and still kept), newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteArtifact(self, request, context):
+        """Deletes an artifact of the calling client's. Deleting one that is gone
+        already answers `deleted = false`, not an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -244,6 +282,21 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.DownloadFile,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.FileChunk.SerializeToString,
+            ),
+            'GetArtifact': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetArtifact,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.GetArtifactRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ArtifactChunk.SerializeToString,
+            ),
+            'ListArtifacts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListArtifacts,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsResponse.SerializeToString,
+            ),
+            'DeleteArtifact': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteArtifact,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -544,6 +597,87 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/DownloadFile',
             tooljail_dot_v1_dot_tooljail__pb2.DownloadFileRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.FileChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/GetArtifact',
+            tooljail_dot_v1_dot_tooljail__pb2.GetArtifactRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ArtifactChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListArtifacts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ListArtifacts',
+            tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ListArtifactsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteArtifact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/DeleteArtifact',
+            tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.FromString,
             options,
             channel_credentials,
             insecure,
