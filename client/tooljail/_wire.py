@@ -274,7 +274,7 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         output_bytes=m.output_bytes,
         session_id=m.session_id,
         session_reset=m.session_reset,
-        artifacts=[artifact_ref_from_proto(a) for a in m.artifacts],
+        artifacts=tuple(artifact_ref_from_proto(a) for a in m.artifacts),
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from tooljail.errors import InvalidArgumentsError
 from tooljaild.config import Settings
+from tooljaild.in_daemon import Handler
 from tooljaild.registry import Tool, ToolOptions
 from tooljaild.sandbox.backends import Promises
 from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_payload, workspace_tools
@@ -152,8 +153,9 @@ BUILTIN_TOOLS: tuple[Tool, ...] = builtin_tools()
 class BuiltinRun:
     """How the daemon runs one built-in tool."""
 
-    kind: Literal["code", "file", "workspace"]
-    """The request kind the sandbox's runner gets (see `sandbox.runner_channel`)."""
+    kind: Literal["code", "file", "workspace", "daemon"]
+    """The request kind the sandbox's runner gets (see `sandbox.runner_channel`);
+    "daemon": no sandbox, `in_daemon` runs it (`tooljaild.in_daemon`)."""
     payload: Callable[[Mapping[str, Any]], dict[str, Any]]
     """The request's payload, from the call's checked arguments."""
     prepare: Callable[[dict[str, Any], Settings], dict[str, Any]] | None = None
@@ -163,6 +165,8 @@ class BuiltinRun:
     output_is_data: bool = True
     """The result's data is the program's `{stdout, stderr, exit_code}`; False:
     it is the value the run returned (the workspace tools' op results)."""
+    in_daemon: Handler | None = None
+    """For kind "daemon": the handler the daemon awaits instead of a sandbox."""
 
 
 def _resolve_file(arguments: dict[str, Any], settings: Settings) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pydantic_settings import (
 
 from tooljail._client import default_socket_path
 from tooljail.errors import TooljailError
+from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.sandbox.backends import BackendKind, BackendSettings
 from tooljaild.sandbox.base import Limits
 from tooljaild.sessions.settings import SessionSettings
@@ -92,6 +93,8 @@ class Settings(BaseSettings, BackendSettings):
     """How long the journal keeps a finished call (GetCall, idempotent retries)."""
     journal_max_rows: int = Field(default=100_000, ge=100)
     """How many finished calls the journal keeps at most (the oldest go first)."""
+    artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
+    """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)
     """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import signal
+import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -31,9 +32,11 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
+from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
+from tooljaild.in_daemon import Services
 from tooljaild.journal import Journal, JournalError
 from tooljaild.listen import SocketPlan, is_loopback, prepare_socket, sd_notify
 from tooljaild.loader import load_registry
@@ -167,6 +170,7 @@ class Daemon:
         self.pools: PoolSet | None = None
         self.manager: CallManager | None = None
         self.sessions: SessionManager | None = None
+        self.artifacts: ArtifactStore | None = None
         self.journal: Journal | None = None
         self.daemon_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
@@ -191,6 +195,7 @@ class Daemon:
         """
         self._make_state_dirs()
         self._open_journal()
+        self._open_artifacts()
         self._check_listen()
         s = self.settings
         try:
@@ -320,6 +325,7 @@ class Daemon:
             journal=self.journal,
             sessions=self.sessions,
             session_misfit=self.pools.session_misfit,
+            services=Services(s, artifacts=self.artifacts, sessions=self.sessions),
         )
         address = s.listen if self._socket is None else self._socket.bind_address
         try:
@@ -391,7 +397,21 @@ class Daemon:
                 self._socket_path.unlink()
         if self.journal is not None:
             self.journal.close()
+        if self.artifacts is not None:
+            self.artifacts.close()
         log.info("stopped")
+
+    def _open_artifacts(self) -> None:
+        """Open the artifact store (`<state_dir>/artifacts`), made consistent after a crash.
+
+        Raises:
+            DaemonError: It cannot be opened.
+        """
+        root = self.settings.state_dir / "artifacts"
+        try:
+            self.artifacts = ArtifactStore.open(root, self.settings.artifacts)
+        except (OSError, sqlite3.Error) as exc:
+            raise DaemonError(f"cannot open the artifact store {root}: {exc}") from exc
 
     def _open_journal(self) -> None:
         """Open the journal, and mark what a dead predecessor left running as lost.

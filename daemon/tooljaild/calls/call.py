@@ -23,7 +23,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
-from tooljail._types import CallInfo, CallState, StreamKind, ToolResult
+from tooljail._types import ArtifactRef, CallInfo, CallState, StreamKind, ToolResult
 from tooljaild.config import Settings
 from tooljaild.journal import JournalEntry
 from tooljaild.output import Event, EventLog, HeadTail
@@ -143,6 +143,8 @@ class Call:
         """Who asked for the call (see `CallManager.submit`)."""
         self.session_id = ""
         """The session it runs in; "" for a call in a fresh sandbox of its own."""
+        self.artifacts: list[ArtifactRef] = []
+        """What it made so far (see `ToolResult.artifacts`), in order."""
         self.state = CallState.QUEUED
         self.sandbox_id = ""
         self.created = time.monotonic()

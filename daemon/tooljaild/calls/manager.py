@@ -20,24 +20,27 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from tooljail._types import CallState, ToolInfo, ToolResult
+from tooljail._types import CallState, Effect, ToolError, ToolInfo, ToolResult
 from tooljail.errors import (
     CallNotFoundError,
     InvalidRequestError,
     SessionNotFoundError,
     ShuttingDownError,
+    TooljailError,
     ToolNotFoundError,
 )
+from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.config import Settings
+from tooljaild.in_daemon import DaemonCall, Handler, Services, ToolFailure
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
-from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
+from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
@@ -73,6 +76,7 @@ class CallManager:
         sessions: SessionManager | None = None,
         *,
         session_misfit: Callable[[Tool], str | None] = lambda _tool: None,
+        services: Services | None = None,
     ) -> None:
         """
         Args:
@@ -81,6 +85,7 @@ class CallManager:
             sessions: The daemon's sessions, which calls may name; None: no sessions.
             session_misfit: Why a tool cannot run in a session (its sandbox profile
                 is not the sessions'), or None when it can.
+            services: What in-daemon tools may use (the artifact store, ...).
         """
         self._settings = settings
         self._registry = registry
@@ -93,6 +98,7 @@ class CallManager:
         self._journal = journal
         self._sessions = sessions
         self._session_misfit = session_misfit
+        self._services = services or Services(settings, sessions=sessions)
         self._finished_since_prune = 0
         self._unrecorded: list[tuple[Call, ToolResult]] = []
         """Calls answered but not yet journaled as over (see `_end`)."""
@@ -154,6 +160,12 @@ class CallManager:
         known, rerun = self._known(call_id, tool, fingerprint)
         if known is not None:
             return known
+        builtin = builtin_run(tool)
+        if builtin is not None and builtin.in_daemon is not None:
+            return self._submit_in_daemon(
+                builtin.in_daemon, session_id, call_id, tool, arguments, fingerprint, timeout,
+                client, arguments_json, rerun,
+            )  # fmt: skip
         if session_id:
             return self._submit_in_session(
                 session_id,
@@ -228,6 +240,93 @@ class CallManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return call
+
+    def _submit_in_daemon(
+        self,
+        handler: Handler,
+        session_id: str,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout: float,
+        client: str,
+        arguments_json: str,
+        rerun: bool,
+    ) -> Call:
+        """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        session = None
+        if session_id:
+            if self._sessions is None:
+                raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
+            session = self._sessions.get(session_id)
+        call = Call(
+            call_id or uuid.uuid4().hex,
+            tool,
+            arguments,
+            fingerprint,
+            timeout,
+            self._settings,
+            self._settings.limits,
+            client,
+        )
+        call.session_id = session.id if session is not None else ""
+        self._journal_admitted(call, arguments_json, rerun)
+        self._calls[call.call_id] = call
+        work = DaemonCall(call.call_id, tool.name, arguments, client, session, self._services)
+        task = asyncio.create_task(
+            self._run_in_daemon(call, handler, work), name=f"call-{call.call_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return call
+
+    async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
+        """An in-daemon call's task: the handler within the call's timeout, stoppable."""
+        self._running(call, "daemon")
+        inner = asyncio.ensure_future(handler(work))
+        timer = asyncio.get_running_loop().call_later(
+            call.timeout_s, call.request_stop, StopReason.TIMEOUT
+        )
+
+        def stop() -> None:
+            inner.cancel()
+
+        call.kill_with(stop)
+        try:
+            try:
+                value = await inner
+            except asyncio.CancelledError:
+                if call.stop_reason is None:
+                    raise  # the daemon's own task was cancelled
+                outcome = RunOutcome(Termination.KILLED)
+            except ToolFailure as failure:
+                error = ToolError(type=failure.type, message=failure.message)
+                outcome = RunOutcome(Termination.RAISED, error=error)
+            except TooljailError as exc:  # a session ended, an artifact gone, ...
+                error = ToolError(type=type(exc).__name__, message=exc.message)
+                outcome = RunOutcome(Termination.RAISED, error=error)
+            else:
+                kind: Literal["none", "json"] = "none" if value is None else "json"
+                outcome = RunOutcome(Termination.RETURNED, value_kind=kind, value=value)
+            call.kill_with(None)
+            result = results.result_of(call, outcome, call.stop_reason)
+            if inner.done() and not inner.cancelled():
+                failure_ = inner.exception()
+                if isinstance(failure_, ToolFailure) and failure_.effect_unknown:
+                    result = result.model_copy(update={"effect": Effect.UNKNOWN})
+            self._end(call, result)
+        except Exception as exc:  # a bug of ours must still answer the caller
+            log.exception("call %s failed inside the daemon", call.call_id)
+            self._end(call, results.internal_error(call, exc))
+        finally:
+            timer.cancel()
+            call.kill_with(None)
+            call.events.close()
+            call.compact()
+            self._forget_old()
 
     async def _run_in_session(
         self,

@@ -310,6 +310,7 @@ def _result(call: Call, **fields: Any) -> ToolResult:
         output_bytes=call.stdout.total + call.stderr.total,
         truncated=call.stdout.truncated or call.stderr.truncated,
         session_id=call.session_id,
+        artifacts=tuple(call.artifacts),
         **fields,
     )
 

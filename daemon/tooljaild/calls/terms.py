@@ -92,6 +92,8 @@ def run_request(tool: Tool, arguments: dict[str, Any], limits: Limits) -> RunReq
     """What the sandbox's runner is asked to run."""
     run = builtin_run(tool)
     if run is not None:
+        if run.kind == "daemon":
+            raise ValueError(f"{tool.name!r} runs in the daemon: it has no sandbox request")
         payload = run.payload(arguments)
         if run.kind == "workspace":  # writes are refused past the workspace's quota
             payload["quota_bytes"] = limits.workspace_bytes
