@@ -13,6 +13,13 @@ from typing import Any, Self, TypeVar
 import grpc
 import grpc.aio
 
+from tooljail._artifact_base import (
+    decode_artifacts,
+    delete_artifact_request,
+    get_artifact_request,
+    join_chunks,
+    list_artifacts_request,
+)
 from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_base import _BaseClient, _new_stub, _Progress
 from tooljail._session_base import (
@@ -26,6 +33,7 @@ from tooljail._session_base import (
     upload_messages,
 )
 from tooljail._types import (
+    ArtifactInfo,
     CallInfo,
     CallState,
     Diagnostic,
@@ -55,6 +63,7 @@ class AsyncClient(_BaseClient):
         target: As for `Client`.
         timeout: As for `Client`: the deadline of each unary RPC; None means none.
         retries: As for `Client`.
+        client_name: As for `Client`: the name this client goes by (unauthenticated).
 
     Raises:
         TypeError: When an argument has the wrong type.
@@ -63,9 +72,14 @@ class AsyncClient(_BaseClient):
     """
 
     def __init__(
-        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+        self,
+        target: str | None = None,
+        *,
+        timeout: float | None = None,
+        retries: int = 3,
+        client_name: str | None = None,
     ) -> None:
-        super().__init__(target, timeout=timeout, retries=retries)
+        super().__init__(target, timeout=timeout, retries=retries, client_name=client_name)
         self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options())
         self._stub = _new_stub(self._channel)
 
@@ -295,3 +309,32 @@ class AsyncClient(_BaseClient):
             return b"".join([chunk.data async for chunk in rpc])
 
         return await self._retried(gather)
+
+    # --- artifacts ---
+
+    async def get_artifact(self, artifact_id: str) -> bytes:
+        """The bytes of an artifact this client's calls made. See `Client.get_artifact`."""
+        request = get_artifact_request(artifact_id)
+
+        async def gather() -> bytes:
+            rpc = self._stub.GetArtifact(
+                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            )
+            return join_chunks([chunk async for chunk in rpc])
+
+        return await self._retried(gather)
+
+    async def list_artifacts(
+        self, *, call_id: str | None = None, session_id: str | None = None
+    ) -> list[ArtifactInfo]:
+        """This client's kept artifacts, newest first. See `Client.list_artifacts`."""
+        request = list_artifacts_request(call_id, session_id)
+        return decode_artifacts(await self._unary(self._stub.ListArtifacts, request, retry=True))
+
+    async def delete_artifact(self, artifact_id: str) -> bool:
+        """Deletes an artifact of this client's. See `Client.delete_artifact`."""
+        request = delete_artifact_request(artifact_id)
+        resp: pb.DeleteArtifactResponse = await self._unary(
+            self._stub.DeleteArtifact, request, retry=True
+        )
+        return resp.deleted

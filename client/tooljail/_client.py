@@ -13,6 +13,10 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 `DaemonUnavailableError`). Bad arguments to the methods themselves raise
 `TypeError` (wrong Python type) or a `TooljailError` that is also a
 `ValueError` (wrong value) before anything is sent.
+
+Over 500 lines, on purpose: `Client` carries the full contract (arguments,
+errors, retries) of every method in its docstrings, which `AsyncClient` refers
+to; the logic is in `_BaseClient` and the `_*_base` modules.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ from typing import Any, Self, TypeVar
 import grpc
 import grpc.aio
 
+from tooljail._artifact_base import (
+    decode_artifacts,
+    delete_artifact_request,
+    get_artifact_request,
+    join_chunks,
+    list_artifacts_request,
+)
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
     CLIENT_KEY,
@@ -48,6 +59,7 @@ from tooljail._session_base import (
     upload_messages,
 )
 from tooljail._types import (
+    ArtifactInfo,
     CallInfo,
     CallState,
     Diagnostic,
@@ -93,18 +105,33 @@ class Client(_BaseClient):
             resumes with `attach` after the last chunk received. The session
             methods that are safe to repeat (`list_sessions`, `close_session`,
             `upload_file`, `download_file`) retry the same way; `session()`
-            does not (see there).
+            does not (see there). So do the artifact methods.
+        client_name: The name this client goes by on the daemon: its share of
+            calls, and the owner of the artifacts its calls make (only a client
+            of the same name reads, lists or deletes them). None: the
+            TOOLJAIL_CLIENT environment variable, else "<host>/<pid>", which no
+            other process shares. Give an agent a name to read its artifacts
+            from another process (`tooljail artifacts ls --client NAME`). The
+            name is not authenticated (until the daemon has tokens): anyone who
+            can reach the daemon may claim it, so an artifact's real protection
+            is its id, 128 random bits that only its result names.
 
     Raises:
         TypeError: When an argument has the wrong type.
-        InvalidRequestError: When the target is unusable or the timeout is not
-            a positive number.
+        InvalidRequestError: When the target is unusable, the timeout is not
+            a positive number, or the client name is empty, too long (over 128
+            characters) or not printable ASCII.
     """
 
     def __init__(
-        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+        self,
+        target: str | None = None,
+        *,
+        timeout: float | None = None,
+        retries: int = 3,
+        client_name: str | None = None,
     ) -> None:
-        super().__init__(target, timeout=timeout, retries=retries)
+        super().__init__(target, timeout=timeout, retries=retries, client_name=client_name)
         # Plaintext: the default target is a Unix socket guarded by file modes.
         self._channel = grpc.insecure_channel(self._target, options=self._channel_options())
         self._stub = _new_stub(self._channel)
@@ -496,3 +523,66 @@ class Client(_BaseClient):
             return b"".join(chunk.data for chunk in rpc)
 
         return self._retried(gather)
+
+    # --- artifacts ---
+
+    def get_artifact(self, artifact_id: str) -> bytes:
+        """The bytes of an artifact this client's calls made (`ToolResult.artifacts`).
+
+        Streamed from the daemon in chunks and joined. Retried like `call`
+        (reading again is harmless), from the start.
+
+        Raises:
+            TypeError: When the id is not a str.
+            InvalidRequestError: When the id is empty.
+            ArtifactNotFoundError: When no artifact of that id is this client's
+                (another client's is not found either).
+            ArtifactGoneError: When it was this client's and is gone: `reason`
+                is "evicted", "expired" or "deleted".
+            TransportError: When the RPC fails or the stream breaks off.
+        """
+        request = get_artifact_request(artifact_id)
+        return self._retried(
+            lambda: join_chunks(
+                self._stub.GetArtifact(
+                    request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+                )
+            )
+        )
+
+    def list_artifacts(
+        self, *, call_id: str | None = None, session_id: str | None = None
+    ) -> list[ArtifactInfo]:
+        """The artifacts this client's calls made and the daemon still keeps, newest first.
+
+        Args:
+            call_id: Only those of this call; None: of any.
+            session_id: Only those of calls in this session; None: of any.
+
+        Raises:
+            TypeError: When an id is not a str.
+            InvalidRequestError: When an id is empty.
+            TransportError: When the RPC fails.
+        """
+        request = list_artifacts_request(call_id, session_id)
+        return decode_artifacts(self._unary(self._stub.ListArtifacts, request, retry=True))
+
+    def delete_artifact(self, artifact_id: str) -> bool:
+        """Deletes an artifact of this client's; reading it later says it was deleted.
+
+        Retried like `call` (deleting twice is harmless).
+
+        Returns:
+            True when it was deleted now; False when it was gone already.
+
+        Raises:
+            TypeError: When the id is not a str.
+            InvalidRequestError: When the id is empty.
+            ArtifactNotFoundError: When no artifact of that id is this client's.
+            TransportError: When the RPC fails.
+        """
+        request = delete_artifact_request(artifact_id)
+        resp: pb.DeleteArtifactResponse = self._unary(
+            self._stub.DeleteArtifact, request, retry=True
+        )
+        return resp.deleted

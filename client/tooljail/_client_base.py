@@ -43,6 +43,7 @@ from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 
 __all__ = [
+    "CLIENT_ENV",
     "CLIENT_KEY",
     "MAX_RECEIVE_MESSAGE_BYTES",
     "TARGET_ENV",
@@ -51,7 +52,14 @@ __all__ = [
 ]
 
 CLIENT_KEY = "tooljail-client"
-"""Metadata naming this client to the daemon (its share of calls is per client)."""
+"""Metadata naming this client to the daemon: its share of calls, the owner of
+its sessions' listing and of the artifacts its calls make."""
+
+CLIENT_ENV = "TOOLJAIL_CLIENT"
+"""Environment variable naming the client when `client_name` is not given."""
+
+MAX_CLIENT_NAME = 128
+"""The daemon reads at most this many characters of a client's name."""
 
 TARGET_ENV = "TOOLJAIL_TARGET"
 """Environment variable naming the daemon to dial when no target is given."""
@@ -105,7 +113,12 @@ class _BaseClient:
     _retries: int
 
     def __init__(
-        self, target: str | None = None, *, timeout: float | None = None, retries: int = 3
+        self,
+        target: str | None = None,
+        *,
+        timeout: float | None = None,
+        retries: int = 3,
+        client_name: str | None = None,
     ) -> None:
         self._target = self._normalize_target(default_target() if target is None else target)
         self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
@@ -114,8 +127,40 @@ class _BaseClient:
         if retries < 0:
             raise InvalidRequestError(f"retries must be 0 or more, got {retries}")
         self._retries = retries
-        # Who we are, for the daemon's fairness between agent hosts.
-        self._metadata = ((CLIENT_KEY, f"{socket.gethostname()}/{os.getpid()}"),)
+        self._client_name = self._resolve_client_name(client_name)
+        # Who we are: the daemon's fairness between agent hosts, and the owner
+        # of what our calls make (artifacts).
+        self._metadata = ((CLIENT_KEY, self._client_name),)
+
+    @staticmethod
+    def _resolve_client_name(client_name: str | None) -> str:
+        """The name this client goes by: `client_name`, else $TOOLJAIL_CLIENT,
+        else "<host>/<pid>" (a name of this process alone).
+
+        Raises:
+            TypeError: When `client_name` is not a str (or None).
+            InvalidRequestError: When the name (given or from the environment) is
+                empty, longer than 128 characters, or not printable ASCII (gRPC
+                metadata carries nothing else).
+        """
+        where = "client_name"
+        if client_name is None:
+            client_name = os.environ.get(CLIENT_ENV, "").strip()
+            if not client_name:
+                return f"{socket.gethostname()}/{os.getpid()}"
+            where = f"${CLIENT_ENV}"
+        if not isinstance(client_name, str):
+            raise TypeError(f"client_name must be a str, got {type(client_name).__name__}")
+        if not client_name or len(client_name) > MAX_CLIENT_NAME:
+            raise InvalidRequestError(
+                f"{where} must be 1 to {MAX_CLIENT_NAME} characters, got {len(client_name)}"
+            )
+        if not (client_name.isascii() and client_name.isprintable()):
+            raise InvalidRequestError(
+                f"{where} must be printable ASCII (it travels as gRPC metadata), "
+                f"got {client_name[:40]!r}"
+            )
+        return client_name
 
     @staticmethod
     def _check_seq(from_seq: int) -> int:
@@ -158,6 +203,11 @@ class _BaseClient:
     def target(self) -> str:
         """The gRPC target this client dials, normalised (e.g. "unix:///run/x.sock")."""
         return self._target
+
+    @property
+    def client_name(self) -> str:
+        """The name this client sends the daemon (`tooljail-client` metadata)."""
+        return self._client_name
 
     @property
     def timeout(self) -> float | None:

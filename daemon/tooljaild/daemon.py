@@ -32,7 +32,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
-from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.artifacts.store import ArtifactStore, prune_periodically
 from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
@@ -171,6 +171,8 @@ class Daemon:
         self.manager: CallManager | None = None
         self.sessions: SessionManager | None = None
         self.artifacts: ArtifactStore | None = None
+        self._pruning: asyncio.Task[None] | None = None
+        """Expires artifacts past their age bound while serving (`prune_periodically`)."""
         self.journal: Journal | None = None
         self.daemon_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
@@ -334,6 +336,7 @@ class Daemon:
                 address,
                 max_request_bytes=s.max_request_bytes,
                 sessions=self.sessions,
+                artifacts=self.artifacts,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
@@ -350,6 +353,8 @@ class Daemon:
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
         await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
+        if self.artifacts is not None:
+            self._pruning = asyncio.create_task(prune_periodically(self.artifacts))
         late = await self.pools.wait_ready(warm, timeout_s=30.0)
         if late:
             log.warning(
@@ -397,6 +402,10 @@ class Daemon:
                 self._socket_path.unlink()
         if self.journal is not None:
             self.journal.close()
+        if self._pruning is not None:
+            self._pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruning
         if self.artifacts is not None:
             self.artifacts.close()
         log.info("stopped")

@@ -18,6 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from tooljail._errors import InvalidRequestError, TooljailError
 from tooljail._types import ToolResult
 from tooljail._wire import (
+    artifact_info_to_proto,
     call_info_to_proto,
     call_state_to_proto,
     diagnostic_to_proto,
@@ -28,6 +29,7 @@ from tooljail._wire import (
 )
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
+from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.calls import Call, CallManager
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
@@ -43,14 +45,25 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolRunner"].full_name
 class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     """tooljail.v1.ToolRunner over a CallManager."""
 
-    def __init__(self, manager: CallManager, sessions: SessionManager | None = None) -> None:
+    def __init__(
+        self,
+        manager: CallManager,
+        sessions: SessionManager | None = None,
+        artifacts: ArtifactStore | None = None,
+    ) -> None:
         self._manager = manager
         self._sessions = sessions
+        self._artifacts = artifacts
 
     def _session_manager(self) -> SessionManager:
         if self._sessions is None:
             raise InvalidRequestError("this daemon serves no sessions")
         return self._sessions
+
+    def _artifact_store(self) -> ArtifactStore:
+        if self._artifacts is None:
+            raise InvalidRequestError("this daemon keeps no artifacts")
+        return self._artifacts
 
     async def ListTools(
         self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
@@ -188,6 +201,39 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             else:
                 yield pb.FileChunk(data=data)
 
+    # The artifact methods answer for the caller's own artifacts only (`client_of`):
+    # another client's id is "not found", exactly as an id never made.
+
+    async def GetArtifact(
+        self, request: pb.GetArtifactRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ArtifactChunk]:
+        store, owner = self._artifact_store(), client_of(context)
+        info = store.get(request.artifact_id, owner)
+        chunks = store.chunks(request.artifact_id, owner)
+        try:
+            # Disk reads off the event loop; one at a time, in order.
+            data = await asyncio.to_thread(next, chunks, b"")
+            # The first chunk carries the info (and no data for an empty artifact).
+            yield pb.ArtifactChunk(info=artifact_info_to_proto(info), data=data)
+            while data := await asyncio.to_thread(next, chunks, b""):
+                yield pb.ArtifactChunk(data=data)
+        finally:
+            chunks.close()  # the file, now rather than at garbage collection
+
+    async def ListArtifacts(
+        self, request: pb.ListArtifactsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListArtifactsResponse:
+        infos = self._artifact_store().list(
+            client_of(context), call_id=request.call_id, session_id=request.session_id
+        )
+        return pb.ListArtifactsResponse(artifacts=[artifact_info_to_proto(i) for i in infos])
+
+    async def DeleteArtifact(
+        self, request: pb.DeleteArtifactRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteArtifactResponse:
+        deleted = self._artifact_store().delete(request.artifact_id, client_of(context))
+        return pb.DeleteArtifactResponse(deleted=deleted)
+
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
     """Wait until the call runs or `until` is given; True if it runs (or ran).
@@ -238,6 +284,7 @@ def create_server(
     *,
     max_request_bytes: int,
     sessions: SessionManager | None = None,
+    artifacts: ArtifactStore | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -245,6 +292,8 @@ def create_server(
         manager: Runs the calls.
         address: "unix:///path" or "host:port" (port 0 picks a free one).
         max_request_bytes: Larger requests fail with RESOURCE_EXHAUSTED.
+        sessions: Serves the session methods; None: they are refused.
+        artifacts: Serves the artifact methods; None: they are refused.
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -262,7 +311,7 @@ def create_server(
         ],
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(
-        ToolRunnerServicer(manager, sessions), server
+        ToolRunnerServicer(manager, sessions, artifacts), server
     )  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

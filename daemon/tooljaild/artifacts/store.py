@@ -21,21 +21,30 @@ Thread: use it on one thread (the event loop); writes are small and local.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from tooljail._types import ArtifactInfo, ArtifactRef
 from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError
 from tooljaild.artifacts.settings import ArtifactSettings
 
-__all__ = ["ArtifactStore", "ArtifactWriter", "Origin"]
+__all__ = [
+    "CHUNK_BYTES",
+    "PRUNE_INTERVAL_S",
+    "ArtifactStore",
+    "ArtifactWriter",
+    "Origin",
+    "prune_periodically",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +72,10 @@ _COLUMNS = (
 )
 CHUNK_BYTES = 1024 * 1024
 """Bytes per chunk when an artifact is read back (`chunks`)."""
+PRUNE_INTERVAL_S = 60.0
+"""How often the daemon expires artifacts past the age bound (`prune_periodically`).
+Readers never see an expired one in between (`get`/`list` check the bound), so
+this only bounds how long expired bytes stay on disk."""
 
 
 @dataclass(frozen=True)
@@ -179,11 +192,18 @@ class ArtifactStore:
                 f"no artifact {artifact_id[:80]!r} of this client's is known to this daemon"
             )
         info, gone = _info(row), row[10]
+        if not gone and info.created_unix < self._cutoff(None):
+            # Past the age bound but not pruned yet: expire it now, so the bound
+            # is exact for readers whatever the pruning period.
+            self._gone(artifact_id, "expired")
+            gone = "expired"
         if gone:
             raise ArtifactGoneError(_GONE.get(gone, gone).format(id=artifact_id), reason=gone)
         return info
 
-    def chunks(self, artifact_id: str, owner: str, *, offset: int = 0) -> Iterator[bytes]:
+    def chunks(
+        self, artifact_id: str, owner: str, *, offset: int = 0
+    ) -> Generator[bytes, None, None]:
         """The artifact's bytes from `offset`, in chunks of `CHUNK_BYTES`.
 
         Raises:
@@ -212,9 +232,12 @@ class ArtifactStore:
         return self._path(artifact_id)
 
     def list(self, owner: str, *, call_id: str = "", session_id: str = "") -> list[ArtifactInfo]:
-        """`owner`'s kept artifacts, newest first; of one call or session if given."""
-        query = f"SELECT {_COLUMNS} FROM artifacts WHERE owner = ? AND gone = ''"
-        params: list[str] = [owner]
+        """`owner`'s kept artifacts, newest first; of one call or session if given.
+
+        Those past the age bound are left out (pruned or not yet).
+        """
+        query = f"SELECT {_COLUMNS} FROM artifacts WHERE owner = ? AND gone = '' AND created >= ?"
+        params: list[str | float] = [owner, self._cutoff(None)]
         if call_id:
             query += " AND call_id = ?"
             params.append(call_id)
@@ -240,8 +263,12 @@ class ArtifactStore:
         return True
 
     def prune(self, now: float | None = None) -> int:
-        """Expire artifacts past `max_age_s`; forget tombstones as old. Returns how many expired."""
-        cutoff = (time.time() if now is None else now) - self.settings.max_age_s
+        """Expire artifacts past `max_age_s`; forget tombstones as old. Returns how many expired.
+
+        The daemon calls it periodically (`prune_periodically`); `get` and
+        `list` apply the age bound themselves in between.
+        """
+        cutoff = self._cutoff(now)
         old = [
             r[0]
             for r in self._db.execute(
@@ -252,6 +279,10 @@ class ArtifactStore:
             self._gone(artifact_id, "expired")
         self._db.execute("DELETE FROM artifacts WHERE gone != '' AND gone_at < ?", (cutoff,))
         return len(old)
+
+    def _cutoff(self, now: float | None) -> float:
+        """Artifacts made before this time are past the age bound."""
+        return (time.time() if now is None else now) - self.settings.max_age_s
 
     def _make_room(self, keep: str) -> None:
         """Evict the oldest artifacts until the store is within `max_bytes`."""
@@ -287,9 +318,12 @@ class ArtifactStore:
             )
 
     def _repair(self) -> None:
-        """After a crash: remove files without a row (never committed), mark rows
-        without a file gone."""
-        known = {r[0] for r in self._db.execute("SELECT artifact_id FROM artifacts")}
+        """After a crash: remove files without a live row (never committed, or
+        gone while the daemon died before removing the file: either way nobody
+        may read them), mark live rows without a file gone ("evicted")."""
+        known = {
+            r[0] for r in self._db.execute("SELECT artifact_id FROM artifacts WHERE gone = ''")
+        }
         for sub in self.root.iterdir():
             if not sub.is_dir():
                 continue
@@ -334,7 +368,8 @@ class ArtifactWriter:
         self._file = self._tmp.open("wb")
 
     def write(self, data: bytes) -> bool:
-        """Append `data`; False (and nothing written) past the per-artifact bound."""
+        """Append `data`, or as much of it as fits the per-artifact bound
+        (`max_artifact_bytes`); False once something was cut (then and after)."""
         room = self._store.settings.max_artifact_bytes - self.size
         if len(data) > room:
             data = data[: max(0, room)]
@@ -386,12 +421,23 @@ def _info(row: tuple[object, ...]) -> ArtifactInfo:
     )
 
 
-def _read(f: object, offset: int) -> Iterator[bytes]:
-    import io
-
-    assert isinstance(f, io.BufferedReader)
+def _read(f: BinaryIO, offset: int) -> Generator[bytes, None, None]:
     with f:
         if offset:
             f.seek(offset)
         while chunk := f.read(CHUNK_BYTES):
             yield chunk
+
+
+async def prune_periodically(store: ArtifactStore, interval_s: float = PRUNE_INTERVAL_S) -> None:
+    """Run `store.prune()` every `interval_s` seconds until cancelled.
+
+    Each expiry is logged by the store. A prune that fails (a full or read-only
+    disk) is logged and tried again at the next tick: the store stays readable.
+    """
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            store.prune()
+        except (OSError, sqlite3.Error):
+            log.warning("artifact pruning failed; trying again later", exc_info=True)
