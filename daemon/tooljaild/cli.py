@@ -1,4 +1,5 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, sessions, doctor, images, demo.
+"""The `tooljail` command: serve, tools, call, get, cancel, sessions, artifacts, doctor,
+images, demo.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
@@ -115,9 +116,11 @@ def _parser() -> argparse.ArgumentParser:
     target(cancel)
     cancel.add_argument("call_id")
 
-    from tooljaild import cli_sessions  # here: it imports this module's helpers
+    from tooljaild import cli_artifacts, cli_sessions  # here: they import this module's helpers
 
     cli_sessions.add_parser(sub, target)
+    cli_artifacts.add_parser(sub, target)
+    cli_artifacts.client_option(call)
 
     doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
     doctor.add_argument("--json", action="store_true", help="print JSON")
@@ -165,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "get": _get,
         "cancel": _cancel,
         "sessions": _sessions,
+        "artifacts": _artifacts,
         "doctor": _doctor,
         "images": _images,
         "demo": _demo,
@@ -239,12 +243,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> Any:
     from tooljail import Client
 
-    return Client(args.target)
+    # --client where the command has it; else the SDK's default ($TOOLJAIL_CLIENT).
+    return Client(args.target, client_name=getattr(args, "client", None))
 
 
 def _refused(exc: Exception) -> int:
     """Exit 3 when no daemon could be reached; 2 when it refused the request."""
     from tooljail import (
+        ArtifactGoneError,
         DaemonUnavailableError,
         JournalUnavailableError,
         SessionEndedError,
@@ -252,7 +258,9 @@ def _refused(exc: Exception) -> int:
     )
 
     # The reason in a word too ("closed", "idle_ttl", "daemon_restart"), for scripts.
-    why = f" [reason: {exc.reason}]" if isinstance(exc, SessionEndedError) and exc.reason else ""
+    why = ""
+    if isinstance(exc, SessionEndedError | ArtifactGoneError) and exc.reason:
+        why = f" [reason: {exc.reason}]"
     print(f"tooljail: {exc}{why}", file=sys.stderr)
     if isinstance(exc, (DaemonUnavailableError, JournalUnavailableError)) or (
         isinstance(exc, TransportError) and exc.status in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
@@ -433,6 +441,12 @@ def _sessions(args: argparse.Namespace) -> int:
     from tooljaild import cli_sessions
 
     return cli_sessions.run(args)
+
+
+def _artifacts(args: argparse.Namespace) -> int:
+    from tooljaild import cli_artifacts
+
+    return cli_artifacts.run(args)
 
 
 # ---------------------------------------------------------------------- doctor, demo

@@ -241,17 +241,21 @@ def _upload(client: Client, args: argparse.Namespace) -> int:
 
 
 def _download(client: Client, args: argparse.Namespace) -> int:
-    data = client.download_file(args.session_id, args.path)
-    if args.output is None or args.output == "-":
+    return _write_out(client.download_file(args.session_id, args.path), args.output)
+
+
+def _write_out(data: bytes, output: str | None) -> int:
+    """`data` to stdout (None or "-"), binary-safe, or to the file `output`."""
+    if output is None or output == "-":
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return EXIT_OK
     try:
-        Path(args.output).write_bytes(data)
+        Path(output).write_bytes(data)
     except OSError as exc:
-        print(f"tooljail: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"tooljail: cannot write {output}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"wrote {len(data)} bytes to {args.output}", file=sys.stderr)
+    print(f"wrote {len(data)} bytes to {output}", file=sys.stderr)
     return EXIT_OK
 
 
