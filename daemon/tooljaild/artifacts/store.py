@@ -314,7 +314,13 @@ class ArtifactStore:
             log.info(
                 "artifact %s",
                 why,
-                extra={"artifact": artifact_id, "owner": row[1], "name": row[2], "bytes": row[0]},
+                extra={
+                    "artifact": artifact_id,
+                    "owner": row[1],
+                    # not "name": a LogRecord attribute, which `extra` may not overwrite
+                    "artifact_name": row[2],
+                    "bytes": row[0],
+                },
             )
 
     def _repair(self) -> None:
