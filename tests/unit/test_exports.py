@@ -157,3 +157,17 @@ def test_the_testing_harness_surface_is_pinned() -> None:
     import tooljail.testing
 
     assert tooljail.testing.__all__ == ["daemon", "wait_for"]
+
+
+def test_the_clients_artifact_methods_and_name_are_public() -> None:
+    import inspect
+
+    for cls in (tooljail.Client, tooljail.AsyncClient):
+        for method in ("get_artifact", "list_artifacts", "delete_artifact"):
+            assert callable(getattr(cls, method)), (cls, method)
+            is_async = inspect.iscoroutinefunction(getattr(cls, method))
+            assert is_async is (cls is tooljail.AsyncClient), (cls, method)
+        assert "client_name" in inspect.signature(cls).parameters
+        assert isinstance(inspect.getattr_static(cls, "client_name"), property)
+    listing = inspect.signature(tooljail.Client.list_artifacts).parameters
+    assert [p for p in listing if p != "self"] == ["call_id", "session_id"]
