@@ -297,3 +297,21 @@ def test_the_command_line_names_its_client_for_calls_too(served: Served) -> None
     assert "printable ASCII" in bad.stderr.decode()
     no_daemon = _cli("artifacts", "ls", "--client", "agent-a", target="unix:///nonexistent/x.sock")
     assert no_daemon.returncode == 3
+
+
+def test_raw_callers_and_hostile_ids(served: Served) -> None:
+    ref = served.put("agent-a", b"secret")
+    with grpc.insecure_channel(served.target) as channel:
+        stub: Any = tooljail_pb2_grpc.ToolRunnerStub(channel)  # type: ignore[no-untyped-call]
+        # No client name at all (a raw gRPC caller): not the owner either.
+        assert list(stub.ListArtifacts(pb.ListArtifactsRequest()).artifacts) == []
+        for artifact_id in (ref.artifact_id, "x" * 100_000, "", "../" * 50):
+            with pytest.raises(grpc.RpcError) as err:
+                list(stub.GetArtifact(pb.GetArtifactRequest(artifact_id=artifact_id)))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+            assert len(err.value.details() or "") < 300  # the id is not echoed whole
+            with pytest.raises(grpc.RpcError) as err:
+                stub.DeleteArtifact(pb.DeleteArtifactRequest(artifact_id=artifact_id))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    with Client(served.target, client_name="agent-a") as owner:
+        assert owner.get_artifact(ref.artifact_id) == b"secret"
