@@ -7,6 +7,7 @@ Nothing here decides anything about calls; errors are mapped once, in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 
@@ -218,7 +219,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             while data := await asyncio.to_thread(next, chunks, b""):
                 yield pb.ArtifactChunk(data=data)
         finally:
-            chunks.close()  # the file, now rather than at garbage collection
+            # The file, now rather than at garbage collection; unless a read is
+            # still running on its thread (the RPC was cancelled under it): then
+            # the generator cannot be closed ("already executing"), and is collected.
+            with contextlib.suppress(ValueError):
+                chunks.close()
 
     async def ListArtifacts(
         self, request: pb.ListArtifactsRequest, context: grpc.aio.ServicerContext

@@ -315,3 +315,19 @@ def test_raw_callers_and_hostile_ids(served: Served) -> None:
             assert err.value.code() == grpc.StatusCode.NOT_FOUND
     with Client(served.target, client_name="agent-a") as owner:
         assert owner.get_artifact(ref.artifact_id) == b"secret"
+
+
+def test_a_reader_that_goes_away_mid_stream(served: Served) -> None:
+    data = os.urandom(20 * CHUNK_BYTES)
+    ref = served.put("agent-a", data)
+    metadata = (("tooljail-client", "agent-a"),)
+    with grpc.insecure_channel(served.target) as channel:
+        stub: Any = tooljail_pb2_grpc.ToolRunnerStub(channel)  # type: ignore[no-untyped-call]
+        for _ in range(5):
+            rpc = stub.GetArtifact(
+                pb.GetArtifactRequest(artifact_id=ref.artifact_id), metadata=metadata
+            )
+            assert len(next(rpc).data) == CHUNK_BYTES
+            rpc.cancel()
+    with Client(served.target, client_name="agent-a") as client:
+        assert client.get_artifact(ref.artifact_id) == data  # the daemon reads on, unharmed
