@@ -529,8 +529,9 @@ class Client(_BaseClient):
     def get_artifact(self, artifact_id: str) -> bytes:
         """The bytes of an artifact this client's calls made (`ToolResult.artifacts`).
 
-        Streamed from the daemon in chunks and joined. Retried like `call`
-        (reading again is harmless), from the start.
+        Streamed from the daemon in chunks and joined in memory; the client's
+        `timeout` bounds the whole read. Retried like `call` (reading again is
+        harmless), from the start.
 
         Raises:
             TypeError: When the id is not a str.

@@ -104,7 +104,11 @@ def _ls(client: Client, args: argparse.Namespace) -> int:
             f"{a.source:8} {a.mime_type:24} {a.call_id or '-':32}  {a.name}"
         )
     if not artifacts:
-        print(f"no artifacts of client {client.client_name!r}", file=sys.stderr)
+        print(
+            f"no artifacts of client {client.client_name!r} (an agent's: --client NAME, "
+            "the name its calls were made under)",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
