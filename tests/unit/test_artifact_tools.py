@@ -178,3 +178,15 @@ def test_without_a_store_the_tools_say_so(store: ArtifactStore) -> None:
     with pytest.raises(ToolFailure) as failure:
         asyncio.run(list_artifacts(call))
     assert failure.value.type == "ArtifactsUnavailable"
+
+
+def test_the_in_daemon_tools_are_served_and_promise_no_sandbox() -> None:
+    from tooljaild.builtin_tools import RUNS, builtin_tools
+    from tooljaild.sandbox.backends import Promises
+
+    names = ["read_artifact", "tail_artifact", "search_artifact", "list_artifacts", "upload_file"]
+    tools = {t.name: t for t in builtin_tools(Promises(isolated=True, network=False, memory="1"))}
+    for name in names:
+        assert RUNS[name].kind == "daemon" and RUNS[name].in_daemon is not None
+        description = tools[name].description
+        assert "sandbox" not in description and "network" not in description
