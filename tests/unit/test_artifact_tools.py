@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,3 +191,27 @@ def test_the_in_daemon_tools_are_served_and_promise_no_sandbox() -> None:
         assert RUNS[name].kind == "daemon" and RUNS[name].in_daemon is not None
         description = tools[name].description
         assert "sandbox" not in description and "network" not in description
+
+
+def test_a_stopped_search_stops_its_thread(store: ArtifactStore) -> None:
+    artifact_id = _put_lines(store, 500_000)
+    services = Services(settings=Settings(), artifacts=store)
+    arguments = {"artifact_id": artifact_id, "pattern": r"(a|b)*c$"}
+    call = DaemonCall("c", "search_artifact", arguments, OWNER, None, services)
+
+    async def whole() -> float:
+        started = time.monotonic()
+        await search_artifact(call)
+        return time.monotonic() - started
+
+    async def stopped() -> None:
+        task = asyncio.create_task(search_artifact(call))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    full = asyncio.run(whole())
+    started = time.monotonic()
+    asyncio.run(stopped())  # waits for the executor's threads: the search's too
+    assert time.monotonic() - started < full / 2
