@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tooljail.errors import InvalidArgumentsError
+from tooljaild.artifact_tools import ARTIFACT_TOOL_RUNS, ARTIFACT_TOOLS
 from tooljaild.config import Settings
 from tooljaild.in_daemon import Handler
+from tooljaild.object_storage import UPLOAD_FILE_TOOL, check_upload_arguments, upload_file
 from tooljaild.registry import Tool, ToolOptions
 from tooljaild.sandbox.backends import Promises
 from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES, workspace_payload, workspace_tools
@@ -142,6 +144,8 @@ def builtin_tools(
             builtin="execute_python_file",
         ),
         *workspace_tools(promises),
+        *ARTIFACT_TOOLS,
+        UPLOAD_FILE_TOOL,
     )
 
 
@@ -211,6 +215,17 @@ RUNS: dict[str, BuiltinRun] = {
         name: BuiltinRun("workspace", workspace_payload(name), output_is_data=False)
         for name in WORKSPACE_TOOL_NAMES
     },
+    **{
+        name: BuiltinRun("daemon", lambda a: {}, output_is_data=False, in_daemon=handler)
+        for name, handler in ARTIFACT_TOOL_RUNS.items()
+    },
+    "upload_file": BuiltinRun(
+        "daemon",
+        lambda a: {},
+        prepare=check_upload_arguments,
+        output_is_data=False,
+        in_daemon=upload_file,
+    ),
 }
 """Each built-in's implementation, by the `builtin` name its `Tool` carries."""
 

@@ -22,6 +22,7 @@ from pydantic_settings import (
 from tooljail._client import default_socket_path
 from tooljail.errors import TooljailError
 from tooljaild.artifacts.settings import ArtifactSettings
+from tooljaild.object_storage import StorageSettings
 from tooljaild.sandbox.backends import BackendKind, BackendSettings
 from tooljaild.sandbox.base import Limits
 from tooljaild.sessions.settings import SessionSettings
@@ -96,6 +97,8 @@ class Settings(BaseSettings, BackendSettings):
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)
+    storage: StorageSettings = Field(default_factory=StorageSettings)
+    """Object storage for upload_file (`[storage]`); no bucket: none."""
     """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""

@@ -101,6 +101,11 @@ def test_builtins_are_served_with_closed_schemas() -> None:
         "execute_python_code_stream",
         "execute_python_file",
         *WORKSPACE_TOOL_NAMES,
+        "read_artifact",
+        "tail_artifact",
+        "search_artifact",
+        "list_artifacts",
+        "upload_file",
     ]
     for builtin in BUILTIN_TOOLS:
         assert builtin.source == "builtin"
