@@ -4,9 +4,12 @@ frames a sandbox sends (checked, bounded, in order) written to the store."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +35,10 @@ from tooljaild.sandbox.runner_channel import (
     MAX_FRAME_BYTES,
     MAX_FRAME_CONTAINERS,
     CallFrames,
+    PipeEnds,
+    RunnerPipes,
 )
+from tooljaild.sandbox.session_channel import SessionSandbox
 
 KiB = 1024
 
@@ -358,3 +364,100 @@ async def test_an_artifact_left_unfinished_is_dropped(store: ArtifactStore, tmp_
     call.compact()  # the call was killed mid-artifact
     assert store.list("me") == []
     assert not list((tmp_path / "artifacts").rglob("*.part"))
+
+
+# ------------------------------------------------------------------ in a session
+
+
+class _Sandbox:
+    """What SessionSandbox needs of its RunnerSandbox, for hand-fed frames."""
+
+    id = "fake-session"
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+    async def outcome_of(self, frames: CallFrames) -> RunOutcome:
+        if frames.broken is not None:
+            return RunOutcome(Termination.RUNNER_LOST)
+        return RunOutcome(Termination.RETURNED, value_kind="none")
+
+
+class _Session:
+    """A SessionSandbox on real pipes, whose frame pipe the test writes."""
+
+    def __init__(self) -> None:
+        ends = PipeEnds().__enter__()
+        self.frames_w = ends.theirs[3]  # request, stdout, stderr, frames
+        self._theirs = ends.theirs
+        self.pipes = RunnerPipes(*ends.ours)
+        self.sandbox = _Sandbox()
+        self.session = SessionSandbox(self.sandbox, self.pipes)  # type: ignore[arg-type]
+        self.pipes.frames.on_frame = self.session._on_frame
+
+    def write(self, *frames: dict[str, Any]) -> None:
+        for item in frames:
+            os.write(self.frames_w, b"\n" + json.dumps(item).encode() + b"\n")
+
+    def close(self) -> None:
+        self.pipes.close()
+        for fd in self._theirs:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+@pytest.fixture
+async def session_pipes() -> AsyncIterator[_Session]:
+    fake = _Session()
+    yield fake
+    fake.close()
+
+
+RESULT_1 = {**OK, "seq": 1, "reset": False, "resets": 0}
+
+
+async def test_a_sessions_artifact_frames_reach_the_calls_sink(session_pipes: _Session) -> None:
+    parts: list[ArtifactPart] = []
+    request = RunRequest("code", {"code": "pass"}, artifacts=lambda p: parts.append(p) is None)
+    waiting = session_pipes.session.begin(request, lambda k, d: None)
+    session_pipes.write(
+        {**frame("fig.png", b"P1", 0, False), "seq": 1},
+        {**frame("fig.png", b"P2", 1, True), "seq": 1},
+        RESULT_1,
+    )
+    end = await asyncio.wait_for(waiting, 10)
+    assert end.outcome.termination is Termination.RETURNED
+    assert [(p.name, p.data, p.part) for p in parts] == [
+        ("fig.png", b"P1", 0),
+        ("fig.png", b"P2", 1),
+    ]
+    assert not session_pipes.sandbox.closed
+
+
+@pytest.mark.parametrize(
+    ("kind", "sent", "why"),
+    [
+        ("code", [frame()], "a frame of type 'artifact' in a session"),  # no seq
+        ("code", [{**frame(), "seq": 2}], "a frame of type 'artifact' in a session"),
+        ("workspace", [{**frame(), "seq": 1}], "from a 'workspace' request"),
+        ("code", [{**frame(part=1), "seq": 1}], "out of order"),
+    ],
+)
+async def test_a_bad_artifact_frame_in_a_session_ends_it(
+    session_pipes: _Session, kind: str, sent: list[dict[str, Any]], why: str
+) -> None:
+    parts: list[ArtifactPart] = []
+    payload: dict[str, Any] = {"code": "pass"} if kind == "code" else {"op": "ls", "args": {}}
+    request = RunRequest(kind, payload, artifacts=lambda p: parts.append(p) is None)  # type: ignore[arg-type]
+    waiting = session_pipes.session.begin(request, lambda k, d: None)
+    running = session_pipes.session._call
+    assert running is not None
+    session_pipes.write(*sent)
+    end = await asyncio.wait_for(waiting, 10)
+    assert end.outcome.termination is Termination.RUNNER_LOST
+    assert running.frames.broken is not None and why in running.frames.broken
+    assert session_pipes.sandbox.closed  # a broken runner ends its session
+    assert parts == []
