@@ -4,6 +4,10 @@ Every backend speaks it, through the same pipes: the process backend hands a
 runner its ends at start, the docker backend over a socket (decision 20); from
 there on nothing differs, and this module is all of it.
 
+It is over 500 lines because it is one contract: every frame, the checks a
+hostile sandbox's frames must pass and a call's life over the pipes are read
+together, and split they would each name the others' rules.
+
 Four pipes per sandbox, each one way (`RunnerPipes` holds the daemon's ends):
 
     request  daemon -> runner   one JSON line, once: what to run, and how
