@@ -215,22 +215,20 @@ class Call:
 
     def sink(self, stream: StreamKind, data: bytes) -> None:
         """Take a chunk of the tool's output (the sandbox's `OutputSink`)."""
-        kept = (
-            self.stdout
-            if stream is StreamKind.STDOUT
-            else self.stderr
-            if stream is StreamKind.STDERR
-            else None
-        )
-        if kept is not None:
-            if self.made is not None and kept.total + len(data) > kept.capacity:
-                # Before the head-and-tail drops its first byte: see calls.artifacts.
-                self.made.spill(stream, kept, data)
-            kept.add(data)
+        if stream is StreamKind.STDOUT:
+            self._keep(stream, self.stdout, data)
+        elif stream is StreamKind.STDERR:
+            self._keep(stream, self.stderr, data)
         self.events.append(stream, data)
         limit = self.limits.output_limit_bytes
         if limit and self.stdout.total + self.stderr.total > limit:
             self.request_stop(StopReason.OUTPUT_LIMIT)
+
+    def _keep(self, stream: StreamKind, kept: HeadTail, data: bytes) -> None:
+        if self.made is not None and kept.total + len(data) > kept.capacity:
+            # Before the head and tail drop their first byte: see calls.artifacts.
+            self.made.spill(stream, kept, data)
+        kept.add(data)
 
     def request_stop(self, reason: StopReason) -> None:
         """Stop the call: kill its sandbox while it runs, keep it from starting
