@@ -38,8 +38,17 @@ class HeadTail:
                 del self._tail[:excess]
 
     @property
+    def capacity(self) -> int:
+        """Bytes kept at most: a stream longer than this loses its middle."""
+        return self._head_limit + self._tail_limit
+
+    @property
     def truncated(self) -> bool:
         return self.total > len(self._head) + len(self._tail)
+
+    def whole(self) -> bytes:
+        """The kept bytes, head then tail: all of the stream while not `truncated`."""
+        return bytes(self._head + self._tail)
 
     def text(self) -> str:
         """The kept bytes as text, with a marker where bytes were dropped."""

@@ -18,17 +18,20 @@ slot or for it); the result it leads to is decided in `calls.results`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
 from tooljail._types import ArtifactRef, CallInfo, CallState, StreamKind, ToolResult
+from tooljaild.artifacts.store import ArtifactStore, Origin
+from tooljaild.calls.artifacts import CallArtifacts
 from tooljaild.config import Settings
 from tooljaild.journal import JournalEntry
 from tooljaild.output import Event, EventLog, HeadTail
 from tooljaild.registry import Tool
-from tooljaild.sandbox.base import Limits
+from tooljaild.sandbox.base import Limits, RunRequest
 
 T = TypeVar("T")
 
@@ -132,7 +135,14 @@ class Call:
         settings: Settings,
         limits: Limits,
         client: str = "",
+        store: ArtifactStore | None = None,
     ) -> None:
+        """
+        Args:
+            store: Where the call's artifacts go (its output past the result's
+                head and tail, a result too large, files from its sandbox);
+                None: it makes none.
+        """
         self.call_id = call_id
         self.tool = tool
         self.arguments = arguments
@@ -145,6 +155,12 @@ class Call:
         """The session it runs in; "" for a call in a fresh sandbox of its own."""
         self.artifacts: list[ArtifactRef] = []
         """What it made so far (see `ToolResult.artifacts`), in order."""
+        self.made: CallArtifacts | None = None
+        """Writes its artifacts, when it has a store."""
+        if store is not None:
+            self.made = CallArtifacts(
+                store, self._origin, self.artifacts, limits.output_limit_bytes
+            )
         self.state = CallState.QUEUED
         self.sandbox_id = ""
         self.created = time.monotonic()
@@ -188,16 +204,31 @@ class Call:
         """The final result; None until the call ends."""
         return self.ended.result() if self.ended.done() else None
 
+    def with_artifacts(self, request: RunRequest) -> RunRequest:
+        """`request`, sending the artifacts its sandbox makes to this call's store."""
+        if self.made is None:
+            return request
+        return dataclasses.replace(request, artifacts=self.made.part)
+
+    def _origin(self) -> Origin:
+        return Origin(self.client, self.call_id, self.session_id, self.tool.name)
+
     def sink(self, stream: StreamKind, data: bytes) -> None:
         """Take a chunk of the tool's output (the sandbox's `OutputSink`)."""
         if stream is StreamKind.STDOUT:
-            self.stdout.add(data)
+            self._keep(stream, self.stdout, data)
         elif stream is StreamKind.STDERR:
-            self.stderr.add(data)
+            self._keep(stream, self.stderr, data)
         self.events.append(stream, data)
         limit = self.limits.output_limit_bytes
         if limit and self.stdout.total + self.stderr.total > limit:
             self.request_stop(StopReason.OUTPUT_LIMIT)
+
+    def _keep(self, stream: StreamKind, kept: HeadTail, data: bytes) -> None:
+        if self.made is not None and kept.total + len(data) > kept.capacity:
+            # Before the head and tail drop their first byte: see calls.artifacts.
+            self.made.spill(stream, kept, data)
+        kept.add(data)
 
     def request_stop(self, reason: StopReason) -> None:
         """Stop the call: kill its sandbox while it runs, keep it from starting
@@ -232,6 +263,9 @@ class Call:
 
     def compact(self) -> None:
         """Let go of what only a running call needs (its result is built by now)."""
+        if self.made is not None:
+            self.made.close()
+            self.made = None
         self.arguments = {}
         self.stdout, self.stderr = HeadTail(0), HeadTail(0)
 

@@ -41,7 +41,9 @@ def start_in_session(
     Raises:
         SandboxError: The session's sandbox has ended.
     """
-    request = terms.run_request(call.tool, call.arguments, session.terms.limits)
+    request = call.with_artifacts(
+        terms.run_request(call.tool, call.arguments, session.terms.limits)
+    )
     waiter = session.channel.begin(request, call.sink)
     session.calls += 1
     on_start(call, session.channel.id)

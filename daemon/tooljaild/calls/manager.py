@@ -224,6 +224,7 @@ class CallManager:
             self._settings,
             session.terms.limits,
             client,
+            self._services.artifacts,
         )
         call.session_id = session.id
         self._journal_admitted(call, arguments_json, rerun)
@@ -271,6 +272,7 @@ class CallManager:
             self._settings,
             self._settings.limits,
             client,
+            self._services.artifacts,
         )
         call.session_id = session.id if session is not None else ""
         self._journal_admitted(call, arguments_json, rerun)
@@ -386,7 +388,15 @@ class CallManager:
         self._admission.check_room(client)
         limits = terms.limits_for(tool, self._settings)
         return Call(
-            call_id, tool, arguments, fingerprint, timeout_s, self._settings, limits, client
+            call_id,
+            tool,
+            arguments,
+            fingerprint,
+            timeout_s,
+            self._settings,
+            limits,
+            client,
+            self._services.artifacts,
         )
 
     def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
@@ -511,7 +521,7 @@ class CallManager:
         Raises:
             SandboxError: The sandbox broke down (it is given back to `pool`).
         """
-        request = terms.run_request(call.tool, call.arguments, call.limits)
+        request = call.with_artifacts(terms.run_request(call.tool, call.arguments, call.limits))
         try:
             outcome = sandbox.begin(request, call.sink)
         except BaseException:

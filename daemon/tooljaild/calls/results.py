@@ -303,6 +303,20 @@ def _failure_message(outcome: RunOutcome, error: ToolError) -> str:
 
 
 def _result(call: Call, **fields: Any) -> ToolResult:
+    made = call.made
+    if made is not None:
+        # Its artifacts join the result: the output spilled (committed now, once),
+        # and the data when too large for the model's context (calls.artifacts).
+        made.commit_spills()
+        notes = list(made.notes)
+        data = fields.get("data")
+        if data is not None and not _output_is_data(call):
+            offloaded = made.offload(data)
+            if offloaded is not None:
+                fields["data"], note = offloaded
+                notes.append(note)
+        if notes:
+            fields["message"] = " ".join([fields.get("message", ""), *notes]).strip()
     return ToolResult(
         call_id=call.call_id,
         tool=call.tool.name,

@@ -25,6 +25,24 @@ OutputSink = Callable[[StreamKind, bytes], None]
 """Receives each chunk of output as it is read. Must not block."""
 
 
+@dataclass(frozen=True)
+class ArtifactPart:
+    """One part of an artifact a sandbox sent (runner_channel's "artifact" frame),
+    checked: parts of one artifact come in order, numbered from 0."""
+
+    name: str
+    mime_type: str
+    source: str
+    data: bytes
+    part: int
+    last: bool
+
+
+ArtifactSink = Callable[[ArtifactPart], bool]
+"""Receives each artifact part as it is read; True when it kept the part whole.
+Must not block for long (a local file write)."""
+
+
 class Limits(BaseModel):
     """Resource limits of one sandbox. Zero means "no limit of this kind".
 
@@ -82,6 +100,8 @@ class RunRequest:
     limits: Limits = field(default_factory=Limits)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables on top of the sandbox's scrubbed environment."""
+    artifacts: ArtifactSink | None = field(default=None, compare=False)
+    """Where artifacts the sandbox sends go; None: they are dropped (still checked)."""
 
 
 class Termination(enum.StrEnum):

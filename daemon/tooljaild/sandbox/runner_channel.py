@@ -4,6 +4,10 @@ Every backend speaks it, through the same pipes: the process backend hands a
 runner its ends at start, the docker backend over a socket (decision 20); from
 there on nothing differs, and this module is all of it.
 
+It is over 500 lines because it is one contract: every frame, the checks a
+hostile sandbox's frames must pass and a call's life over the pipes are read
+together, and split they would each name the others' rules.
+
 Four pipes per sandbox, each one way (`RunnerPipes` holds the daemon's ends):
 
     request  daemon -> runner   one JSON line, once: what to run, and how
@@ -35,6 +39,17 @@ each, which ends any partial line tool code left in the pipe):
         from the keeper, last, once it has swept the tree: sandboxes with a
         keeper only (a zygote's sandbox has none: the zygote reports the
         worker's end on its own socket, see sandbox/zygote.py).
+    {"t": "artifact", "name": str, "mime_type": str,
+     "source": "outputs"|"figure"|"display", "data_b64": str, "part": int,
+     "last": bool}
+        one part (at most `MAX_ARTIFACT_PART_BYTES` of data) of a file the
+        call made (kinds code, file and user only), before its result frame,
+        in the order they were made; the parts of one artifact are
+        consecutive, numbered from 0, the last one says so. Each part goes to
+        the request's `ArtifactSink` as it comes. At most
+        `MAX_ARTIFACTS_PER_CALL` artifacts; the bytes of the parts the sink
+        keeps do not count against the call's frame budget (the store bounds
+        them, `max_artifact_bytes` each), the bytes of the others do.
 
 A hostile sandbox. The frame pipe is open in the worker, and so in the tool
 code it runs (at a high, close-on-exec descriptor, but reachable: os.write(64,
@@ -80,6 +95,8 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import os
@@ -89,6 +106,8 @@ from typing import Any
 
 from tooljail._types import StreamKind
 from tooljaild.sandbox.base import (
+    ArtifactPart,
+    ArtifactSink,
     Limits,
     OutputSink,
     RunOutcome,
@@ -113,12 +132,21 @@ MAX_FRAMES_PER_CALL = 100_000
 the call's log, ~200 bytes of bookkeeping however small its value."""
 MAX_FRAME_BYTES_PER_CALL = 64 * 1024 * 1024
 """Bytes one call may write into its frame pipe, frames and anything else."""
+MAX_ARTIFACTS_PER_CALL = 64
+"""Artifacts one call may send (files of its outputs directory, figures, displays)."""
+MAX_ARTIFACT_PART_BYTES = 4 * 1024 * 1024
+"""Decoded bytes in one artifact frame: its base64 stays well under `MAX_FRAME_BYTES`."""
+ARTIFACT_SOURCES = ("outputs", "figure", "display")
+"""Where a sandbox's artifacts may say they come from."""
+MAX_ARTIFACT_LABEL = 255
+"""The longest artifact name or MIME type, in characters."""
 MAX_FRAME_CONTAINERS = 250_000
 """JSON arrays and objects (counted as ``[`` and ``{`` bytes) in one long line."""
 VALUE_KINDS = ("none", "json", "text")
 """The kinds of a result's value (`RunOutcome.value_kind`)."""
 
 _YIELDING_KINDS = frozenset({"user"})
+_ARTIFACT_KINDS = frozenset({"code", "file", "user"})
 _SHORT = 60
 
 
@@ -255,7 +283,14 @@ class RunnerPipes:
             The call's frames, whose `done` says when the call is over (a
             runner that died before reading the request is reported there).
         """
-        frames = CallFrames(request.kind, sink, self.frames, seal=spec.seal, keeper=spec.keeper)
+        frames = CallFrames(
+            request.kind,
+            sink,
+            self.frames,
+            seal=spec.seal,
+            keeper=spec.keeper,
+            artifacts=request.artifacts,
+        )
         self.frames.on_frame = frames.on_frame
         self.frames.limit(MAX_FRAME_BYTES_PER_CALL)
         self.stdout.attach(sink)
@@ -296,9 +331,10 @@ class RunnerPipes:
 class CallFrames:
     """One call's frames, checked as the tool's own words, turned into its end.
 
-    Yielded values go to the sink as they come; `done` resolves when the call
-    is over: a sealed result, the keeper's exit frame, the end of the pipe, or
-    the first frame that breaks the protocol (`broken` then says how).
+    Yielded values go to the sink as they come, artifact parts to
+    `artifacts`; `done` resolves when the call is over: a sealed result, the
+    keeper's exit frame, the end of the pipe, or the first frame that breaks
+    the protocol (`broken` then says how).
 
     Args:
         kind: The request's kind: which frames it may send.
@@ -306,10 +342,18 @@ class CallFrames:
         channel: The frame pipe, told to stop parsing once the call is over.
         seal: Whether the request allowed a sealed result.
         keeper: Whether a keeper writes the exit frame on this pipe.
+        artifacts: Where artifact parts go; None: checked and dropped.
     """
 
     def __init__(
-        self, kind: str, sink: OutputSink, channel: FrameChannel, *, seal: bool, keeper: bool
+        self,
+        kind: str,
+        sink: OutputSink,
+        channel: FrameChannel,
+        *,
+        seal: bool,
+        keeper: bool,
+        artifacts: ArtifactSink | None = None,
     ) -> None:
         self.result: Frame | None = None
         self.exit_frame: Frame | None = None
@@ -323,6 +367,15 @@ class CallFrames:
         self._seal = seal
         self._keeper = keeper
         self._count = 0
+        self._artifacts = artifacts
+        self.artifact_count = 0
+        """Artifacts begun (their first part accepted)."""
+        self._open: ArtifactPart | None = None
+        """The last part of the artifact being sent, until its last part."""
+        # The call's frame budget starts here (the caller sets it to
+        # MAX_FRAME_BYTES_PER_CALL next); kept artifact bytes are added to it.
+        self._budget_base = channel.received
+        self._credit = 0
 
     @property
     def sealed(self) -> bool:
@@ -350,6 +403,8 @@ class CallFrames:
                 self._on_yield(item)
             elif kind == "result":
                 self._on_result(item)
+            elif kind == "artifact":
+                self._on_artifact(item)
             elif kind == "exit" and self._keeper:
                 problem = _exit_problem(item)
                 if problem:
@@ -369,10 +424,55 @@ class CallFrames:
             self.yields += 1
             self._sink(StreamKind.YIELD, json.dumps(frame["v"]).encode())
 
+    def _on_artifact(self, frame: Frame) -> None:
+        if self._kind not in _ARTIFACT_KINDS:
+            self._refuse(f"an artifact frame from a {self._kind!r} request, which makes none")
+            return
+        if self.result is not None:
+            self._refuse("an artifact frame after the result frame")
+            return
+        part = _artifact_part(frame)
+        if isinstance(part, str):
+            self._refuse(part)
+            return
+        problem = self._order_problem(part)
+        if problem:
+            self._refuse(problem)
+            return
+        if part.part == 0:
+            self.artifact_count += 1
+        self._open = None if part.last else part
+        if self._artifacts is not None and self._artifacts(part):
+            # Kept by the store, which bounds it: not the frame budget's to bound.
+            self._credit += len(frame["data_b64"])
+            budget = self._budget_base + MAX_FRAME_BYTES_PER_CALL + self._credit
+            self._channel.limit(budget - self._channel.received)
+
+    def _order_problem(self, part: ArtifactPart) -> str | None:
+        """What is wrong with `part` coming now, or None."""
+        previous = self._open
+        if part.part == 0:
+            if previous is not None:
+                return f"a new artifact before the last part of {_short(previous.name)}"
+            if self.artifact_count >= MAX_ARTIFACTS_PER_CALL:
+                return f"more than {MAX_ARTIFACTS_PER_CALL} artifacts"
+            return None
+        if previous is None or part.part != previous.part + 1:
+            return f"artifact part {part.part} of {_short(part.name)} out of order"
+        if (part.name, part.mime_type, part.source) != (
+            previous.name,
+            previous.mime_type,
+            previous.source,
+        ):
+            return f"artifact part {part.part} of {_short(part.name)} names another artifact"
+        return None
+
     def _on_result(self, frame: Frame) -> None:
         problem = _result_problem(frame, self._kind, self._seal)
         if self.result is not None:
             problem = "a second result frame"
+        elif self._open is not None:
+            problem = f"a result frame before the last part of artifact {_short(self._open.name)}"
         if problem:
             self._refuse(problem)
             return
@@ -514,6 +614,29 @@ def _result_problem(frame: Frame, kind: str, seal: bool) -> str | None:
     ):
         return f"a result value that is not of its kind {value_kind!r}"
     return None
+
+
+def _artifact_part(frame: Frame) -> ArtifactPart | str:
+    """The part an artifact frame carries, or what is wrong with the frame."""
+    name, mime, source = frame.get("name"), frame.get("mime_type"), frame.get("source")
+    data, part, last = frame.get("data_b64"), frame.get("part"), frame.get("last")
+    for label, value in (("name", name), ("mime_type", mime)):
+        if not isinstance(value, str) or not 0 < len(value) <= MAX_ARTIFACT_LABEL:
+            return f"an artifact frame whose {label} is not a string of 1 to {MAX_ARTIFACT_LABEL}"
+    assert isinstance(name, str) and isinstance(mime, str)
+    if source not in ARTIFACT_SOURCES:
+        return f"an artifact frame from source {_short(source)}"
+    if not isinstance(part, int) or isinstance(part, bool) or part < 0:
+        return "an artifact frame without an integer part and a boolean last"
+    if not isinstance(last, bool):
+        return "an artifact frame without an integer part and a boolean last"
+    if not isinstance(data, str) or len(data) > (MAX_ARTIFACT_PART_BYTES + 2) // 3 * 4:
+        return f"an artifact frame without base64 data of at most {MAX_ARTIFACT_PART_BYTES} bytes"
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        return "an artifact frame whose data is not base64"
+    return ArtifactPart(name, mime, str(source), raw, part, last)
 
 
 def _exit_problem(frame: Frame) -> str | None:

@@ -31,6 +31,8 @@ The supervisor's frames (frame pipe), each on a line of its own:
     {"t": "ready", ...}                       as for every sandbox, first.
     {"t": "session", "interpreter": pid}      the session runs.
     {"t": "yield", "seq": n, "v": <json>}     a user tool's value.
+    {"t": "artifact", "seq": n, <the runner's artifact fields>}
+        one part of an artifact call n made (runner_channel), before its result.
     {"t": "result", "seq": n, <the runner's result fields>, "reset": bool,
      "resets": int}
         call n is over: its output is all written, and (unless the session
@@ -100,6 +102,8 @@ from tooljaild.sandbox.runner_channel import (
 
 SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
 """The request kinds a session runs."""
+_CALL_FRAMES = frozenset({"yield", "artifact", "result"})
+"""The frames that name a call (its ``seq``)."""
 
 
 @dataclass(frozen=True)
@@ -236,7 +240,14 @@ class SessionSandbox:
             raise SandboxError(f"a {request.kind!r} request cannot run in a session")
         self._seq += 1
         pipes = self._pipes
-        frames = CallFrames(request.kind, sink, pipes.frames, seal=False, keeper=False)
+        frames = CallFrames(
+            request.kind,
+            sink,
+            pipes.frames,
+            seal=False,
+            keeper=False,
+            artifacts=request.artifacts,
+        )
         call = _Call(self._seq, frames, asyncio.get_running_loop().create_future())
         self._call = call
         pipes.frames.limit(MAX_FRAME_BYTES_PER_CALL)
@@ -318,7 +329,7 @@ class SessionSandbox:
                 self._check(call)
             return
         kind = item.get("t")
-        if kind in ("yield", "result") and call is not None and item.get("seq") == call.seq:
+        if kind in _CALL_FRAMES and call is not None and item.get("seq") == call.seq:
             self._on_call_frame(call, item)
         elif kind == "session" and _is_int(item.get("interpreter")):
             _settle(self._started, True)
@@ -332,7 +343,7 @@ class SessionSandbox:
             self._end_call(call, None)
 
     def _on_call_frame(self, call: _Call, frame: Frame) -> None:
-        if frame["t"] == "yield":
+        if frame["t"] != "result":  # a yield or an artifact part: checked as any call's
             call.frames.on_frame(frame)
             self._check(call)
             return
