@@ -321,7 +321,9 @@ def figure_png(figure: Any) -> bytes:
     """A matplotlib Figure as PNG bytes, drawn by the Agg canvas."""
     import io
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import (  # type: ignore[import-not-found,unused-ignore]
+        FigureCanvasAgg,
+    )
 
     canvas = FigureCanvasAgg(figure)
     buffer = io.BytesIO()
@@ -399,7 +401,8 @@ class _MatplotlibHook:
             self.armed = True
         if spec is None or spec.loader is None or os.environ.get("MPLBACKEND"):
             return spec
-        spec.loader = _WithBackend(spec.loader)
+        # (Duck-typed: importlib.abc, for the base class, is one more module to load.)
+        spec.loader = _WithBackend(spec.loader)  # type: ignore[assignment]
         return spec
 
 

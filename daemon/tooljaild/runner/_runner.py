@@ -27,11 +27,12 @@ once, in the daemon's tooljaild/sandbox/runner_channel.py.
 
 This file must stay importable and runnable with nothing but the standard
 library of Python 3.11+: it runs in whatever interpreter the sandbox has. It is
-one file of ~700 lines on purpose: it runs as a script under ``-I`` (no sibling
+one file of ~850 lines on purpose: it runs as a script under ``-I`` (no sibling
 module is importable without changing sys.path), install_runner copies it into
 every sandbox's view, and each module more is one more file found and read at
 every sandbox start outside the zygote. (A session's supervisor and interpreter
-are in _session.py, imported only when a session starts: `_serve_session`.)
+are in _session.py, imported only when a session starts: `_serve_session`;
+what calls send as artifacts is in _artifacts.py, loaded before the call.)
 """
 
 from __future__ import annotations
@@ -483,6 +484,8 @@ def _worker() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _warm()
+    # Loaded now (a no-op in the zygote's workers), not on the call's path.
+    _import_beside("_artifacts")
     _write_frame({"t": "ready", "worker": os.getpid(), "keeper": os.getppid()})
 
     request = _read_request()

@@ -26,7 +26,7 @@ What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
 bounded per line, parsed, and only a result for the call that runs is taken.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
-One file of ~600 lines on purpose: both processes share the session's
+One file of ~650 lines on purpose: both processes share the session's
 request, the line splitter and the sweep, and each runner module more is one
 more file to find and compile at a session's start outside the zygote.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # type: ignore[import-not-found,unused-ignore]
 
 FigureCanvas = FigureCanvasAgg
 
@@ -22,6 +22,6 @@ FigureCanvas = FigureCanvasAgg
 def show(*args: Any, **kwargs: Any) -> None:
     """Send and close every open figure (``block`` and the rest mean nothing here)."""
     import _artifacts  # type: ignore[import-not-found]  # loaded by the runner
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
 
     _artifacts.send_open_figures(plt)
