@@ -25,7 +25,10 @@ from typing import Any
 
 import pytest
 
+from tests.unit.test_process_sandbox import NAMESPACES, build, run
+from tooljail import StreamKind
 from tooljaild.sandbox.isolation import install_runner
+from tooljaild.sandbox.runner_channel import CallFrames
 
 Frame = dict[str, Any]
 
@@ -572,3 +575,49 @@ def test_matplotlib_show_sends_a_png_that_opens_as_a_plot(
         int.from_bytes(made[1][3][20:24], "big"),
     )
     assert (width, height) == (200, 100)
+
+
+# --------------------------------------------------------------------------- under bubblewrap
+
+
+BUBBLEWRAPPED = """
+import os
+os.mkdir("/workspace/outputs")
+open("/workspace/outputs/r.txt", "w").write("r")
+os.symlink("/etc/passwd", "/workspace/outputs/passwd")
+class Png:
+    def _repr_png_(self):
+        return b"png"
+display(Png())
+"""
+
+
+async def test_under_bubblewrap_outputs_is_slash_workspace_slash_outputs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the process backend's own pipes, in namespaces; the artifact
+    frames are taken off before the daemon's side (another part's) sees them."""
+    if not NAMESPACES.namespaces:
+        pytest.skip("bubblewrap cannot make namespaces here")
+    captured: list[Frame] = []
+    on_frame = CallFrames.on_frame
+
+    def taking_artifacts(self: CallFrames, item: Any) -> None:
+        if isinstance(item, dict) and item.get("t") == "artifact":
+            captured.append(item)
+        else:
+            on_frame(self, item)
+
+    monkeypatch.setattr(CallFrames, "on_frame", taking_artifacts)
+    box = build(tmp_path, NAMESPACES)
+    await box.start()
+    try:
+        outcome, out = await run(box, BUBBLEWRAPPED)
+    finally:
+        await box.close()
+    assert outcome.error is None, (outcome, out)
+    assert artifacts(captured) == [
+        ("display-1.png", "image/png", "display", b"png"),
+        ("outputs/r.txt", "text/plain", "outputs", b"r"),
+    ]
+    assert out[StreamKind.STDERR].count(b"outputs/passwd is a symlink") == 1
