@@ -344,6 +344,19 @@ def test_symlinks_are_not_followed_and_special_files_are_skipped(harness: Harnes
     assert stderr.count("outputs/fifo is not a regular file") == 1
 
 
+def test_directories_past_the_depth_bound_are_skipped_and_said(harness: Harness) -> None:
+    frames, stderr = harness.call(
+        """
+        import os
+        os.makedirs("outputs/" + "/".join("d" * 40))
+        open("outputs/" + "/".join("d" * 40) + "/deep.txt", "w").write("deep")
+        open("outputs/top.txt", "w").write("top")
+        """
+    )
+    assert [name for name, *_ in artifacts(frames)] == ["outputs/top.txt"]
+    assert stderr.count("directories deep") == 1
+
+
 def test_an_outputs_directory_that_is_a_symlink_is_not_followed(harness: Harness) -> None:
     frames, _ = harness.call("import os; os.symlink('/etc', 'outputs')")
     assert result(frames)["ok"]

@@ -9,10 +9,11 @@ runner_channel.py for the frame and what the daemon accepts of it):
   code calls) that can render themselves as an image: display-1.png, ...;
 - "outputs": the regular files under ``outputs/`` of the call's workspace
   (``/workspace/outputs`` under namespaces; else ``outputs/`` beside the
-  workspace's other files), sent when the call ends, in the order of their
-  paths, named ``outputs/<path below it>``. In a session, only those written
-  or changed during the call (mtime or size differ from the snapshot taken at
-  its start).
+  workspace's other files), sent when the call ends, in name order (a
+  directory's files where its name falls), named ``outputs/<path below it>``;
+  symlinks are not followed, directories deeper than 32 levels not walked.
+  In a session, only those written or changed during the call (mtime or size
+  differ from the snapshot taken at its start).
 
 Each artifact goes out as frames ``{"t": "artifact", "name", "mime_type",
 "source", "data_b64", "part", "last"}`` of at most 4 MiB of data each, its
@@ -166,31 +167,59 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _walk(dir_fd: int, prefix: str, found: list[str], say: Callable[[str], None]) -> None:
-    """Regular files below `dir_fd`, as paths relative to outputs/; skips said.
+MAX_DEPTH = 32
+"""Directories below outputs/ walked; deeper ones are skipped (and said)."""
 
-    Every step opens relative to its directory's descriptor with O_NOFOLLOW, so
-    a directory swapped for a symlink while the walk runs is not followed either.
+
+def _walk(
+    dir_fd: int, prefix: str, found: Snapshot, say: Callable[[str], None], depth: int = 0
+) -> None:
+    """Regular files below `dir_fd` into `found` (path relative to outputs/ ->
+    (mtime_ns, size)), in their paths' order; what is skipped is said.
+
+    Every step is relative to its directory's descriptor and never follows a
+    symlink, so one swapped in while the walk runs is not followed either.
     """
     with os.scandir(dir_fd) as entries:
-        names = sorted((entry.name, entry) for entry in entries)
-    for name, entry in names:
+        named = sorted((entry.name, entry) for entry in entries)
+    for name, entry in named:
         path = prefix + name
         try:
             if entry.is_symlink():
                 say(f"{OUTPUTS}/{path} is a symlink: not followed, not kept")
             elif entry.is_dir(follow_symlinks=False):
+                if depth >= MAX_DEPTH:
+                    say(f"{OUTPUTS}/{path} is more than {MAX_DEPTH} directories deep: not kept")
+                    continue
                 sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
                 try:
-                    _walk(sub, path + "/", found, say)
+                    _walk(sub, path + "/", found, say, depth + 1)
                 finally:
                     os.close(sub)
             elif entry.is_file(follow_symlinks=False):
-                found.append(path)
+                st = entry.stat(follow_symlinks=False)
+                found[path] = (st.st_mtime_ns, st.st_size)
             else:
                 say(f"{OUTPUTS}/{path} is not a regular file: not kept")
         except OSError as exc:
             say(f"{OUTPUTS}/{path} cannot be read ({exc.strerror}): not kept")
+
+
+def _open_below(root: int, path: str) -> int:
+    """Open the regular file `path` (relative to the directory `root`) without
+    following a symlink at any step (O_NOFOLLOW alone guards only the last)."""
+    parts = path.split("/")
+    fd = root
+    try:
+        for part in parts[:-1]:
+            below = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            if fd != root:
+                os.close(fd)
+            fd = below
+        return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    finally:
+        if fd != root:
+            os.close(fd)
 
 
 def _open_outputs(workspace: str) -> int:
@@ -202,19 +231,17 @@ def _open_outputs(workspace: str) -> int:
 
 
 def _stat_all(workspace: str, say: Callable[[str], None]) -> tuple[int, Snapshot]:
-    """(outputs/'s descriptor, every regular file's (mtime_ns, size)); (-1, {}) if none."""
+    """(outputs/'s descriptor, its regular files' (mtime_ns, size)); (-1, {}) if none."""
     root = _open_outputs(workspace)
     if root < 0:
         return -1, {}
-    found: list[str] = []
-    _walk(root, "", found, say)
-    snapshot: Snapshot = {}
-    for path in found:
-        with contextlib.suppress(OSError):
-            st = os.stat(path, dir_fd=root, follow_symlinks=False)
-            if stat.S_ISREG(st.st_mode):
-                snapshot[path] = (st.st_mtime_ns, st.st_size)
-    return root, snapshot
+    found: Snapshot = {}
+    try:
+        _walk(root, "", found, say)
+    except Exception:
+        os.close(root)
+        raise
+    return root, found
 
 
 def snapshot(workspace: str) -> Snapshot:
@@ -222,7 +249,10 @@ def snapshot(workspace: str) -> Snapshot:
 
     Says nothing on stderr: what is skipped is said when the call ends.
     """
-    root, held = _stat_all(workspace, say=_silent)
+    try:
+        root, held = _stat_all(workspace, say=_silent)
+    except Exception:  # unreadable: then every file there counts as the call's
+        return {}
     if root >= 0:
         os.close(root)
     return held
@@ -252,7 +282,7 @@ def send_outputs(sender: Sender, workspace: str, before: Snapshot | None = None)
                 continue
             name = f"{OUTPUTS}/{path}"
             try:
-                fd = os.open(path, _FILE_FLAGS, dir_fd=root)
+                fd = _open_below(root, path)
             except OSError as exc:
                 say(f"{name} cannot be read ({exc.strerror}): not kept")
                 continue
