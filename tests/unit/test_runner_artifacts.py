@@ -634,3 +634,19 @@ async def test_under_bubblewrap_outputs_is_slash_workspace_slash_outputs(
         ("outputs/r.txt", "text/plain", "outputs", b"r"),
     ]
     assert out[StreamKind.STDERR].count(b"outputs/passwd is a symlink") == 1
+
+
+def test_matplotlib_in_a_session_sends_each_figure_once(
+    harness: Harness, plotting_python: str
+) -> None:
+    harness.python = plotting_python
+    session = harness.session()
+    first = session.call("import matplotlib.pyplot as plt\nplt.plot([1, 2])")
+    second = session.call("plt.plot([3, 1]); plt.show()")
+    third = session.call("x = 1")
+    session.runner.close()
+    for frames in (first, second):
+        made = artifacts(frames)
+        assert [(name, mime) for name, mime, _, _ in made] == [("figure-1.png", "image/png")]
+        assert made[0][3].startswith(b"\x89PNG\r\n\x1a\n")
+    assert artifacts(third) == []
