@@ -558,6 +558,9 @@ def plotting_python() -> str:
     return str(python)
 
 
+# The first to run builds the virtualenv (pip, ~1 min; longer on a loaded machine).
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_matplotlib_show_sends_a_png_that_opens_as_a_plot(
     harness: Harness, plotting_python: str
 ) -> None:
@@ -636,6 +639,9 @@ async def test_under_bubblewrap_outputs_is_slash_workspace_slash_outputs(
     assert out[StreamKind.STDERR].count(b"outputs/passwd is a symlink") == 1
 
 
+# The first to run builds the virtualenv (pip, ~1 min; longer on a loaded machine).
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_matplotlib_in_a_session_sends_each_figure_once(
     harness: Harness, plotting_python: str
 ) -> None:
