@@ -100,9 +100,9 @@ class _Supervisor:
         self.reset_pending = False
         """The interpreter was restarted while idle: the next call's end says so."""
         self.sender: Any = None
+        """The running call's artifact sender (_artifacts.Sender), None while idle."""
         self.dropping = False
         """The interpreter's artifact being forwarded is past the call's count: dropped."""
-        """The running call's artifact sender (_artifacts.Sender), None while idle."""
         self.outputs_before: dict[str, tuple[int, int]] = {}
         """outputs/ as the running call found it: only what it changes is sent."""
         self.to_interp = -1
