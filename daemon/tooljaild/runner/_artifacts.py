@@ -30,7 +30,8 @@ stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 
 from __future__ import annotations
 
-import base64
+# binascii, not base64: base64 also loads struct, ~2x the start-up cost here.
+import binascii
 import contextlib
 import os
 import stat
@@ -135,7 +136,7 @@ class Sender:
                     "name": name,
                     "mime_type": mime_type,
                     "source": source,
-                    "data_b64": base64.b64encode(current).decode("ascii"),
+                    "data_b64": binascii.b2a_base64(current, newline=False).decode("ascii"),
                     "part": part,
                     "last": following is None,
                 }
@@ -395,7 +396,7 @@ def display(*objs: Any, **kwargs: Any) -> None:
                 data = data[0]
             if isinstance(data, (bytes, str)) and data:
                 if mime_type != "image/svg+xml" and isinstance(data, str):
-                    data = base64.b64decode(data)  # IPython's reprs may be base64 text
+                    data = binascii.a2b_base64(data)  # IPython's reprs may be base64 text
                 _send_image(data, mime_type, "display", extension)
                 break
         else:
