@@ -516,6 +516,19 @@ def test_display_sends_images_in_order_and_prints_the_rest(harness: Harness, whe
     assert b"'just text'" in stdout
 
 
+def test_display_is_a_builtin_of_code_calls_only(harness: Harness) -> None:
+    session = harness.session()
+    assert result(session.call("display"))["ok"]
+    script = harness.workspace / "script.py"
+    script.write_text("display\n")
+    session.seq += 1
+    request = {**harness.request(""), "kind": "file", "path": str(script)}
+    session.runner.send({"op": "call", "seq": session.seq, "request": request})
+    frames = session.runner.until("result", session.seq)
+    session.runner.close()
+    assert result(frames)["error"]["type"] == "NameError"
+
+
 def test_files_and_user_tools_get_no_figures_but_their_outputs(harness: Harness) -> None:
     script = harness.workspace / "script.py"
     script.write_text(

@@ -336,6 +336,11 @@ def end_rich() -> None:
         say(f"the open figures could not be sent: {type(exc).__name__}: {exc}")
     finally:
         _sender = None
+        import builtins
+
+        # A session's next call may run a file or a user tool: no display() there.
+        if getattr(builtins, "display", None) is display:
+            del builtins.display  # type: ignore[attr-defined]
 
 
 def send_open_figures(pyplot: Any) -> None:
