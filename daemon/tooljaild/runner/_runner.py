@@ -27,11 +27,12 @@ once, in the daemon's tooljaild/sandbox/runner_channel.py.
 
 This file must stay importable and runnable with nothing but the standard
 library of Python 3.11+: it runs in whatever interpreter the sandbox has. It is
-one file of ~700 lines on purpose: it runs as a script under ``-I`` (no sibling
+one file of ~850 lines on purpose: it runs as a script under ``-I`` (no sibling
 module is importable without changing sys.path), install_runner copies it into
 every sandbox's view, and each module more is one more file found and read at
 every sandbox start outside the zygote. (A session's supervisor and interpreter
-are in _session.py, imported only when a session starts: `_serve_session`.)
+are in _session.py, imported only when a session starts: `_serve_session`;
+what calls send as artifacts is in _artifacts.py, loaded before the call.)
 """
 
 from __future__ import annotations
@@ -483,6 +484,8 @@ def _worker() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _warm()
+    # Loaded now (a no-op in the zygote's workers), not on the call's path.
+    _import_beside("_artifacts")
     _write_frame({"t": "ready", "worker": os.getpid(), "keeper": os.getppid()})
 
     request = _read_request()
@@ -495,10 +498,12 @@ def _worker() -> None:
     workdir = request.get("cwd")
     if workdir:
         os.chdir(workdir)
+    workspace = os.getcwd()  # outputs/ is where the call starts, wherever it goes
     os.environ.clear()
     os.environ.update(request.get("env", {}))
 
     kind = request.get("kind")
+    sender = artifact_sender(request, _write_frame) if kind in CALL_KINDS else None
     try:
         if kind in ("code", "file"):
             frame = _run_script(request)
@@ -514,6 +519,8 @@ def _worker() -> None:
         frame = _system_exit_frame(exc)
     except BaseException as exc:
         frame = {"t": "result", "ok": False, "exit_code": 1, "error": _error(exc)}
+    if sender is not None:
+        end_artifacts(sender, workspace, rich=kind == "code")
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
@@ -521,6 +528,57 @@ def _worker() -> None:
         frame["sealed"] = True
     _write_frame(frame)
     os._exit(int(frame.get("exit_code", 0)) & 0xFF)
+
+
+CALL_KINDS = ("code", "file", "user")
+"""The request kinds that run tool code: their calls make artifacts."""
+
+
+def _import_beside(name: str) -> types.ModuleType:
+    """A runner module beside this file (under ``-I`` its directory is not on
+    sys.path: it is put there for the import only; the zygote preloads them)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    sys.path.insert(0, _HERE)
+    try:
+        return __import__(name)  # a top-level name: the module itself
+    finally:
+        sys.path.remove(_HERE)
+
+
+def artifact_sender(
+    request: dict[str, Any], write_frame: Callable[[dict[str, Any]], None], *more: dict[str, Any]
+) -> Any:
+    """The call's artifact sender (see _artifacts.py), with figures and
+    ``display`` on for code calls.
+
+    Args:
+        request: The call's request (its "artifact_limits", its kind).
+        write_frame: Where the artifact frames go.
+        more: Requests to take the limits from when the call's has none (a session's).
+    """
+    artifacts = _import_beside("_artifacts")
+    sender = artifacts.Sender(write_frame, *artifacts.limits_of(request, *more))
+    if request.get("kind") == "code":
+        artifacts.begin_rich(sender)
+    return sender
+
+
+def end_artifacts(sender: Any, workspace: str | None, *, rich: bool) -> None:
+    """Send what the call made that is not sent yet: the figures it left open
+    (when `rich`), then the files of outputs/ (when `workspace` is given).
+
+    An error here is said on stderr; it never costs the call its result.
+    """
+    artifacts = sys.modules["_artifacts"]
+    try:
+        if rich:
+            artifacts.end_rich()
+        if workspace is not None:
+            artifacts.send_outputs(sender, workspace)
+    except Exception as exc:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"tooljail: artifacts were lost: {type(exc).__name__}: {exc}\n")
 
 
 def _system_exit_frame(exc: SystemExit) -> dict[str, Any]:

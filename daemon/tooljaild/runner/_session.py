@@ -26,7 +26,7 @@ What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
 bounded per line, parsed, and only a result for the call that runs is taken.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
-One file of ~600 lines on purpose: both processes share the session's
+One file of ~650 lines on purpose: both processes share the session's
 request, the line splitter and the sweep, and each runner module more is one
 more file to find and compile at a session's start outside the zygote.
 """
@@ -45,6 +45,7 @@ import time
 import types
 from typing import Any
 
+import _artifacts  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 4096
@@ -98,6 +99,12 @@ class _Supervisor:
         self.resets = 0
         self.reset_pending = False
         """The interpreter was restarted while idle: the next call's end says so."""
+        self.sender: Any = None
+        """The running call's artifact sender (_artifacts.Sender), None while idle."""
+        self.dropping = False
+        """The interpreter's artifact being forwarded is past the call's count: dropped."""
+        self.outputs_before: dict[str, tuple[int, int]] = {}
+        """outputs/ as the running call found it: only what it changes is sent."""
         self.to_interp = -1
         self.from_interp = -1
         self.outgoing = b""  # what is still to be written to the interpreter
@@ -237,6 +244,13 @@ class _Supervisor:
             self._write(seq, self._workspace(request), reset=False)
         elif kind in ("code", "file", "user"):
             self.running = seq
+            # outputs/ is read here, not by the interpreter: tool code cannot
+            # make the supervisor send what the call did not write.
+            self.outputs_before = _artifacts.snapshot(self.root)
+            self.sender = _artifacts.Sender(
+                lambda frame: self.runner._write_frame({**frame, "seq": seq}),
+                *_artifacts.limits_of(request, self.request),
+            )
             self._send(line if line.endswith(b"\n") else line + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
@@ -296,17 +310,52 @@ class _Supervisor:
             return
         if not isinstance(message, dict):
             return
-        if message.get("t") == "yield" and "v" in message:
+        if message.get("t") == "artifact":
+            self._forward_artifact(message)
+        elif message.get("t") == "yield" and "v" in message:
             self.runner._write_frame({"t": "yield", "seq": self.running, "v": message["v"]})
         elif message.get("t") == "result" and message.get("seq", self.running) == self.running:
             # (Without a seq: the runner's own ResultTooLarge frame, which has none.)
             frame = {key: message[key] for key in _RESULT_KEYS if key in message}
             self._write(self.running, {"t": "result", **frame}, reset=False)
 
+    def _forward_artifact(self, message: dict[str, Any]) -> None:
+        """A part of a figure or a display from the interpreter, checked, to the daemon.
+
+        The count of the call's artifacts is kept here (the interpreter's own
+        is tool code's to change); the daemon checks the rest (the sizes).
+        """
+        fields = {key: message.get(key) for key in _ARTIFACT_KEYS}
+        if not (
+            isinstance(fields["name"], str)
+            and isinstance(fields["mime_type"], str)
+            and fields["source"] in ("figure", "display")
+            and isinstance(fields["data_b64"], str)
+            and type(fields["part"]) is int
+            and isinstance(fields["last"], bool)
+            and self.sender is not None
+        ):
+            return
+        if fields["part"] == 0:
+            if self.sender.sent >= self.sender.max_count:
+                self.dropping = True
+                return
+            self.sender.sent += 1
+            self.dropping = False
+        if not self.dropping:
+            self.sender.write_frame({"t": "artifact", **fields})
+
     def _write(self, seq: int, frame: dict[str, Any], *, reset: bool) -> None:
-        """End call `seq` with `frame`: after every process it started is gone."""
+        """End call `seq` with `frame`: after every process it started is gone,
+        and after the files it wrote to outputs/ are sent."""
         if not self.keep:
             self.sweep(everything=False)
+        if self.running == seq and self.sender is not None:
+            try:
+                _artifacts.send_outputs(self.sender, self.root, self.outputs_before)
+            except Exception as exc:  # the call's result must still be told
+                _artifacts.say(f"outputs/ could not be sent: {type(exc).__name__}: {exc}")
+            self.sender = None
         frame["seq"] = seq
         frame["reset"] = reset or self.reset_pending
         frame["resets"] = self.resets
@@ -354,6 +403,7 @@ class _Supervisor:
 
 
 _RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
+_ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
@@ -522,7 +572,13 @@ def _interpreter(
         except (InterruptedError, KeyboardInterrupt):
             continue  # a stray signal while idle
         frame = _interpret(
-            runner, message, main, keep=keep, cpu_s=cpu_s, tooldef=session.get("tooldef")
+            runner,
+            message,
+            main,
+            keep=keep,
+            cpu_s=cpu_s,
+            tooldef=session.get("tooldef"),
+            session=session,
         )
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
@@ -542,6 +598,10 @@ def _interpret(
             runner._reap_all()  # zombies of the call before (the sweep killed them)
         limits = request.get("limits")  # the call's own; else the session's
         _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
+        rich = request.get("kind") == "code"
+        # Figures and display() only: outputs/ is the supervisor's to send.
+        if rich:
+            runner.artifact_sender(request, runner._write_frame, options["session"])
         _in_tool = True
         try:
             if request.get("kind") == "user":
@@ -553,6 +613,8 @@ def _interpret(
         finally:
             _in_tool = False
             sys.modules["__main__"] = main
+            if rich:
+                runner.end_artifacts(None, None, rich=True)
     except SystemExit as exc:
         return dict(runner._system_exit_frame(exc))
     except BaseException as exc:

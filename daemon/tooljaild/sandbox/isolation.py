@@ -320,6 +320,8 @@ def install_runner(state_dir: Path) -> Path:
         RUNNER_PATH.with_name("_zygote.py"),
         RUNNER_PATH.with_name("_session.py"),
         RUNNER_PATH.with_name("_workspace.py"),
+        RUNNER_PATH.with_name("_artifacts.py"),
+        RUNNER_PATH.with_name("_tooljail_mpl.py"),
         Path(tooljail._tooldef.__file__),
     ):
         dest = target / source.name
@@ -330,7 +332,7 @@ def install_runner(state_dir: Path) -> Path:
     # A session's modules are imported when it starts, not with every sandbox:
     # compiled once here instead of at each session (~8 ms each on a small VM).
     # Only an interpreter of the daemon's version uses these; others compile.
-    for name in ("_session.py", "_workspace.py"):
+    for name in ("_session.py", "_workspace.py", "_artifacts.py"):
         with contextlib.suppress(OSError):  # then each session compiles it, as before
             py_compile.compile(str(target / name), quiet=2)
     return target
