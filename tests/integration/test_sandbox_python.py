@@ -191,3 +191,16 @@ def test_doctor_says_which_directory_keeps_the_sandbox_uid_from_a_venv(tmp_path:
 def test_a_plain_daemon_has_no_plotting_packages_and_doctor_says_how_to_add_them() -> None:
     packages = _doctor("/usr/bin/python3")["sandbox packages"]
     assert "set sandbox.python to a virtualenv's bin/python" in packages["detail"]
+
+
+@pytest.mark.isolation
+def test_a_session_keeps_the_venv_s_packages_across_calls(
+    serve: Callable[..., ServedDaemon], plotting_python: str
+) -> None:
+    served = _serve(serve, "zygote", plotting_python)
+    with Client(served.target) as client, client.session() as session:
+        first = session.call("execute_python_code", {"code": "import matplotlib\nprint(1)"})
+        assert first.ok, first
+        second = session.call("execute_python_code", {"code": "print(matplotlib.__version__)"})
+    assert second.ok, second
+    assert second.data["stdout"] == "3.10.3\n"
