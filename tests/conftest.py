@@ -234,6 +234,18 @@ def served(serve: Callable[..., ServedDaemon]) -> ServedDaemon:
     return serve()
 
 
+@pytest.fixture(scope="session")
+def plotting_python() -> str:
+    """A virtualenv's bin/python with matplotlib, readable by the sandbox uid.
+
+    For `sandbox={"python": plotting_python}`. Built from PyPI on the system's
+    python3 once per machine (about a minute), then cached: see tests/plotting.py.
+    """
+    from tests.plotting import plotting_venv
+
+    return str(plotting_venv())
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """In CI a skipped test is a failure: CI must provide what every test needs.

@@ -5,9 +5,17 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from typing import Any
+from typing import Any, Literal
 
-from tooljaild.sandbox.isolation import Feature, Level, resolve
+from tooljaild.sandbox.isolation import (
+    Feature,
+    Isolation,
+    IsolationError,
+    Level,
+    resolve,
+    sandbox_identity,
+    sandbox_python,
+)
 from tooljaild.sandbox.process import default_python
 
 
@@ -22,8 +30,6 @@ def check_host(
 
     Never raises for a missing feature: that is what it reports.
     """
-    from tooljaild.sandbox.isolation import IsolationError
-
     features = [
         Feature(
             "platform",
@@ -42,28 +48,54 @@ def check_host(
         )
     except IsolationError:  # pragma: no cover - best-effort never raises
         raise
-    from tooljaild.sandbox.isolation import sandbox_python
-
-    configured = python or default_python()
-    try:
-        chosen = sandbox_python(configured, iso)
-        features.insert(
-            1,
-            Feature(
-                "sandbox python",
-                "active",
-                chosen
-                if chosen == configured
-                else f"{chosen} (the sandbox uid cannot reach {configured})",
-            ),
-        )
-    except IsolationError as exc:
-        features.insert(1, Feature("sandbox python", "missing", str(exc)))
+    features[1:1] = python_features(python or default_python(), iso)
     features += iso.features
     features.append(zygote_feature(iso.namespaces, platform.machine(), platform.release()))
     if os.geteuid() != 0:
         features.append(Feature("running as", "active", f"uid {os.geteuid()}", required=False))
     return features
+
+
+def python_features(configured: str, iso: Isolation) -> list[Feature]:
+    """The sandbox's interpreter: which, a venv or not, its version, whether the
+    sandbox uid reaches it, and the notable packages it has. Blocks (starts it once,
+    as the sandbox uid, outside bubblewrap)."""
+    from tooljaild.sandbox import interpreter
+
+    try:
+        chosen = sandbox_python(configured, iso)
+        interp = interpreter.inspect(chosen)
+        identity = sandbox_identity(iso)
+        answer = interpreter.probe(interp, identity[0] if identity else None, iso.gid)
+    except (IsolationError, interpreter.InterpreterError) as exc:
+        return [
+            Feature("sandbox python", "missing", str(exc)),
+            Feature("sandbox packages", "n/a", "needs the sandbox python", required=False),
+        ]
+    who = identity[2] if identity else "root"
+    detail = f"{interp.describe()}: Python {answer['version']}, reachable by {who}"
+    if chosen != configured:
+        detail += f" (the sandbox uid cannot reach {configured})"
+    status: Literal["active", "missing"] = "active"
+    if interp.venv is not None and os.path.realpath(answer["prefix"]) != os.path.realpath(
+        interp.venv
+    ):
+        status = "missing"
+        detail += f"; but it runs with sys.prefix {answer['prefix']}, not its venv"
+    packages: dict[str, str] = answer["packages"]
+    found = ", ".join(f"{name} {version}" for name, version in sorted(packages.items()))
+    wanted = ", ".join(interpreter.NOTABLE_PACKAGES)
+    return [
+        Feature("sandbox python", status, detail),
+        Feature(
+            "sandbox packages",
+            "active" if found else "n/a",
+            found
+            or f"none of {wanted}: set sandbox.python to a virtualenv's bin/python to add "
+            "packages (README: Packages in the sandbox)",
+            required=False,
+        ),
+    ]
 
 
 ZYGOTE_MIN_KERNEL = (5, 8)

@@ -354,11 +354,54 @@ def _docker_build(
             lines.feed(chunk.get("stream", ""))
             if "error" in chunk:
                 lines.flush()
-                raise ImageBuildError(f"{what}: {chunk['error'].strip()}", tail)
+                error = chunk["error"].strip()
+                raise ImageBuildError(f"{what}: {explain_failure(error, tail, args)}", tail)
     except (DockerException, OSError) as exc:  # OSError: requests' timeouts, a lost socket
         lines.flush()
         raise ImageBuildError(f"{what}: {_first_line(exc)}", tail) from exc
     lines.flush()
+
+
+PIP_FAILED = (
+    "No matching distribution found",
+    "Could not find a version that satisfies",
+    "Could not fetch URL",
+)
+"""What pip prints when no package index answered it (or none had the package)."""
+APT_FAILED = ("Unable to locate package", "Failed to fetch", "Temporary failure resolving")
+
+
+def explain_failure(error: str, tail: Iterable[str], args: Mapping[str, str]) -> str:
+    """The engine's error, led by what failed in words, where the log tail shows it.
+
+    The engine says only that a RUN step "returned a non-zero code"; for the
+    scientific variant the usual cause is a package index that did not answer.
+    """
+    lines = list(tail)
+    if args.get("SCIENTIFIC") == "1" and any(m in ln for ln in lines for m in PIP_FAILED):
+        said = next((ln for ln in lines if "Could not fetch URL" in ln), None) or next(
+            ln for ln in lines if any(m in ln for m in PIP_FAILED)
+        )
+        why = ""
+        if "CERTIFICATE_VERIFY_FAILED" in "\n".join(lines):
+            why = (
+                " (the build does not trust the index's TLS certificate: a proxy that"
+                " intercepts TLS needs its CA inside the build)"
+            )
+        return (
+            "pip could not install the scientific packages (numpy, pandas, matplotlib, "
+            f"scipy) from PyPI{why}: {said.strip()[:300]}. Build where PyPI answers "
+            "`docker build`, or give the process backend a virtualenv with these packages "
+            "instead ([sandbox] python = ...; README: Packages in the sandbox). "
+            f"The engine said: {error}"
+        )
+    if any(m in ln for ln in lines for m in APT_FAILED):
+        said = next(ln for ln in lines if any(m in ln for m in APT_FAILED))
+        return (
+            f"apt-get could not reach a Debian mirror: {said.strip()[:300]}. "
+            f"The engine said: {error}"
+        )
+    return error
 
 
 class _LineBuffer:

@@ -1,7 +1,8 @@
 """Namespaces through bubblewrap: the command line that wraps a runner.
 
 Inside, the runner sees a read-only system (`/usr` and the few `/etc` files a
-Python needs), its interpreter, the runner's own files at `/opt/tooljail`, a
+Python needs), its interpreter (a virtualenv's directory and its base's prefix
+too: see sandbox/interpreter.py), the runner's own files at `/opt/tooljail`, a
 fresh `/proc`, a minimal `/dev`, size-capped private `/tmp` and `/dev/shm`, and
 its workspace at `/workspace`: the only writable paths. New user, pid, net, ipc, uts, mount and
 cgroup namespaces; no network unless the tool's profile allows it; every
@@ -34,6 +35,7 @@ ETC_FILES = (
     "/etc/alternatives",
     "/etc/ca-certificates",
     "/etc/ca-certificates.conf",
+    "/etc/fonts",
     "/etc/host.conf",
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
@@ -65,13 +67,13 @@ class BwrapSpec:
     bwrap: str
     python: str
     runner_dir_fd: int
-    python_prefix: tuple[int, str] | None = None
-    """(fd, path) of an interpreter prefix outside /usr, bound at the same path."""
     extra_ro: list[tuple[int, str]] = field(default_factory=list)
+    """(fd, path) pairs bound read-only at the same path: the interpreter's
+    directories outside /usr (a virtualenv, its base's prefix), then the tool
+    and files directories."""
     zygote_ro: list[int] = field(default_factory=list)
     """For the zygote: a second descriptor of each `extra_ro` directory, bound at
     ZYGOTE_SHARED/i (bubblewrap closes a descriptor once it has bound it)."""
-    """(fd, path) pairs bound read-only at the same path: tool and files directories."""
     tmp_bytes: int = 256 * 1024**2
     workspace_bytes: int = 512 * 1024**2
     """The workspace is RAM-backed and size-capped: its disk quota."""
@@ -133,9 +135,6 @@ class BwrapSpec:
         if self.data_fds is not None:
             args += ["--perms", "0444", "--file", str(self.data_fds[0]), "/etc/passwd"]
             args += ["--perms", "0444", "--file", str(self.data_fds[1]), "/etc/group"]
-        if self.python_prefix is not None:
-            fd, path = self.python_prefix
-            args += ["--ro-bind-fd", str(fd), path]
         for fd, path in self.extra_ro:
             args += ["--ro-bind-fd", str(fd), path]
         for i, fd in enumerate(self.zygote_ro):
@@ -156,8 +155,6 @@ class BwrapSpec:
     def fds(self) -> list[int]:
         """Every descriptor bubblewrap must inherit."""
         fds = [self.runner_dir_fd, *(fd for fd, _ in self.extra_ro), *self.zygote_ro]
-        if self.python_prefix is not None:
-            fds.append(self.python_prefix[0])
         if self.seccomp_fd is not None:
             fds.append(self.seccomp_fd)
         if self.data_fds is not None:
@@ -170,15 +167,6 @@ def find_bwrap(configured: str = "bwrap") -> str | None:
     if "/" in configured:
         return configured if os.access(configured, os.X_OK) else None
     return shutil.which(configured)
-
-
-def python_prefix(python: str) -> str | None:
-    """The interpreter's install prefix when it lies outside /usr (which is bound anyway)."""
-    real = os.path.realpath(python)
-    prefix = os.path.dirname(os.path.dirname(real))
-    if prefix == "/usr" or prefix.startswith("/usr/"):
-        return None
-    return prefix
 
 
 def probe(bwrap: str, uid: int | None, timeout_s: float = 10.0) -> tuple[bool, str]:

@@ -17,6 +17,7 @@ import os
 import pwd
 import py_compile
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -24,6 +25,7 @@ from typing import Literal
 from tooljail.errors import TooljailError
 from tooljaild.runner import RUNNER_PATH
 from tooljaild.sandbox import bwrap as bw
+from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.cgroups import CgroupTracker
 
 log = logging.getLogger(__name__)
@@ -268,15 +270,27 @@ def reachable(path: Path, uid: int, gid: int) -> bool:
 
 
 def sandbox_python(configured: str, iso: Isolation) -> str:
-    """The interpreter sandboxes run: the configured one if the sandbox uid can reach it.
+    """The interpreter sandboxes run, checked against what the sandbox uid can reach.
 
-    A daemon installed under /root (pyenv, a venv) has an interpreter the
-    unprivileged sandbox uid cannot reach; the system's python3 serves then,
-    since the runner needs nothing but the standard library.
+    The daemon's own interpreter (the default) may lie where the unprivileged
+    sandbox uid cannot reach it (pyenv, a venv under /root): the system's
+    python3 serves then, since the runner needs nothing but the standard
+    library. Any other configured interpreter, a virtualenv's above all, is
+    used as it is or refused: swapping it would lose the packages it was
+    chosen for.
+
+    Returns:
+        What to exec: a virtualenv's python as configured (made absolute, never
+        resolved: that would lose the venv), any other interpreter's real binary.
 
     Raises:
-        IsolationError: Neither is usable.
+        IsolationError: The configured interpreter does not exist, or the
+            sandbox uid cannot reach it (the message names the path component
+            that stops it); or the default is unreachable and no system python3
+            >= 3.11 was found.
     """
+    if configured != os.path.realpath(sys.executable):
+        return _configured_python(configured, iso)
     if not iso.namespaces or iso.uid is None:
         return configured
     gid = iso.gid if iso.gid is not None else iso.uid
@@ -302,6 +316,38 @@ def sandbox_python(configured: str, iso: Isolation) -> str:
         "system python3 >= 3.11 was found: install python3, or set sandbox.python to an "
         "interpreter every user can reach"
     )
+
+
+def _configured_python(configured: str, iso: Isolation) -> str:
+    """`sandbox.python` as set by the operator: it exists and the sandbox uid reaches it.
+
+    Raises:
+        IsolationError: It does not, in words naming the path (see `sandbox_python`).
+    """
+    try:
+        interp = interpreter.inspect(configured)
+        identity = sandbox_identity(iso)
+        if identity is not None:
+            interpreter.check_reachable(interp, *identity)
+    except interpreter.InterpreterError as exc:
+        raise IsolationError(str(exc)) from exc
+    return interp.path
+
+
+def sandbox_identity(iso: Isolation) -> tuple[int, frozenset[int], str] | None:
+    """(uid, groups, in words) sandboxes run as; None when that is root (no uid to check)."""
+    if iso.uid is not None:
+        gid = iso.gid if iso.gid is not None else iso.uid
+        try:
+            name = pwd.getpwuid(iso.uid).pw_name
+        except KeyError:
+            name = "the sandbox user"
+        return iso.uid, frozenset({gid}), f"{name} (uid {iso.uid})"
+    euid = os.geteuid()
+    if euid == 0:
+        return None
+    # Not root: sandboxes run as the daemon's own uid, with its groups.
+    return euid, frozenset({os.getegid(), *os.getgroups()}), f"uid {euid} (the daemon's own)"
 
 
 def install_runner(state_dir: Path) -> Path:

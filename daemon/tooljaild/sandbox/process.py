@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tooljaild.sandbox import bwrap as bw
+from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.isolation import Isolation
@@ -74,7 +75,11 @@ class ProcessSandboxConfig(BaseModel):
 
     kind: Literal["process"] = "process"
     python: str = Field(default_factory=default_python)
-    """The Python interpreter binary that runs the runner and the tools."""
+    """The Python interpreter that runs the runner and the tools: a binary, or a
+    virtualenv's bin/python (to give tools packages; the sandbox uid must be able
+    to read it: see README, "Packages in the sandbox"). The default, the daemon's
+    own binary, is replaced by the system's python3 where the sandbox uid cannot
+    reach it; a configured one is used as it is, or the daemon refuses to start."""
     use_cgroups: bool = True
     """Track (and limit) each sandbox in its own cgroup where the host allows it."""
     bwrap: str = "bwrap"
@@ -211,7 +216,7 @@ class ProcessSandbox(RunnerSandbox):
         params = {
             "tmp_bytes": self._limits.tmp_bytes,
             "workspace_bytes": self._limits.workspace_bytes,
-            "shared": zygote_shared(self._context),
+            "shared": zygote_shared(self._config, self._context),
         }
         pid = await zygote.spawn(self.id, params, theirs)
         child = ZygoteChild(zygote, self.id, pid)
@@ -386,8 +391,7 @@ def build_bwrap_spec(
         passed.append(fd)
         return fd
 
-    prefix = bw.python_prefix(config.python)
-    shared = [d for d in context.shared_dirs if d.is_dir()]
+    bound = bound_dirs(config, context)
     seccomp_fd = None
     if iso.seccomp and not zygote:
         from tooljaild.sandbox import seccomp
@@ -405,9 +409,8 @@ def build_bwrap_spec(
         bwrap=iso.bwrap,
         python=config.python,
         runner_dir_fd=open_dir(context.runner_dir),
-        python_prefix=(open_dir(prefix), prefix) if prefix else None,
-        extra_ro=[(open_dir(d), str(d)) for d in shared],
-        zygote_ro=[open_dir(d) for d in shared] if zygote else [],
+        extra_ro=[(open_dir(d), d) for d in bound],
+        zygote_ro=[open_dir(d) for d in bound] if zygote else [],
         tmp_bytes=limits.tmp_bytes,
         workspace_bytes=limits.workspace_bytes,
         seccomp_fd=seccomp_fd,
@@ -416,13 +419,29 @@ def build_bwrap_spec(
     )
 
 
-def zygote_shared(context: SandboxContext) -> list[tuple[str, str]]:
-    """(where the zygote sees it, where the tool must see it) for each shared directory.
+def bound_dirs(config: ProcessSandboxConfig, context: SandboxContext) -> list[str]:
+    """What bubblewrap binds read-only at the same path, in order: the interpreter's
+    directories outside /usr (a virtualenv, its base's prefix), then the tool and
+    files directories that exist.
 
-    The same order as the binds `build_bwrap_spec` makes (existing directories only).
+    Raises:
+        SandboxError: The interpreter is gone since the daemon started.
     """
-    dirs = [d for d in context.shared_dirs if d.is_dir()]
-    return [(f"{bw.ZYGOTE_SHARED}/{i}", str(d)) for i, d in enumerate(dirs)]
+    try:
+        python_dirs = interpreter.inspect(config.python).bind_dirs()
+    except interpreter.InterpreterError as exc:
+        raise SandboxError(str(exc)) from exc
+    return [*python_dirs, *(str(d) for d in context.shared_dirs if d.is_dir())]
+
+
+def zygote_shared(config: ProcessSandboxConfig, context: SandboxContext) -> list[tuple[str, str]]:
+    """(where the zygote sees it, where the tool must see it) for each bound directory.
+
+    The same order as the binds `build_bwrap_spec` makes (see `bound_dirs`):
+    a sandbox binds again those its fresh /tmp, /dev/shm or /workspace hide
+    (a virtualenv under /tmp, say).
+    """
+    return [(f"{bw.ZYGOTE_SHARED}/{i}", d) for i, d in enumerate(bound_dirs(config, context))]
 
 
 def zygote_for(config: ProcessSandboxConfig, context: SandboxContext, limits: Limits) -> Zygote:
