@@ -547,30 +547,6 @@ def test_files_and_user_tools_get_no_figures_but_their_outputs(harness: Harness)
 # --------------------------------------------------------------------------- real matplotlib
 
 
-@pytest.fixture(scope="session")
-def plotting_python() -> str:
-    """A virtualenv's python with matplotlib from PyPI, built once and kept in
-    /tmp (keyed by this interpreter's version); CI builds it: PyPI answers there.
-
-    Built beside its place, then renamed there: the interpreter of a venv finds
-    its packages from where it is (only the venv's scripts name their path).
-    """
-    venv = Path("/tmp") / "tooljail-test-plotting-{}.{}.{}".format(*sys.version_info[:3])
-    python = venv / "bin" / "python"
-    check = [str(python), "-c", "import matplotlib"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return str(python)
-    building = venv.with_name(f"{venv.name}.{os.getpid()}")
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(building)], check=True)
-    pip = [str(building / "bin" / "python"), "-m", "pip", "install", "-q", "matplotlib"]
-    done = subprocess.run(pip, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        pytest.fail(f"cannot install matplotlib from PyPI: {done.stderr[-2000:]}")
-    subprocess.run(["rm", "-rf", str(venv)], check=True)
-    building.rename(venv)
-    return str(python)
-
-
 # The first to run builds the virtualenv (pip, ~1 min; longer on a loaded machine).
 @pytest.mark.slow
 @pytest.mark.timeout(900)
