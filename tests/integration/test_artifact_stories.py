@@ -115,3 +115,34 @@ def test_someone_elses_artifact_is_not_found(serve: Callable[..., ServedDaemon])
         read = theirs.call("read_artifact", {"artifact_id": artifact.artifact_id})
         assert read.status is CallStatus.ERROR
         assert "0000000" not in json.dumps(read.data)
+
+
+def test_files_written_to_outputs_come_back_and_in_a_session_only_new_ones(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve()
+    write = (
+        "import os\nos.makedirs('outputs/sub', exist_ok=True)\n"
+        "open('outputs/report.csv', 'w').write('a,b\\n1,2\\n')\n"
+        "open('outputs/sub/n.bin', 'wb').write(bytes(range(256)))\n"
+    )
+    with Client(served.target) as client:
+        fresh = client.call("execute_python_code", {"code": write})
+        assert fresh.status is CallStatus.SUCCESS, fresh.message
+        names = {a.name: a for a in fresh.artifacts}
+        assert set(names) == {"outputs/report.csv", "outputs/sub/n.bin"}, fresh.artifacts
+        assert names["outputs/report.csv"].mime_type == "text/csv"
+        assert client.get_artifact(names["outputs/sub/n.bin"].artifact_id) == bytes(range(256))
+        with client.session() as s:
+            first = s.call("execute_python_code", {"code": write})
+            assert len(first.artifacts) == 2, first.artifacts
+            again = s.call(
+                "execute_python_code", {"code": "open('outputs/new.txt', 'w').write('x')"}
+            )
+            assert [a.name for a in again.artifacts] == ["outputs/new.txt"]
+            listed = client.list_artifacts(session_id=s.id)
+            assert {a.name for a in listed} == {
+                "outputs/report.csv",
+                "outputs/sub/n.bin",
+                "outputs/new.txt",
+            }
