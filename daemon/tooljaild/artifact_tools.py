@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from tooljail._types import ArtifactInfo
-from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError
+from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError, TooljailError
 from tooljaild.in_daemon import DaemonCall, Handler, ToolFailure
 from tooljaild.registry import Tool
 from tooljaild.runner._workspace import (
@@ -83,8 +83,9 @@ _TAIL_SCAN_BYTES = 2 * MAX_READ_BYTES
 _T = TypeVar("_T")
 
 
-class _Stopped(Exception):
-    """The call was stopped while its reading ran on a thread."""
+class _Stopped(TooljailError):
+    """The call was stopped while its reading ran on a thread (no one reads it: the
+    call has ended)."""
 
 
 # ------------------------------------------------------------------ shared
@@ -180,7 +181,7 @@ def _lines_of(f: IO[bytes], stop: threading.Event) -> Iterator[tuple[str, int]]:
     """Each line of `f` as text (cut at `MAX_LINE_CHARS`, marked) and its bytes in the file."""
     for raw, skipped in _bounded_lines(f):
         if stop.is_set():
-            raise _Stopped
+            raise _Stopped("the call was stopped")
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
         yield _cut_line(text, MAX_LINE_CHARS, skipped), len(raw) + skipped
 
@@ -303,7 +304,7 @@ def _read_back(f: IO[bytes], size: int, want: int, stop: threading.Event) -> tup
     # A final newline ends the last line: one more is needed to see `want` whole lines.
     while start > 0 and size - start < _TAIL_SCAN_BYTES:
         if stop.is_set():
-            raise _Stopped
+            raise _Stopped("the call was stopped")
         step = min(_BLOCK, start)
         start -= step
         f.seek(start)
@@ -321,7 +322,7 @@ def _count_lines(f: IO[bytes], stop: threading.Event) -> int:
     count, last = 0, b"\n"
     while block := f.read(1 << 20):
         if stop.is_set():
-            raise _Stopped
+            raise _Stopped("the call was stopped")
         count += block.count(b"\n")
         last = block[-1:]
     return count + (last != b"\n")
