@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
+import threading
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tooljaild import artifact_tools
 from tooljaild.artifact_tools import (
     MAX_LISTED,
     list_artifacts,
@@ -193,25 +194,36 @@ def test_the_in_daemon_tools_are_served_and_promise_no_sandbox() -> None:
         assert "sandbox" not in description and "network" not in description
 
 
-def test_a_stopped_search_stops_its_thread(store: ArtifactStore) -> None:
+def test_a_stopped_search_stops_its_thread(
+    store: ArtifactStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     artifact_id = _put_lines(store, 500_000)
     services = Services(settings=Settings(), artifacts=store)
     arguments = {"artifact_id": artifact_id, "pattern": r"(a|b)*c$"}
     call = DaemonCall("c", "search_artifact", arguments, OWNER, None, services)
+    read = 0
+    reached, cancelled = threading.Event(), threading.Event()
+    lines_of = artifact_tools._lines_of
 
-    async def whole() -> float:
-        started = time.monotonic()
-        await search_artifact(call)
-        return time.monotonic() - started
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal read
+        for line in lines_of(*args, **kwargs):
+            read += 1
+            if read == 1000:  # the thread is searching: hold it until the call is stopped
+                reached.set()
+                cancelled.wait(10)
+            yield line
+
+    monkeypatch.setattr(artifact_tools, "_lines_of", counted)
 
     async def stopped() -> None:
         task = asyncio.create_task(search_artifact(call))
-        await asyncio.sleep(0.05)
+        await asyncio.to_thread(reached.wait, 10)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        cancelled.set()
 
-    full = asyncio.run(whole())
-    started = time.monotonic()
     asyncio.run(stopped())  # waits for the executor's threads: the search's too
-    assert time.monotonic() - started < full / 2
+    # It stopped at its next line once asked, far from the artifact's end.
+    assert read < 250_000, read

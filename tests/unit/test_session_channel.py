@@ -112,9 +112,10 @@ async def call(
 
 
 async def started(
-    session: SessionSandbox, code: str
+    session: SessionSandbox, code: str, setup: str = ""
 ) -> tuple[asyncio.Task[SessionCallEnd], Output]:
-    """Begin a call that prints "started" first; return once it has."""
+    """Begin a call that runs `setup`, prints "started", then `code`; return once it
+    has printed (so what the test does next meets the code, never the setup)."""
     out: Output = {}
     printed = asyncio.Event()
 
@@ -123,7 +124,7 @@ async def started(
         if b"started" in out.get(StreamKind.STDOUT, b""):
             printed.set()
 
-    code = "print('started', flush=True)\n" + code
+    code = setup + "print('started', flush=True)\n" + code
     task = asyncio.ensure_future(session.begin(RunRequest("code", {"code": code}), sink))
     await asyncio.wait_for(printed.wait(), 10)
     return task, out
@@ -200,9 +201,8 @@ async def test_interrupt_keeps_the_variables(open_session: Opener) -> None:
 async def test_a_call_deaf_to_interrupts_is_reset(open_session: Opener) -> None:
     session = await open_session()
     await call(session, "x = 41")
-    task, _ = await started(
-        session, "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
-    )
+    deaf = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    task, _ = await started(session, "while True: pass", setup=deaf)
     session.interrupt()
     done, _ = await asyncio.wait({task}, timeout=0.5)
     assert not done, "a call that ignores SIGINT goes on"
