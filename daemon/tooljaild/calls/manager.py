@@ -7,7 +7,13 @@ exactly one result (`calls.results` decides what each ending means).
 One start path serves both cases: `submit` starts a call at once when a slot
 and a ready sandbox are free (`_start_now`), else the call's task waits for
 them (`_start_later`); both end in `_start`, and the call's task sees every
-started call to its end (`_supervise`).
+started call to its end (`_supervise`). A call naming a session goes to its
+session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
+built-in that runs in the daemon to its handler (`_submit_in_daemon`).
+
+It is over 500 lines because admission, the journal's records and the end of a
+call are shared by those three paths; the next path should move each path's
+running into its own module, as `in_session` is, leaving this one the admission.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """A session inside a sandbox: the supervisor, and the interpreter it keeps alive.
 
+(Over 500 lines, as _runner.py, for the same reason: it runs inside sandboxes
+as a stdlib-only module beside the runner, and each module more is one more file
+found and read at every sandbox start outside the zygote.)
+
 Loaded by _runner.py on a "session" request (the zygote loads it at start, so
 its sandboxes find it already imported). The worker that read that request
 becomes the session's *supervisor*; it forks the *interpreter*, which holds one
