@@ -46,7 +46,7 @@ from tooljaild.config import Settings
 from tooljaild.in_daemon import DaemonCall, Handler, Services, ToolFailure
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
-from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError, Termination
+from tooljaild.sandbox.base import Limits, RunOutcome, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
@@ -192,10 +192,56 @@ class CallManager:
         run = self._start_now(call, pool)
         self._calls[call.call_id] = call
         self._admission.admit(client)
-        task = asyncio.create_task(self._run(call, pool, run), name=f"call-{call.call_id}")
+        self._spawn(call, self._run(call, pool, run))
+        return call
+
+    def _spawn(self, call: Call, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work`, the call's task, kept until it ends (drain waits for it)."""
+        task = asyncio.create_task(work, name=f"call-{call.call_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _admitted_here(
+        self,
+        call_id: str,
+        tool: Tool,
+        arguments: dict[str, Any],
+        fingerprint: str,
+        timeout: float,
+        client: str,
+        limits: Limits,
+        session_id: str,
+        arguments_json: str,
+        rerun: bool,
+    ) -> Call:
+        """A call outside the daemon's slots (in a session, or in the daemon), made,
+        journaled and remembered."""
+        call = Call(
+            call_id or uuid.uuid4().hex,
+            tool,
+            arguments,
+            fingerprint,
+            timeout,
+            self._settings,
+            limits,
+            client,
+            self._services.artifacts,
+        )
+        call.session_id = session_id
+        self._journal_admitted(call, arguments_json, rerun)
+        self._calls[call.call_id] = call
         return call
+
+    def _session_named(self, session_id: str) -> Session:
+        """The open session `session_id`.
+
+        Raises:
+            SessionNotFoundError, SessionEndedError, InvalidRequestError: As
+                `SessionManager.get` (or this daemon serves no sessions).
+        """
+        if self._sessions is None:
+            raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
+        return self._sessions.get(session_id)
 
     def _submit_in_session(
         self,
@@ -210,42 +256,26 @@ class CallManager:
         rerun: bool,
     ) -> Call:
         """Admit a call into its session's line (see `submit`)."""
-        if self._sessions is None:
-            raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
-        session = self._sessions.get(session_id)
+        session = self._session_named(session_id)
         misfit = self._session_misfit(tool)
         if misfit is not None:
             raise InvalidRequestError(
                 f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
             )
         session.check_room()
-        call = Call(
-            call_id or uuid.uuid4().hex,
-            tool,
-            arguments,
-            fingerprint,
-            timeout,
-            self._settings,
-            session.terms.limits,
-            client,
-            self._services.artifacts,
-        )
-        call.session_id = session.id
-        self._journal_admitted(call, arguments_json, rerun)
-        self._calls[call.call_id] = call
+        call = self._admitted_here(
+            call_id, tool, arguments, fingerprint, timeout, client,
+            session.terms.limits, session.id, arguments_json, rerun,
+        )  # fmt: skip
         started = None
         if session.try_take_turn():  # the request is in the sandbox before this returns
             try:
                 started = start_in_session(call, session, self._running)
             except SandboxError:
                 session.give_turn()  # the call's task finds out why, in its turn
-        task = asyncio.create_task(
-            self._run_in_session(call, session, started), name=f"call-{call.call_id}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(call, self._run_in_session(call, session, started))
         return call
 
     def _submit_in_daemon(
@@ -264,31 +294,13 @@ class CallManager:
         """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
-        session = None
-        if session_id:
-            if self._sessions is None:
-                raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
-            session = self._sessions.get(session_id)
-        call = Call(
-            call_id or uuid.uuid4().hex,
-            tool,
-            arguments,
-            fingerprint,
-            timeout,
-            self._settings,
-            self._settings.limits,
-            client,
-            self._services.artifacts,
-        )
-        call.session_id = session.id if session is not None else ""
-        self._journal_admitted(call, arguments_json, rerun)
-        self._calls[call.call_id] = call
+        session = self._session_named(session_id) if session_id else None
+        call = self._admitted_here(
+            call_id, tool, arguments, fingerprint, timeout, client,
+            self._settings.limits, session.id if session else "", arguments_json, rerun,
+        )  # fmt: skip
         work = DaemonCall(call.call_id, tool.name, arguments, client, session, self._services)
-        task = asyncio.create_task(
-            self._run_in_daemon(call, handler, work), name=f"call-{call.call_id}"
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(call, self._run_in_daemon(call, handler, work))
         return call
 
     async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
@@ -332,9 +344,7 @@ class CallManager:
         finally:
             timer.cancel()
             call.kill_with(None)
-            call.events.close()
-            call.compact()
-            self._forget_old()
+            self._let_go(call)
 
     async def _run_in_session(
         self,
@@ -351,9 +361,7 @@ class CallManager:
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
         finally:
-            call.events.close()
-            call.compact()
-            self._forget_old()
+            self._let_go(call)
 
     def _known(self, call_id: str, tool: Tool, fingerprint: str) -> tuple[Call | None, bool]:
         """The call already under `call_id` that answers this request (or None),
@@ -560,9 +568,14 @@ class CallManager:
             self._end(call, results.internal_error(call, exc))
         finally:
             self._admission.release(call.client)
-            call.events.close()
-            call.compact()
-            self._forget_old()
+            self._let_go(call)
+
+    def _let_go(self, call: Call) -> None:
+        """A call's task is over: close its output, drop what only a running call
+        needs, and bound what is remembered."""
+        call.events.close()
+        call.compact()
+        self._forget_old()
 
     async def _supervise(self, call: Call, run: _Run) -> None:
         """Wait for a started call's end; its timeout or a stop kills its sandbox.
