@@ -52,6 +52,7 @@ from tooljaild.runner._workspace import (
     _lines_left,
     _n,
     _numbered,
+    page,
 )
 
 if TYPE_CHECKING:
@@ -229,24 +230,10 @@ async def read_artifact(call: DaemonCall) -> dict[str, Any]:
 
 def _page(offset: int, shown: list[str], total: int, limit: int, cut: bool) -> dict[str, Any]:
     """read_artifact's answer: lines `offset + 1`.. of `total`, and how to read on."""
-    page: dict[str, Any] = {"content": _numbered(offset + 1, shown), "total_lines": total}
-    if not shown:
-        page["note"] = (
-            "The artifact is empty."
-            if total == 0
-            else f"offset {offset} is past the end: the artifact has {_n(total, 'line')}."
-        )
-        return page
-    last = offset + len(shown)
-    page["lines"] = f"{offset + 1}-{last}"
-    if last < total:
-        why = f"the {MAX_READ_BYTES // 1024} KiB cap" if cut else f"limit={limit}"
-        page["note"] = (
-            f"Showing lines {offset + 1}-{last} of {total} ({why}); "
-            f"{_n(total - last, 'more line')} left: call read_artifact again with "
-            f"offset={last} to read on, or search_artifact to find a line."
-        )
-    return page
+    return page(
+        offset, shown, total, limit, cut,
+        noun="artifact", tool="read_artifact", also=", or search_artifact to find a line",
+    )  # fmt: skip
 
 
 async def tail_artifact(call: DaemonCall) -> dict[str, Any]:

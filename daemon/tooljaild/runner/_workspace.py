@@ -454,25 +454,10 @@ def _read_file(ws: _Workspace, args: dict[str, Any]) -> dict[str, Any]:
             total = seen
         if len(shown) >= limit and not cut_bytes:
             total = seen + _lines_left(f)
-    result: dict[str, Any] = {"path": path, "content": _numbered(offset + 1, shown)}
-    result["total_lines"] = total
-    if not shown:
-        result["note"] = (
-            "The file is empty."
-            if total == 0
-            else f"offset {offset} is past the end: the file has {total} lines."
-        )
-        return result
-    last = offset + len(shown)
-    result["lines"] = f"{offset + 1}-{last}"
-    if last < total:
-        why = f"the {MAX_READ_BYTES // 1024} KiB cap" if cut_bytes else f"limit={limit}"
-        result["note"] = (
-            f"Showing lines {offset + 1}-{last} of {total} ({why}); "
-            f"{_n(total - last, 'more line')} left: call read_file again with offset={last} "
-            "to read on."
-        )
-    return result
+    return {
+        "path": path,
+        **page(offset, shown, total, limit, cut_bytes, noun="file", tool="read_file"),
+    }
 
 
 def _read_text(ws: _Workspace, path: str, real: str) -> tuple[str, os.stat_result]:
@@ -1049,3 +1034,43 @@ def run(op: str, args: dict[str, Any], root: str, quota_bytes: int) -> Any:
         return function(_Workspace(root, int(quota_bytes or 0)), args)
     except OSError as exc:
         raise _os_error(exc, str(args.get("path", "."))) from None
+
+
+def page(
+    offset: int,
+    shown: list[str],
+    total: int,
+    limit: int,
+    cut: bool,
+    *,
+    noun: str,
+    tool: str,
+    also: str = "",
+) -> dict[str, Any]:
+    """A paged read's answer (read_file's, and the daemon's read_artifact's): lines
+    `offset + 1`.. of `total`, numbered, and a note of how to read on.
+
+    Args:
+        cut: The byte cap ended the page (else `limit` did).
+        noun: What is read ("file", "artifact"), for the notes.
+        tool: The tool to call again to read on.
+        also: Words after the note's "to read on" (another way to go on).
+    """
+    result: dict[str, Any] = {"content": _numbered(offset + 1, shown), "total_lines": total}
+    if not shown:
+        result["note"] = (
+            f"The {noun} is empty."
+            if total == 0
+            else f"offset {offset} is past the end: the {noun} has {_n(total, 'line')}."
+        )
+        return result
+    last = offset + len(shown)
+    result["lines"] = f"{offset + 1}-{last}"
+    if last < total:
+        why = f"the {MAX_READ_BYTES // 1024} KiB cap" if cut else f"limit={limit}"
+        result["note"] = (
+            f"Showing lines {offset + 1}-{last} of {total} ({why}); "
+            f"{_n(total - last, 'more line')} left: call {tool} again with offset={last} "
+            f"to read on{also}."
+        )
+    return result
