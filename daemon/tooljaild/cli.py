@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -245,6 +246,18 @@ def _client(args: argparse.Namespace) -> Any:
 
     # --client where the command has it; else the SDK's default ($TOOLJAIL_CLIENT).
     return Client(args.target, client_name=getattr(args, "client", None))
+
+
+def _with_client(args: argparse.Namespace, act: Callable[[Any, argparse.Namespace], int]) -> int:
+    """`act(client, args)` on a client of `args`'s daemon; a refusal's exit status if refused."""
+    from tooljail import TooljailError
+
+    try:
+        with _client(args) as client:
+            status: int = act(client, args)
+    except TooljailError as exc:
+        return _refused(exc)
+    return status
 
 
 def _refused(exc: Exception) -> int:

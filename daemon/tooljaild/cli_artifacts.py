@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import EXIT_OK, _client, _refused
+from tooljaild.cli import EXIT_OK, _with_client
 from tooljaild.cli_sessions import _bytes, _seconds, _write_out
 
 if TYPE_CHECKING:
@@ -77,18 +77,12 @@ def add_parser(sub: Any, target: Callable[[argparse.ArgumentParser], None]) -> N
 
 def run(args: argparse.Namespace) -> int:
     """Runs a `tooljail artifacts` action; returns the exit status."""
-    from tooljail import TooljailError
-
     act: Callable[[Client, argparse.Namespace], int] = {
         "ls": _ls,
         "get": _get,
         "rm": _rm,
     }[args.artifacts_command]
-    try:
-        with _client(args) as client:
-            return act(client, args)
-    except TooljailError as exc:
-        return _refused(exc)
+    return _with_client(args, act)
 
 
 def _ls(client: Client, args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import EXIT_OK, EXIT_USAGE, _client, _refused
+from tooljaild.cli import EXIT_OK, EXIT_USAGE, _with_client
 
 if TYPE_CHECKING:
     from tooljail import Client, SessionInfo
@@ -150,8 +150,6 @@ def add_parser(
 
 def run(args: argparse.Namespace) -> int:
     """Runs a `tooljail sessions` action; returns the exit status."""
-    from tooljail import TooljailError
-
     action: Callable[[Client, argparse.Namespace], int] = {
         "open": _open,
         "ls": _ls,
@@ -159,11 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "upload": _upload,
         "download": _download,
     }[args.sessions_command]
-    try:
-        with _client(args) as client:
-            return action(client, args)
-    except TooljailError as exc:
-        return _refused(exc)
+    return _with_client(args, action)
 
 
 def _open(client: Client, args: argparse.Namespace) -> int:
