@@ -9,11 +9,13 @@ and a ready sandbox are free (`_start_now`), else the call's task waits for
 them (`_start_later`); both end in `_start`, and the call's task sees every
 started call to its end (`_supervise`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
-built-in that runs in the daemon to its handler (`_submit_in_daemon`).
+built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
+`calls.in_daemon_run`).
 
 It is over 500 lines because admission, the journal's records and the end of a
-call are shared by those three paths; the next path should move each path's
-running into its own module, as `in_session` is, leaving this one the admission.
+call are shared by those three paths; the fresh path's running (`_start_now`,
+`_start_later`, `_supervise`) is the one still here, and would be the next to
+move to a module of its own.
 """
 
 from __future__ import annotations
@@ -26,27 +28,27 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from tooljail._types import CallState, Effect, ToolError, ToolInfo, ToolResult
+from tooljail._types import CallState, ToolInfo, ToolResult
 from tooljail.errors import (
     CallNotFoundError,
     InvalidRequestError,
     SessionNotFoundError,
     ShuttingDownError,
-    TooljailError,
     ToolNotFoundError,
 )
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
 from tooljaild.calls.call import Call, StopReason
+from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.config import Settings
-from tooljaild.in_daemon import DaemonCall, Handler, Services, ToolFailure
+from tooljaild.in_daemon import DaemonCall, Handler, Services
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
-from tooljaild.sandbox.base import Limits, RunOutcome, Sandbox, SandboxError, Termination
+from tooljaild.sandbox.base import Limits, RunOutcome, Sandbox, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
@@ -304,46 +306,14 @@ class CallManager:
         return call
 
     async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
-        """An in-daemon call's task: the handler within the call's timeout, stoppable."""
+        """An in-daemon call's task: its handler (`calls.in_daemon_run`), its end."""
         self._running(call, "daemon")
-        inner = asyncio.ensure_future(handler(work))
-        timer = asyncio.get_running_loop().call_later(
-            call.timeout_s, call.request_stop, StopReason.TIMEOUT
-        )
-
-        def stop() -> None:
-            inner.cancel()
-
-        call.kill_with(stop)
         try:
-            try:
-                value = await inner
-            except asyncio.CancelledError:
-                if call.stop_reason is None:
-                    raise  # the daemon's own task was cancelled
-                outcome = RunOutcome(Termination.KILLED)
-            except ToolFailure as failure:
-                error = ToolError(type=failure.type, message=failure.message)
-                outcome = RunOutcome(Termination.RAISED, error=error)
-            except TooljailError as exc:  # a session ended, an artifact gone, ...
-                error = ToolError(type=type(exc).__name__, message=exc.message)
-                outcome = RunOutcome(Termination.RAISED, error=error)
-            else:
-                kind: Literal["none", "json"] = "none" if value is None else "json"
-                outcome = RunOutcome(Termination.RETURNED, value_kind=kind, value=value)
-            call.kill_with(None)
-            result = results.result_of(call, outcome, call.stop_reason)
-            if inner.done() and not inner.cancelled():
-                failure_ = inner.exception()
-                if isinstance(failure_, ToolFailure) and failure_.effect_unknown:
-                    result = result.model_copy(update={"effect": Effect.UNKNOWN})
-            self._end(call, result)
+            self._end(call, await run_in_daemon(call, handler, work))
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
         finally:
-            timer.cancel()
-            call.kill_with(None)
             self._let_go(call)
 
     async def _run_in_session(
