@@ -19,7 +19,7 @@ import pytest
 
 import tooljail.testing
 from tests.conftest import _reachable
-from tooljail import AsyncClient, Client
+from tooljail import AsyncClient, Client, ToolInfo
 from tooljail.integrations import core, latent
 
 PYTHON = "execute_python_code"
@@ -214,3 +214,29 @@ async def test_a_sessions_tools_share_its_interpreter(client: Client) -> None:
         tool = LatentTool(latent.tools(session, [PYTHON])[0])
         await tool(code="x = 41")
         assert await tool(code="print(x + 1)") == "42"
+
+
+def test_names_python_cannot_take_go_through_keyword_arguments(client: Client) -> None:
+    info = ToolInfo(
+        name="copy",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "from": {"type": "string"},
+                "to": {"type": ["string", "null"], "default": "."},
+                "arguments": {"type": "array", "items": {"type": "integer"}},
+            },
+            "required": ["from"],
+        },
+    )
+    (spec,) = core.specs_of([info])
+
+    copy = latent._function(client, spec)
+    signature = inspect.signature(copy)
+
+    assert str(signature) == (
+        "(to: Optional[str] = '.', arguments: list[int] = None, timeout_s: float = None, "
+        "**_arguments) -> str"
+    )
+    assert latent._arguments(signature, (), {"from": "a", "to": None}) == {"from": "a", "to": None}
+    assert latent._arguments(signature, ("b", [1]), {}) == {"to": "b", "arguments": [1]}

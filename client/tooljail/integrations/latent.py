@@ -162,7 +162,10 @@ def _signature(spec: ToolSpec) -> inspect.Signature:
     if any(not _is_name(name) for name in properties) or spec.parameters.get(
         "additionalProperties"
     ):
-        parameters.append(inspect.Parameter("arguments", inspect.Parameter.VAR_KEYWORD))
+        var = "arguments"
+        while var in properties:  # a tool's own argument keeps its name
+            var = f"_{var}"
+        parameters.append(inspect.Parameter(var, inspect.Parameter.VAR_KEYWORD))
     return inspect.Signature(parameters, return_annotation=str)
 
 
@@ -206,8 +209,8 @@ def _arguments(
         parameter = signature.parameters[name]
         if parameter.kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(value)
-        elif value is not None or parameter.default is inspect.Parameter.empty:
-            arguments[name] = value
+        elif value is not None or parameter.default is not None:
+            arguments[name] = value  # None is sent only where it is not the "not sent" default
     return arguments
 
 
