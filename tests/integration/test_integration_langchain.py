@@ -159,16 +159,28 @@ def test_a_streaming_tool_streams_through_langchain_callbacks(client: Client) ->
     assert {data["tool"] for _, data in recorder.events} == {STREAM}
 
 
-async def test_an_async_streaming_tool_streams_through_astream_events(target: str) -> None:
-    async with AsyncClient(target) as client:
-        (stream,) = await langchain.tools(client, [STREAM])
-        assert stream.coroutine is not None and stream.func is None
-        seen: list[tuple[str, str]] = []
-        async for event in stream.astream_events(_call(STREAM, code=COUNTING), version="v2"):
-            if event["event"] == "on_custom_event" and event["name"] == langchain.OUTPUT_EVENT:
-                seen.append(("chunk", event["data"]["text"]))
-            elif event["event"] == "on_tool_end":
-                seen.append(("end", event["data"]["output"].content))
+async def _events(stream: BaseTool) -> list[tuple[str, str]]:
+    seen: list[tuple[str, str]] = []
+    async for event in stream.astream_events(_call(STREAM, code=COUNTING), version="v2"):
+        if event["event"] == "on_custom_event" and event["name"] == langchain.OUTPUT_EVENT:
+            seen.append(("chunk", event["data"]["text"]))
+        elif event["event"] == "on_tool_end":
+            seen.append(("end", event["data"]["output"].content))
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_streaming_tool_streams_through_astream_events(
+    target: str, client: Client, kind: str
+) -> None:
+    if kind == "sync":  # LangChain runs the sync function in a worker thread
+        (stream,) = langchain.tools(client, [STREAM])
+        seen = await _events(stream)
+    else:
+        async with AsyncClient(target) as async_client:
+            (stream,) = await langchain.tools(async_client, [STREAM])
+            assert stream.coroutine is not None and stream.func is None
+            seen = await _events(stream)
 
     chunks = [text for kind, text in seen if kind == "chunk"]
     assert len(chunks) >= 2, seen
