@@ -235,3 +235,30 @@ async def _wait_closed(tj: AsyncClient, ids: set[str], timeout_s: float = 20) ->
     while ids & {s.session_id for s in await tj.list_sessions(all_clients=True)}:
         assert time.monotonic() < deadline, f"sessions still open: {ids}"
         await asyncio.sleep(0.1)
+
+
+async def test_http_stateful_refuses_a_request_without_an_mcp_session(
+    stateful_http_url: str,
+) -> None:
+    # A 2026-07-28 client sends each request on its own: no session to keep one for.
+    async with Client(stateful_http_url, mode="2026-07-28", read_timeout_seconds=60) as client:
+        result = await client.call_tool(CODE, {"code": "print(1)"})
+    assert result.is_error
+    assert "initialize handshake" in _text(result) and "did not run" in _text(result)
+
+
+async def test_stdio_stateful_opens_a_new_session_when_its_session_ended(target: str) -> None:
+    async with AsyncClient(target) as tj, _stdio(target, "--stateful") as client:
+        before = {s.session_id for s in await tj.list_sessions(all_clients=True)}
+        await client.call_tool(CODE, {"code": "x = 41"})
+        (ended,) = {s.session_id for s in await tj.list_sessions(all_clients=True)} - before
+        await tj.close_session(ended)
+
+        gone = await client.call_tool(CODE, {"code": "print(x + 1)"})
+        assert gone.is_error
+        assert "a new session starts empty" in _text(gone)
+        # The next call runs in a new, empty session.
+        fresh = await client.call_tool(CODE, {"code": "print('fresh')"})
+        assert not fresh.is_error and _text(fresh) == "fresh"
+        now = {s.session_id for s in await tj.list_sessions(all_clients=True)} - before
+        assert len(now) == 1 and ended not in now
