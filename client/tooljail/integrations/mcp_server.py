@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
+from tooljail import __version__
 from tooljail._async_client import AsyncClient
 from tooljail._async_session import AsyncSession
 from tooljail.errors import SessionEndedError, TooljailError
@@ -102,6 +103,7 @@ class Bridge:
         """A low-level MCP server whose tools are the daemon's."""
         server: Server[Any] = Server(
             "tooljail",
+            version=__version__,
             instructions="Tools that run in tooljail sandboxes. Every tool takes an optional "
             "timeout_s; a call that times out may still take effect (its result names the "
             "call id).",
