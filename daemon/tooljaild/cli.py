@@ -1,5 +1,5 @@
 """The `tooljail` command: serve, tools, call, get, cancel, sessions, artifacts, doctor,
-images, demo.
+images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     cli_artifacts.add_parser(sub, target)
     cli_artifacts.client_option(call)
 
+    mcp = sub.add_parser("mcp", help="serve the daemon's tools as an MCP server (stdio or HTTP)")
+    target(mcp)
+    mcp.add_argument("--listen", metavar="HOST:PORT", help="serve streamable HTTP at /mcp here")
+    mcp.add_argument("--stateful", action="store_true", help="one tooljail session per MCP client")
+    mcp.add_argument("--tools", help="the tools to serve, comma-separated (default: all)")
+
     doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     doctor.add_argument("--config", type=Path, help="config file (sandbox settings)")
@@ -173,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         "doctor": _doctor,
         "images": _images,
         "demo": _demo,
+        "mcp": _mcp,
     }[args.command]
     try:
         return handler(args)
@@ -602,6 +609,35 @@ def _demo(args: argparse.Namespace) -> int:
                 daemon.wait(30)
             except subprocess.TimeoutExpired:
                 daemon.kill()
+
+
+# ---------------------------------------------------------------------- mcp
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """`mcp`: the daemon's tools to MCP clients (tooljail.integrations.mcp_server)."""
+    from tooljail import TooljailError
+
+    try:
+        from tooljail.integrations import mcp_server
+    except ImportError as exc:  # the `mcp` extra is not installed: the message names it
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
+
+    def ready(url: str) -> None:  # stderr: over stdio, stdout is the MCP client's
+        print(f"tooljail: serving MCP over streamable HTTP at {url}", file=sys.stderr, flush=True)
+
+    try:
+        mcp_server.main(
+            args.target, listen=args.listen, names=names, stateful=args.stateful, on_ready=ready
+        )
+    except TooljailError as exc:
+        return _refused(exc)
+    except (ValueError, OSError) as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
 
 
 if __name__ == "__main__":
