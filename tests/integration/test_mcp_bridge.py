@@ -168,6 +168,19 @@ async def test_stdio_stateful_keeps_one_session_and_closes_it(target: str) -> No
         await _wait_closed(tj, {opened[0].session_id})
 
 
+async def test_a_request_the_client_gives_up_on_is_cancelled_on_the_daemon(target: str) -> None:
+    async with _stdio(target, "--stateful") as client:
+        # The client stops waiting after 1s and sends notifications/cancelled.
+        with pytest.raises(Exception, match=r"(?i)timed out|timeout"):
+            await client.call_tool(CODE, {"code": "import time\ntime.sleep(60)"}, 1)
+        # A session runs one call at a time: this one runs at once only if the
+        # daemon stopped the first (else it would wait ~60s for its turn).
+        started = time.monotonic()
+        after = await client.call_tool(CODE, {"code": "print('next')"}, 20)
+        assert not after.is_error and "next" in _text(after)
+        assert time.monotonic() - started < 15
+
+
 async def test_stdio_without_stateful_keeps_no_variables(target: str) -> None:
     async with _stdio(target, "--tools", CODE) as client:
         assert [t.name for t in (await client.list_tools()).tools] == [CODE]

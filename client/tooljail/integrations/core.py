@@ -461,9 +461,9 @@ def split_arguments(
 
 
 def _prepare(
-    spec: ToolSpec, arguments: Mapping[str, Any] | None
+    spec: ToolSpec, arguments: Mapping[str, Any] | None, call_id: str | None
 ) -> tuple[str, dict[str, Any], float | None, str]:
-    call_id = uuid.uuid4().hex
+    call_id = call_id or uuid.uuid4().hex
     try:
         args, timeout = split_arguments(spec, arguments)
     except ValueError as e:
@@ -471,12 +471,27 @@ def _prepare(
     return call_id, args, timeout, ""
 
 
-def run(target: SyncTarget, spec: ToolSpec, arguments: Mapping[str, Any] | None = None) -> Outcome:
-    """Calls one tool and waits for its outcome; never raises for what a model can act on."""
+def run(
+    target: SyncTarget,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    call_id: str | None = None,
+) -> Outcome:
+    """Calls one tool and waits for its outcome; never raises for what a model can act on.
+
+    Args:
+        target: The client, or the session to run in.
+        spec: The tool.
+        arguments: The tool's arguments, with an optional `timeout_s`.
+        call_id: The call's id (an idempotency key: the same id and arguments
+            give the stored outcome); None makes one. A caller that may cancel
+            the call (`Client.cancel`) passes its own.
+    """
     client, session_id = _client_of(target)
     if not isinstance(client, Client):
         raise TypeError("run needs a Client or Session; use arun with an AsyncClient")
-    call_id, args, timeout, bad = _prepare(spec, arguments)
+    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
     if bad:
         return _bad_timeout(spec.tool, call_id, bad)
     try:
@@ -489,13 +504,17 @@ def run(target: SyncTarget, spec: ToolSpec, arguments: Mapping[str, Any] | None 
 
 
 async def arun(
-    target: AsyncTarget, spec: ToolSpec, arguments: Mapping[str, Any] | None = None
+    target: AsyncTarget,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    call_id: str | None = None,
 ) -> Outcome:
     """As `run`, awaited, for an AsyncClient or AsyncSession."""
     client, session_id = _client_of(target)
     if not isinstance(client, AsyncClient):
         raise TypeError("arun needs an AsyncClient or AsyncSession; use run with a Client")
-    call_id, args, timeout, bad = _prepare(spec, arguments)
+    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
     if bad:
         return _bad_timeout(spec.tool, call_id, bad)
     try:
@@ -517,13 +536,17 @@ def chunk_text(chunk: Output) -> str:
 
 
 def stream(
-    target: SyncTarget, spec: ToolSpec, arguments: Mapping[str, Any] | None = None
+    target: SyncTarget,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    call_id: str | None = None,
 ) -> Iterator[str | Outcome]:
     """Calls one tool, yielding its output text as it arrives, then its `Outcome`."""
     client, session_id = _client_of(target)
     if not isinstance(client, Client):
         raise TypeError("stream needs a Client or Session; use astream with an AsyncClient")
-    call_id, args, timeout, bad = _prepare(spec, arguments)
+    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
     if bad:
         yield _bad_timeout(spec.tool, call_id, bad)
         return
@@ -540,13 +563,17 @@ def stream(
 
 
 async def astream(
-    target: AsyncTarget, spec: ToolSpec, arguments: Mapping[str, Any] | None = None
+    target: AsyncTarget,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    call_id: str | None = None,
 ) -> AsyncIterator[str | Outcome]:
     """As `stream`, for an AsyncClient or AsyncSession."""
     client, session_id = _client_of(target)
     if not isinstance(client, AsyncClient):
         raise TypeError("astream needs an AsyncClient or AsyncSession; use stream with a Client")
-    call_id, args, timeout, bad = _prepare(spec, arguments)
+    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
     if bad:
         yield _bad_timeout(spec.tool, call_id, bad)
         return

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
@@ -168,14 +169,27 @@ class Bridge:
         target = await self._target(ctx)
         if isinstance(target, str):
             return _error(target)
-        if spec.streaming:
-            outcome = await _stream(ctx, target, spec, params.arguments)
-        else:
-            outcome = await arun(target, spec, params.arguments)
+        call_id = uuid.uuid4().hex
+        try:
+            if spec.streaming:
+                outcome = await _stream(ctx, target, spec, params.arguments, call_id)
+            else:
+                outcome = await arun(target, spec, params.arguments, call_id=call_id)
+        except asyncio.CancelledError:
+            # The MCP client gave up on the request (notifications/cancelled, which
+            # mcp turns into cancelling this handler): stop the call on the daemon
+            # too, or it runs on (and holds a session's turn) for nobody.
+            await asyncio.shield(self._cancel(call_id))
+            raise
         if isinstance(outcome.error, SessionEndedError) and isinstance(target, AsyncSession):
             # Its text says a new session starts empty: the client's next call opens one.
             self._forget(ctx, target)
         return _result(outcome)
+
+    async def _cancel(self, call_id: str) -> None:
+        # The call may have ended, or never reached the daemon: nothing to stop.
+        with contextlib.suppress(TooljailError):
+            await self._client.cancel(call_id)
 
     async def aclose(self) -> None:
         """Closes the one client's session, if it opened one."""
@@ -247,11 +261,15 @@ async def _close(session: AsyncSession) -> None:
 
 
 async def _stream(
-    ctx: Context, target: AsyncTarget, spec: ToolSpec, arguments: dict[str, Any] | None
+    ctx: Context,
+    target: AsyncTarget,
+    spec: ToolSpec,
+    arguments: dict[str, Any] | None,
+    call_id: str,
 ) -> Outcome:
     """Runs a streaming tool, sending each piece of output as a progress notification."""
     pieces = 0
-    async for item in astream(target, spec, arguments):
+    async for item in astream(target, spec, arguments, call_id=call_id):
         if isinstance(item, Outcome):
             return item
         pieces += 1
