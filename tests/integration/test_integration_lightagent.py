@@ -28,6 +28,7 @@ from openai.types.chat import (
 import tooljail.testing
 from tooljail import AsyncClient, CallState, Client, ToolNotFoundError
 from tooljail.integrations import lightagent
+from tooljail.integrations.core import MAX_TEXT_CHARS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -309,3 +310,22 @@ async def test_async_tools_through_the_dispatcher_in_the_clients_loop(target: st
 def test_a_name_the_daemon_does_not_serve_is_named(client: Client) -> None:
     with pytest.raises(ToolNotFoundError, match="no_such_tool"):
         lightagent.tools(client, ["no_such_tool"])
+
+
+async def test_a_streamed_run_names_its_artifacts_and_caps_what_the_model_reads(
+    client: Client,
+) -> None:
+    registry = ToolRegistry()
+    registry.register_tools(lightagent.tools(client, ["execute_python_code_stream"]))
+    dispatcher = AsyncToolDispatcher(registry.function_mappings, registry.function_info)
+    report = (
+        "import os\nos.makedirs('outputs', exist_ok=True)\n"
+        "open('outputs/report.txt', 'w').write('hello')\nprint('done', flush=True)"
+    )
+    pieces = list(await dispatcher.dispatch("run_python_code_stream", {"code": report}))
+    assert pieces[0] == "done\n"
+    assert "outputs/report.txt (text/plain, 5 bytes): artifact_id " in pieces[-1]
+    big = "print('x' * 30000, flush=True)"
+    joined = "".join(await dispatcher.dispatch("run_python_code_stream", {"code": big}))
+    assert joined.startswith("x" * MAX_TEXT_CHARS)
+    assert joined.endswith(f"[... {30001 - MAX_TEXT_CHARS} more characters not shown]")

@@ -218,8 +218,11 @@ class _StreamedText:
 
 
 def _artifacts_text(outcome: Outcome) -> str:
-    return "Artifacts (read them with read_artifact):\n" + "\n".join(
-        f"- {a.name or '(unnamed)'}: artifact_id {a.artifact_id}" for a in outcome.artifacts
+    # As the end of `Outcome.text` names them (which holds the output too).
+    return "Artifacts (read them with read_artifact, or Client.get_artifact):\n" + "\n".join(
+        f"- {a.name or '(unnamed)'} ({a.mime_type}, {a.size_bytes} bytes): "
+        f"artifact_id {a.artifact_id}"
+        for a in outcome.artifacts
     )
 
 
