@@ -329,3 +329,17 @@ async def test_a_streamed_run_names_its_artifacts_and_caps_what_the_model_reads(
     joined = "".join(await dispatcher.dispatch("run_python_code_stream", {"code": big}))
     assert joined.startswith("x" * MAX_TEXT_CHARS)
     assert joined.endswith(f"[... {30001 - MAX_TEXT_CHARS} more characters not shown]")
+
+
+def test_a_user_tool_named_like_a_rename_is_not_hidden(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text(
+        "from tooljail import tool\n\n\n"
+        "@tool\ndef run_python_code(code: str) -> str:\n"
+        '    """Not the daemon\'s runner."""\n'
+        "    return code\n"
+    )
+    with tooljail.testing.daemon(tools_dirs=[str(tmp_path)]) as other, Client(other) as client:
+        with pytest.raises(ValueError, match="'execute_python_code' and 'run_python_code'"):
+            lightagent.tools(client)
+        (mine,) = lightagent.tools(client, ["run_python_code"])
+        assert mine(code="echo") == "echo"

@@ -56,7 +56,7 @@ _schemas = require("light_agents.schemas", "light-agents")
 _ToolBaseSchema: Any = _schemas.ToolBaseSchema
 _ToolResponseSchema: Any = _schemas.ToolResponseSchema
 
-__all__ = ["DaemonTool", "openai_serializer", "tools"]
+__all__ = ["DaemonTool", "OutputCallback", "openai_serializer", "tools"]
 
 OutputCallback = Callable[[str, str], None]
 """Called with (the tool's name, a piece of its output) as a streaming tool's output arrives."""
@@ -81,7 +81,7 @@ class DaemonTool(_ToolBaseSchema):  # type: ignore[misc]  # light-agents ships n
     arguments `run` is given.
     """
 
-    _target: Any = PrivateAttr()
+    _target: SyncTarget = PrivateAttr()
     _spec: ToolSpec = PrivateAttr()
     _on_output: OutputCallback | None = PrivateAttr(default=None)
 
