@@ -41,7 +41,6 @@ from typing import Any
 from pydantic import Field, PrivateAttr, create_model
 
 from tooljail.integrations.core import (
-    TIMEOUT_ARG,
     Outcome,
     SyncTarget,
     ToolSpec,
@@ -104,8 +103,9 @@ class DaemonTool(_ToolBaseSchema):  # type: ignore[misc]  # light-agents ships n
             `is_error` is set when the call failed, and
             `external_fields["tooljail"]` holds the call's outcome as data.
         """
+        # The declared parameters include `timeout_s` (core adds it to the schema).
         declared = self._spec.parameters.get("properties") or {}
-        arguments = {k: v for k, v in kwargs.items() if k in declared or k == TIMEOUT_ARG}
+        arguments = {k: v for k, v in kwargs.items() if k in declared}
         outcome = self._call(arguments)
         return _ToolResponseSchema(
             content=outcome.text,
