@@ -343,3 +343,22 @@ def test_a_user_tool_named_like_a_rename_is_not_hidden(tmp_path: Path) -> None:
             lightagent.tools(client)
         (mine,) = lightagent.tools(client, ["run_python_code"])
         assert mine(code="echo") == "echo"
+
+
+async def test_async_tools_through_the_agents_arun(target: str, in_tmp: Path) -> None:
+    # LightAgent.arun dispatches on a loop of its own, in a worker thread: the
+    # calls are handed back to the loop the AsyncClient lives on.
+    async with AsyncClient(target) as client:
+        agent, model = _agent(
+            await lightagent.atools(client, ["execute_python_code", "execute_python_code_stream"]),
+            [
+                ("run_python_code", {"code": "print('hi')"}),
+                ("run_python_code_stream", {"code": "for i in range(3): print(i, flush=True)"}),
+                ("run_python_code", {"code": SLEEP_PAST_TIMEOUT, "timeout_s": 1}),
+            ],
+            in_tmp,
+        )
+        await agent.arun("go")
+    hi, streamed, timed_out = model.tool_messages
+    assert (hi, streamed) == ("hi", "0\n1\n2\n")
+    assert timed_out.startswith("[LA-TOOL]") and "may still take effect" in timed_out

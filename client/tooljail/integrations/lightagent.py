@@ -18,12 +18,13 @@ generator collected into one string. So:
 - with a `Client` or `Session`, every tool is a plain function returning the
   text the model reads, and the daemon's streaming tools are sync generators
   yielding the output as it arrives;
-- with an `AsyncClient` or `AsyncSession` (`atools`), every tool is a
-  coroutine function, and a streaming tool an async generator, which LightAgent
-  collects rather than streams. LightAgent's own `run`/`arun` drive tools on a
-  fresh event loop (`run_async_safely`), where an async client made in your loop
-  cannot be used: give an agent a `Client` or `Session`; the async tools are for
-  code that awaits `AsyncToolDispatcher.dispatch` in the client's own loop.
+- with an `AsyncClient` or `AsyncSession` (`await atools(...)`), every tool
+  is a coroutine function, and a streaming tool an async generator, which
+  LightAgent collects rather than streams. LightAgent's `run` and `arun`
+  dispatch tools on an event loop of their own (`run_async_safely`), where the
+  client's gRPC channel does not work: the tools hand each call to the loop
+  `atools` was awaited in, so that loop must stay free (`await agent.arun(...)`,
+  not a blocking `agent.run(...)` on it).
 
 Names: LightAgent 0.11 refuses, in its dispatch, any tool named
 `execute_python_code`, `execute_python_file` or `execute_python_code_stream`
@@ -40,8 +41,10 @@ carry the call id.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any
+import asyncio
+from asyncio import AbstractEventLoop
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
 
 from tooljail.integrations.core import (
     MAX_TEXT_CHARS,
@@ -69,6 +72,8 @@ RENAMES: dict[str, str] = {
     "execute_python_code_stream": "run_python_code_stream",
 }
 """The daemon's name -> the name registered, for the names LightAgent's dispatch refuses."""
+
+_T = TypeVar("_T")
 
 ERROR_CODE = "LA-TOOL"
 """LightAgent's error code for a tool that failed: every failure is reported with it."""
@@ -110,8 +115,9 @@ async def atools(
     """As `tools`, for an `AsyncClient` or `AsyncSession`: coroutine-function tools.
 
     A streaming tool is an async generator, which LightAgent's dispatcher
-    collects into one string. Await `AsyncToolDispatcher.dispatch` in the
-    client's event loop: `LightAgent.run` runs tools on a loop of its own.
+    collects into one string. The tools run their calls on the event loop
+    this is awaited in (the client's), from whichever loop LightAgent awaits
+    them on: keep that loop free while an agent runs (`await agent.arun(...)`).
 
     Raises:
         TypeError: When `target` is a `Client` or `Session` (use `tools`).
@@ -121,7 +127,8 @@ async def atools(
     if not is_async(target):
         raise TypeError("lightagent.atools needs an AsyncClient or AsyncSession; use tools")
     specs = await atool_specs(target, names, renames=RENAMES)
-    return [_registered(spec, _async_tool(target, spec)) for spec in _checked(specs)]
+    loop = asyncio.get_running_loop()
+    return [_registered(spec, _async_tool(target, spec, loop)) for spec in _checked(specs)]
 
 
 def _checked(specs: list[ToolSpec]) -> list[ToolSpec]:
@@ -164,21 +171,45 @@ def _sync_tool(target: SyncTarget, spec: ToolSpec) -> Callable[..., Any]:
     return tool
 
 
-def _async_tool(target: AsyncTarget, spec: ToolSpec) -> Callable[..., Any]:
+def _async_tool(target: AsyncTarget, spec: ToolSpec, loop: AbstractEventLoop) -> Callable[..., Any]:
     if spec.streaming:
 
         async def stream_tool(**arguments: Any) -> AsyncIterator[str]:
-            text = _StreamedText()
-            async for item in astream(target, spec, arguments):
-                if piece := text.add(item):
-                    yield piece
+            if asyncio.get_running_loop() is loop:
+                text = _StreamedText()
+                async for item in astream(target, spec, arguments):
+                    if piece := text.add(item):
+                        yield piece
+                return
+            # Another loop (LightAgent.arun's): the pieces are gathered on the
+            # client's loop; LightAgent collects an async generator's pieces anyway.
+            for piece in await _on(loop, _gathered(target, spec, arguments)):
+                yield piece
 
         return stream_tool
 
     async def tool(**arguments: Any) -> str:
-        return _text(await arun(target, spec, arguments))
+        return _text(await _on(loop, arun(target, spec, arguments)))
 
     return tool
+
+
+async def _on(loop: AbstractEventLoop, coro: Coroutine[Any, Any, _T]) -> _T:
+    """Awaits `coro` on `loop`, the async client's: its gRPC channel works only there.
+
+    LightAgent's `run` and `arun` dispatch tools on an event loop of their own
+    (`run_async_safely`); from there the call is handed to the client's loop,
+    which must be running and free (`await agent.arun(...)` leaves it free; a
+    blocking `agent.run(...)` made on that loop would wait for ever).
+    """
+    if asyncio.get_running_loop() is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+async def _gathered(target: AsyncTarget, spec: ToolSpec, arguments: dict[str, Any]) -> list[str]:
+    text = _StreamedText()
+    return [piece async for item in astream(target, spec, arguments) if (piece := text.add(item))]
 
 
 class _StreamedText:
