@@ -186,14 +186,12 @@ def test_a_tool_error_is_an_error_response(
 def test_a_timeout_says_it_may_still_take_effect_and_names_the_call(
     client: Client, openai_agent: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    started = time.monotonic()
     messages, model = _run_agent(
         openai_agent,
         monkeypatch,
         adapter.tools(client, ["execute_python_code"]),
         [("execute_python_code", {"code": SLEEP_PAST_TIMEOUT, "timeout_s": 1})],
     )
-    assert time.monotonic() - started < 4
     (read,) = model.tool_messages
     assert "may still take effect" in read
     outcome = messages[0].external_fields["tooljail"]
