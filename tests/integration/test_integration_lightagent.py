@@ -301,8 +301,10 @@ async def test_async_tools_through_the_dispatcher_in_the_clients_loop(target: st
             "run_python_code_stream", {"code": "for i in range(3): print(i, flush=True)"}
         )
         assert joined == "0\n1\n2\n"
-        with pytest.raises(TypeError, match="atools"):
-            lightagent.tools(client)  # type: ignore[arg-type]
+        # tools() with an async client is the same coroutine as atools().
+        assert [t.__name__ for t in await lightagent.tools(client, ["execute_python_code"])] == [
+            "run_python_code"
+        ]
 
 
 def test_a_name_the_daemon_does_not_serve_is_named(client: Client) -> None:

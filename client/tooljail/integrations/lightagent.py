@@ -43,14 +43,16 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import AbstractEventLoop
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar, overload
 
+from tooljail import AsyncClient, AsyncSession
 from tooljail.integrations.core import (
     MAX_TEXT_CHARS,
     AsyncTarget,
     Outcome,
     SyncTarget,
+    Target,
     ToolSpec,
     arun,
     astream,
@@ -79,12 +81,21 @@ ERROR_CODE = "LA-TOOL"
 """LightAgent's error code for a tool that failed: every failure is reported with it."""
 
 
-def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callable[..., Any]]:
+@overload
+def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callable[..., Any]]: ...
+@overload
+def tools(
+    target: AsyncTarget, names: Iterable[str] | None = None
+) -> Awaitable[list[Callable[..., Any]]]: ...
+def tools(
+    target: Target, names: Iterable[str] | None = None
+) -> list[Callable[..., Any]] | Awaitable[list[Callable[..., Any]]]:
     """The daemon's tools (or the named ones) as LightAgent tools.
 
     Args:
         target: A `Client`, or a `Session` to run every tool in its interpreter
-            and workspace (a variable set by one call is there in the next).
+            and workspace (a variable set by one call is there in the next). An
+            `AsyncClient` or `AsyncSession` gives a coroutine to await, as `atools`.
         names: The daemon's names of the tools to serve, in that order; None
             serves all. `execute_python_code` is served as `run_python_code`
             (see `RENAMES`).
@@ -96,15 +107,11 @@ def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callab
         tool yields it as it arrives.
 
     Raises:
-        TypeError: When `target` is an `AsyncClient` or `AsyncSession` (use `atools`).
         ToolNotFoundError: When a name is not served (the message names those that are).
         TransportError: When the daemon cannot be reached.
     """
-    if is_async(target):
-        raise TypeError(
-            "lightagent.tools needs a Client or Session; "
-            "with an AsyncClient or AsyncSession, await lightagent.atools(...)"
-        )
+    if isinstance(target, AsyncClient | AsyncSession):
+        return atools(target, names)
     specs = tool_specs(target, names, renames=RENAMES)
     return [_registered(spec, _sync_tool(target, spec)) for spec in _checked(specs)]
 
