@@ -95,8 +95,9 @@ def builtin_tools(
             name="execute_python_code",
             description=(
                 f"Run Python 3 code {where} and return what it printed. {_RESULT} Use "
-                "print() to see values: nothing is echoed. Each call starts from a clean "
-                f"interpreter, so define everything you need in the same code. {holds}"
+                "print() to see values: nothing is echoed. Outside a session each call "
+                "starts from a clean interpreter, so define everything you need in the same "
+                f"code; in a session, variables and imports persist between calls. {holds}"
             ),
             input_schema=_code_schema("The complete Python source to run, as a script."),
             source="builtin",
