@@ -118,6 +118,9 @@ def driver_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["PYTHONPATH"] = str(ROOT / "client")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # litellm (omnicoreagent's dependency; pyagenity imports it when present)
+    # fetches a model price list from GitHub at import: nothing may leave the machine.
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
     return env
 
 
