@@ -68,7 +68,8 @@ except SyntaxError as e:
     # pyagenity 0.3.3 declares Python >= 3.10 but is written in 3.12 syntax
     # (`class BeforeInvokeCallback[T, R]`): pip installs it where it cannot run.
     raise ImportError(
-        f"pyagenity needs Python >= 3.12 (this is {platform.python_version()}): {e}"
+        f"pyagenity needs Python >= 3.12 (this is {platform.python_version()}; {e}): "
+        "on 3.12 or later, pip install 'tooljail[pyagenity]'"
     ) from e
 
 __all__ = ["atools", "tool_message", "tools"]
