@@ -54,10 +54,11 @@ class Collecting(BasePublisher):
         pass
 
 
-# One publisher for every graph: pyagenity's publish_event resolves the
-# publisher once (injectq), so a second graph's own would hear nothing.
+# One publisher for every graph: pyagenity 0.3.3 sends every event of the
+# process to the first publisher a StateGraph was given (see the docs page).
 PUBLISHER = Collecting()
 CALL_NUMBERS = itertools.count(1)
+"""Tool call ids unique in the process, to tell the graphs' events apart."""
 
 
 async def run_graph(

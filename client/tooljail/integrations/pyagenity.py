@@ -208,7 +208,7 @@ def _publish_chunk(
     event.delta = True
     event.delta_type = "text"
     event.chunk_index = index
-    _publish.publish_event(event)
+    _publish.publish_event(event)  # to the graph's publisher, as ToolNode's own events
 
 
 _END = object()
