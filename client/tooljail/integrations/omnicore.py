@@ -30,7 +30,7 @@ from __future__ import annotations
 import platform
 import sys
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from tooljail.integrations.core import (
     AsyncTarget,
@@ -80,14 +80,14 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
     # **arguments takes them all, and the daemon checks them against the schema
     # (a wrong one comes back as a refusal the model can read).
     if is_async(target):
-        async_target: AsyncTarget = target  # type: ignore[assignment]
+        async_target = cast(AsyncTarget, target)
 
         async def call_async(**arguments: Any) -> dict[str, Any]:
             return envelope(await arun(async_target, spec, arguments))
 
         function: Callable[..., Any] = call_async
     else:
-        sync_target: SyncTarget = target  # type: ignore[assignment]
+        sync_target = cast(SyncTarget, target)
 
         # OmniCoreAgent runs a sync tool on a worker thread (asyncio.to_thread).
         def call_sync(**arguments: Any) -> dict[str, Any]:

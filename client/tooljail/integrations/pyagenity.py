@@ -40,8 +40,8 @@ import contextlib
 import inspect
 import keyword
 import platform
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from typing import Any, Literal, cast
 
 from tooljail.integrations.core import (
     AsyncTarget,
@@ -211,17 +211,17 @@ def _publish_chunk(
     _publish.publish_event(event)  # to the graph's publisher, as ToolNode's own events
 
 
-_END = object()
-
-
-async def _in_thread(items: Iterator[str | Outcome]) -> AsyncIterator[str | Outcome]:
+async def _in_thread(items: Iterator[str | Outcome]) -> AsyncGenerator[str | Outcome, None]:
     """A sync Client's stream, each item waited for on a worker thread."""
     try:
-        while (item := await asyncio.to_thread(next, items, _END)) is not _END:
-            yield item  # type: ignore[misc]
+        # core's streams never yield None: it marks their end here.
+        while (item := await asyncio.to_thread(next, items, None)) is not None:
+            yield item
     finally:
-        with contextlib.suppress(ValueError):  # still running in its thread: it ends with the call
-            items.close()  # type: ignore[attr-defined]
+        close = getattr(items, "close", None)
+        if close is not None:
+            with contextlib.suppress(ValueError):  # still in next() on its thread: it ends there
+                close()
 
 
 def _streaming_function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
@@ -229,20 +229,25 @@ def _streaming_function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
     # graph's event loop, which a sync tool (run on a worker thread) has not.
     async def call(**given: Any) -> Any:
         tool_call_id, config, arguments = _arguments(given)
-        items: AsyncIterator[str | Outcome] = (
-            astream(target, spec, arguments)  # type: ignore[arg-type]
-            if is_async(target)
-            else _in_thread(stream(target, spec, arguments))  # type: ignore[arg-type]
-        )
-        index = 0
-        async for item in items:
-            if isinstance(item, Outcome):
-                return tool_message(item, tool_call_id)
-            _publish_chunk(config, spec, tool_call_id, index, item)
-            index += 1
-        raise RuntimeError(
-            f"{spec.tool}: the stream ended without a result"
-        )  # core always ends with one
+        items: AsyncGenerator[str | Outcome, None]
+        if is_async(target):
+            # core.astream is an async generator (typed as an iterator).
+            items = cast(
+                "AsyncGenerator[str | Outcome, None]",
+                astream(cast(AsyncTarget, target), spec, arguments),
+            )
+        else:
+            items = _in_thread(stream(cast(SyncTarget, target), spec, arguments))
+        # Closed here, not when collected: the call's stream ends with the tool.
+        async with contextlib.aclosing(items):
+            index = 0
+            async for item in items:
+                if isinstance(item, Outcome):
+                    return tool_message(item, tool_call_id)
+                _publish_chunk(config, spec, tool_call_id, index, item)
+                index += 1
+        # core's streams always end with an Outcome.
+        raise RuntimeError(f"{spec.tool}: the stream ended without a result")
 
     return call
 
@@ -252,7 +257,7 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
         function = _streaming_function(target, spec)
         injected: tuple[str, ...] = (TOOL_CALL_ID, CONFIG)
     elif is_async(target):
-        async_target: AsyncTarget = target  # type: ignore[assignment]
+        async_target = cast(AsyncTarget, target)
 
         async def call_async(**given: Any) -> Any:
             tool_call_id, _, arguments = _arguments(given)
@@ -260,7 +265,7 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
 
         function, injected = call_async, (TOOL_CALL_ID,)
     else:
-        sync_target: SyncTarget = target  # type: ignore[assignment]
+        sync_target = cast(SyncTarget, target)
 
         # ToolNode runs a sync function on a worker thread (asyncio.to_thread).
         def call_sync(**given: Any) -> Any:
