@@ -115,7 +115,10 @@ _SCALARS: dict[str, Any] = {
 def _annotation(schema: dict[str, Any]) -> Any:
     """The Python type ToolNode turns back into (about) this JSON schema."""
     if schema.get("enum"):
-        return Literal[tuple(schema["enum"])]
+        try:
+            return Literal[tuple(schema["enum"])]
+        except TypeError:  # an unhashable value (a list, an object): no Literal holds it
+            return Any
     for union in ("anyOf", "oneOf"):
         if schema.get(union):
             # ToolNode renders one type: the first that is not null.
