@@ -246,6 +246,25 @@ def plotting_python() -> str:
     return str(plotting_venv())
 
 
+@pytest.fixture(scope="session")
+def omnicore_python() -> str:
+    """A Python >= 3.12 virtualenv's bin/python with omnicoreagent 0.6 (and pyagenity).
+
+    omnicoreagent needs Python >= 3.12; its tests run a driver script there with
+    the tree's client on PYTHONPATH. Built once per machine, then cached: see
+    tests/py312.py.
+    """
+    from tests.py312 import frameworks_venv
+
+    return str(frameworks_venv())
+
+
+@pytest.fixture(scope="session")
+def pyagenity_python(omnicore_python: str) -> str:
+    """The same venv: pyagenity 0.3.3 is written in Python 3.12 syntax."""
+    return omnicore_python
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """In CI a skipped test is a failure: CI must provide what every test needs.
