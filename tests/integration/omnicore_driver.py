@@ -153,15 +153,12 @@ async def main(target: str) -> dict[str, Any]:
                 ],
             )
     async with AsyncClient(target) as aclient:
-        atools = await omnicore.aregistry(aclient, ["execute_python_code"])
+        # registry() with an async client is the coroutine aregistry() gives.
+        atools = await omnicore.registry(aclient, ["execute_python_code"])
         out["async_is_async"] = atools.get_tool("execute_python_code").is_async
         out["async"] = await run_agent(
             atools, [("execute_python_code", {"code": "print('async')"})]
         )
-    try:
-        omnicore.registry(aclient)  # type: ignore[arg-type]
-    except TypeError as e:
-        out["async_to_sync"] = str(e)
     return out
 
 

@@ -155,7 +155,7 @@ async def main(target: str) -> dict[str, Any]:
                 ],
             )
     async with AsyncClient(target) as aclient:
-        afunctions = await pyagenity.atools(
+        afunctions = await pyagenity.tools(  # the coroutine atools() gives
             aclient, ["execute_python_code", "execute_python_code_stream"]
         )
         out["async_coroutines"] = {f.__name__: inspect.iscoroutinefunction(f) for f in afunctions}
@@ -166,10 +166,6 @@ async def main(target: str) -> dict[str, Any]:
                 ("execute_python_code_stream", {"code": STREAMS}),
             ],
         )
-    try:
-        pyagenity.tools(aclient)  # type: ignore[arg-type]
-    except TypeError as e:
-        out["async_to_sync"] = str(e)
     return out
 
 

@@ -157,4 +157,3 @@ def test_an_async_client_gives_coroutine_functions_that_stream(driven: dict[str,
     call = streamed["metadata"]["tool_call_id"]
     chunks = [c["content"] for c in driven["async"]["chunks"] if c["tool_call_id"] == call]
     assert chunks == ["line 0\n", "line 1\n", "line 2\n"]
-    assert "atools" in driven["async_to_sync"]

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import platform
 import sys
-from collections.abc import Callable, Iterable
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, cast, overload
 
+from tooljail import AsyncClient, AsyncSession
 from tooljail.integrations.core import (
     AsyncTarget,
     Outcome,
@@ -115,7 +116,11 @@ def _registry_of(target: Target, specs: Iterable[ToolSpec]) -> Any:
     return tools
 
 
-def registry(target: SyncTarget, names: Iterable[str] | None = None) -> Any:
+@overload
+def registry(target: SyncTarget, names: Iterable[str] | None = None) -> Any: ...
+@overload
+def registry(target: AsyncTarget, names: Iterable[str] | None = None) -> Awaitable[Any]: ...
+def registry(target: Target, names: Iterable[str] | None = None) -> Any:
     """The daemon's tools (or those named) as an omnicoreagent `ToolRegistry`.
 
     Give it to `OmniCoreAgent(local_tools=...)`, or merge it into a registry of
@@ -134,10 +139,10 @@ def registry(target: SyncTarget, names: Iterable[str] | None = None) -> Any:
     Raises:
         ToolNotFoundError: When a name is not served (the message lists those that are).
         TransportError: When the daemon cannot be reached to list its tools.
-        TypeError: When `target` is an AsyncClient or AsyncSession (use `aregistry`).
+    An `AsyncClient` or `AsyncSession` gives a coroutine to await, as `aregistry`.
     """
-    if is_async(target):
-        raise TypeError("registry() takes a Client or Session; await aregistry() for async ones")
+    if isinstance(target, AsyncClient | AsyncSession):
+        return aregistry(target, names)
     return _registry_of(target, tool_specs(target, names))
 
 

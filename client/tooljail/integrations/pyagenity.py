@@ -40,9 +40,10 @@ import contextlib
 import inspect
 import keyword
 import platform
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
-from typing import Any, Literal, cast
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Literal, cast, overload
 
+from tooljail import AsyncClient, AsyncSession
 from tooljail.integrations.core import (
     AsyncTarget,
     Outcome,
@@ -288,7 +289,15 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
     return function
 
 
-def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callable[..., Any]]:
+@overload
+def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callable[..., Any]]: ...
+@overload
+def tools(
+    target: AsyncTarget, names: Iterable[str] | None = None
+) -> Awaitable[list[Callable[..., Any]]]: ...
+def tools(
+    target: Target, names: Iterable[str] | None = None
+) -> list[Callable[..., Any]] | Awaitable[list[Callable[..., Any]]]:
     """The daemon's tools (or those named) as functions for `ToolNode(...)`.
 
     Non-streaming tools are sync functions (ToolNode runs them on a worker
@@ -305,10 +314,10 @@ def tools(target: SyncTarget, names: Iterable[str] | None = None) -> list[Callab
         TransportError: When the daemon cannot be reached to list its tools.
         ValueError: When a tool has a parameter that cannot be a keyword
             argument (not an identifier, or a name ToolNode injects).
-        TypeError: When `target` is an AsyncClient or AsyncSession (use `atools`).
+    An `AsyncClient` or `AsyncSession` gives a coroutine to await, as `atools`.
     """
-    if is_async(target):
-        raise TypeError("tools() takes a Client or Session; await atools() for async ones")
+    if isinstance(target, AsyncClient | AsyncSession):
+        return atools(target, names)
     return [_function(target, spec) for spec in tool_specs(target, names)]
 
 
