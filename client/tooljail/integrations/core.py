@@ -27,7 +27,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client
@@ -460,15 +460,31 @@ def split_arguments(
     return args, timeout
 
 
+_C = TypeVar("_C", Client, AsyncClient)
+
+
 def _prepare(
-    spec: ToolSpec, arguments: Mapping[str, Any] | None, call_id: str | None
-) -> tuple[str, dict[str, Any], float | None, str]:
+    target: Target,
+    spec: ToolSpec,
+    arguments: Mapping[str, Any] | None,
+    call_id: str | None,
+    kind: type[_C],
+    wrong_kind: str,
+) -> tuple[_C, dict[str, Any], dict[str, Any]] | Outcome:
+    """The client, the tool's arguments and the call's options; or the refusal of a bad timeout.
+
+    Raises:
+        TypeError: `wrong_kind`, when the target's client is not a `kind`.
+    """
+    client, session_id = _client_of(target)
+    if not isinstance(client, kind):
+        raise TypeError(wrong_kind)
     call_id = call_id or uuid.uuid4().hex
     try:
         args, timeout = split_arguments(spec, arguments)
     except ValueError as e:
-        return call_id, {}, None, str(e)
-    return call_id, args, timeout, ""
+        return _bad_timeout(spec.tool, call_id, str(e))
+    return client, args, {"timeout": timeout, "call_id": call_id, "session_id": session_id}
 
 
 def run(
@@ -488,19 +504,16 @@ def run(
             give the stored outcome); None makes one. A caller that may cancel
             the call (`Client.cancel`) passes its own.
     """
-    client, session_id = _client_of(target)
-    if not isinstance(client, Client):
-        raise TypeError("run needs a Client or Session; use arun with an AsyncClient")
-    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
-    if bad:
-        return _bad_timeout(spec.tool, call_id, bad)
+    prepared = _prepare(
+        target, spec, arguments, call_id, Client, "run needs a Client or Session; use arun"
+    )
+    if isinstance(prepared, Outcome):
+        return prepared
+    client, args, options = prepared
     try:
-        result = client.call(
-            spec.tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        )
+        return outcome_of(client.call(spec.tool, args, **options))
     except TooljailError as e:
-        return outcome_of_error(spec.tool, call_id, e)
-    return outcome_of(result)
+        return outcome_of_error(spec.tool, options["call_id"], e)
 
 
 async def arun(
@@ -511,19 +524,16 @@ async def arun(
     call_id: str | None = None,
 ) -> Outcome:
     """As `run`, awaited, for an AsyncClient or AsyncSession."""
-    client, session_id = _client_of(target)
-    if not isinstance(client, AsyncClient):
-        raise TypeError("arun needs an AsyncClient or AsyncSession; use run with a Client")
-    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
-    if bad:
-        return _bad_timeout(spec.tool, call_id, bad)
+    prepared = _prepare(
+        target, spec, arguments, call_id, AsyncClient, "arun needs an AsyncClient; use run"
+    )
+    if isinstance(prepared, Outcome):
+        return prepared
+    client, args, options = prepared
     try:
-        result = await client.call(
-            spec.tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        )
+        return outcome_of(await client.call(spec.tool, args, **options))
     except TooljailError as e:
-        return outcome_of_error(spec.tool, call_id, e)
-    return outcome_of(result)
+        return outcome_of_error(spec.tool, options["call_id"], e)
 
 
 def chunk_text(chunk: Output) -> str:
@@ -543,23 +553,18 @@ def stream(
     call_id: str | None = None,
 ) -> Iterator[str | Outcome]:
     """Calls one tool, yielding its output text as it arrives, then its `Outcome`."""
-    client, session_id = _client_of(target)
-    if not isinstance(client, Client):
-        raise TypeError("stream needs a Client or Session; use astream with an AsyncClient")
-    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
-    if bad:
-        yield _bad_timeout(spec.tool, call_id, bad)
+    prepared = _prepare(
+        target, spec, arguments, call_id, Client, "stream needs a Client or Session; use astream"
+    )
+    if isinstance(prepared, Outcome):
+        yield prepared
         return
+    client, args, options = prepared
     try:
-        for item in client.stream(
-            spec.tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        ):
-            if isinstance(item, ToolResult):
-                yield outcome_of(item)
-                return
-            yield chunk_text(item)
+        for item in client.stream(spec.tool, args, **options):
+            yield outcome_of(item) if isinstance(item, ToolResult) else chunk_text(item)
     except TooljailError as e:
-        yield outcome_of_error(spec.tool, call_id, e)
+        yield outcome_of_error(spec.tool, options["call_id"], e)
 
 
 async def astream(
@@ -570,20 +575,15 @@ async def astream(
     call_id: str | None = None,
 ) -> AsyncIterator[str | Outcome]:
     """As `stream`, for an AsyncClient or AsyncSession."""
-    client, session_id = _client_of(target)
-    if not isinstance(client, AsyncClient):
-        raise TypeError("astream needs an AsyncClient or AsyncSession; use stream with a Client")
-    call_id, args, timeout, bad = _prepare(spec, arguments, call_id)
-    if bad:
-        yield _bad_timeout(spec.tool, call_id, bad)
+    prepared = _prepare(
+        target, spec, arguments, call_id, AsyncClient, "astream needs an AsyncClient; use stream"
+    )
+    if isinstance(prepared, Outcome):
+        yield prepared
         return
+    client, args, options = prepared
     try:
-        async for item in client.stream(
-            spec.tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        ):
-            if isinstance(item, ToolResult):
-                yield outcome_of(item)
-                return
-            yield chunk_text(item)
+        async for item in client.stream(spec.tool, args, **options):
+            yield outcome_of(item) if isinstance(item, ToolResult) else chunk_text(item)
     except TooljailError as e:
-        yield outcome_of_error(spec.tool, call_id, e)
+        yield outcome_of_error(spec.tool, options["call_id"], e)
