@@ -8,8 +8,10 @@ one `tooljail mcp --listen 127.0.0.1:0` per module serves every test.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -166,6 +168,53 @@ async def test_stdio_stateful_keeps_one_session_and_closes_it(target: str) -> No
             assert len(opened) == 1
         # The MCP client left: its session is closed.
         await _wait_closed(tj, {opened[0].session_id})
+
+
+def test_sigterm_closes_the_stdio_clients_session_and_exits_0(target: str) -> None:
+    # JSON-RPC by hand: mcp's stdio client hides the server's process.
+    with (
+        subprocess.Popen(
+            _command("--stateful"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "TOOLJAIL_TARGET": target},
+        ) as server,
+        tooljail.Client(target) as tj,
+    ):
+        assert server.stdin is not None and server.stdout is not None
+
+        def send(message: dict[str, object]) -> None:
+            server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+            server.stdin.flush()
+
+        hello = {"name": "test", "version": "1"}
+        send(
+            {
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": hello,
+                },
+            }
+        )
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"method": "notifications/initialized"})
+        before = {s.session_id for s in tj.list_sessions(all_clients=True)}
+        send(
+            {
+                "id": 2,
+                "method": "tools/call",
+                "params": {"name": CODE, "arguments": {"code": "x = 1"}},
+            }
+        )
+        assert json.loads(server.stdout.readline())["result"]["isError"] is False
+        (opened,) = {s.session_id for s in tj.list_sessions(all_clients=True)} - before
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(30) == 0
+        assert opened not in {s.session_id for s in tj.list_sessions(all_clients=True)}
 
 
 async def test_a_request_the_client_gives_up_on_is_cancelled_on_the_daemon(target: str) -> None:

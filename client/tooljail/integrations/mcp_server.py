@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -303,17 +305,34 @@ def _error(text: str) -> types.CallToolResult:
 # --- serving ----------------------------------------------------------------------
 
 
+TERMINATE_GRACE_S = 10.0
+"""How long SIGTERM waits for the stdio client's session to close before exiting."""
+
+
 async def serve_stdio(
     client: AsyncClient, names: Sequence[str] | None = None, *, stateful: bool = False
 ) -> None:
     """Serves the daemon's tools to the one MCP client on stdin/stdout until it leaves."""
     bridge = Bridge(client, names, stateful=stateful, one_client=True)
     server = bridge.server()
+    loop = asyncio.get_running_loop()
+    # SIGTERM (the MCP client's host or a supervisor stopping us) closes the session
+    # now rather than leaving it to its idle TTL, then exits. Not by cancelling the
+    # server: mcp reads stdin on a worker thread, which no cancellation interrupts.
+    loop.add_signal_handler(signal.SIGTERM, lambda: loop.create_task(_terminate(bridge)))
     try:
         async with stdio_server() as (read, write):
             await server.run(read, write, server.create_initialization_options())
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
         await bridge.aclose()
+
+
+async def _terminate(bridge: Bridge) -> None:
+    try:
+        await asyncio.wait_for(bridge.aclose(), TERMINATE_GRACE_S)
+    finally:
+        os._exit(0)  # the stdin reader thread would hold a normal exit up
 
 
 async def serve_http(
