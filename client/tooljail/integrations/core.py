@@ -97,8 +97,8 @@ def require(module: str, extra: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
-            f"this integration needs the {module.split('.')[0]!r} package: "
-            f"pip install 'tooljail[{extra}]' (or install {extra!r} yourself)"
+            f"this integration needs {module.split('.')[0]!r}, which is not installed: "
+            f"pip install 'tooljail[{extra}]'"
         ) from e
 
 
