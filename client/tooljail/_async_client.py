@@ -235,6 +235,16 @@ class AsyncClient(_BaseClient):
         resp: pb.CancelResponse = await self._unary(self._stub.Cancel, request)
         return self._decode_cancel(resp)
 
+    async def approve(self, call_id: str) -> CallInfo:
+        """Approves a call that waits for approval. See `Client.approve`."""
+        request = self._build_approve_request(call_id, True, "")
+        return self._decode_call_info(await self._unary(self._stub.Approve, request))
+
+    async def deny(self, call_id: str, reason: str = "") -> CallInfo:
+        """Denies a call that waits for approval. See `Client.deny`."""
+        request = self._build_approve_request(call_id, False, reason)
+        return self._decode_call_info(await self._unary(self._stub.Approve, request))
+
     # --- sessions and workspace files ---
 
     def session(

@@ -373,6 +373,31 @@ class Client(_BaseClient):
         resp: pb.CancelResponse = self._unary(self._stub.Cancel, request)
         return self._decode_cancel(resp)
 
+    def approve(self, call_id: str) -> CallInfo:
+        """Approves a call that waits for approval: it runs.
+
+        Only an identity whose policy says `approver = true` may.
+
+        Returns:
+            The call's state after the decision.
+
+        Raises:
+            CallNotFoundError: When the daemon does not know the call.
+            NotAwaitingApprovalError: When the call does not wait for approval.
+            PermissionDeniedError: When this identity may not approve.
+            TransportError: When the RPC fails.
+        """
+        return self._decode_call_info(
+            self._unary(self._stub.Approve, self._build_approve_request(call_id, True, ""))
+        )
+
+    def deny(self, call_id: str, reason: str = "") -> CallInfo:
+        """Denies a call that waits for approval: it ends with effect none,
+        its message carrying `reason` (for the model to act on). As `approve`."""
+        return self._decode_call_info(
+            self._unary(self._stub.Approve, self._build_approve_request(call_id, False, reason))
+        )
+
     # --- sessions and workspace files ---
 
     def session(

@@ -419,6 +419,13 @@ class _BaseClient:
         except ValueError as e:
             raise cls._protocol_error(e) from e
 
+    def _build_approve_request(self, call_id: str, approve: bool, reason: str) -> pb.ApproveRequest:
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        return pb.ApproveRequest(
+            call_id=self._check_call_id(call_id, required=True), approve=approve, reason=reason
+        )
+
     @classmethod
     def _decode_call_info(cls, m: pb.CallInfo) -> CallInfo:
         try:

@@ -46,10 +46,12 @@ class CallState(enum.StrEnum):
     TIMED_OUT = "timed_out"
     CANCELLED = "cancelled"
     LOST = "lost"
+    AWAITING_APPROVAL = "awaiting_approval"
+    """Admitted and waiting for an approver's decision; it has not run."""
 
     @property
     def finished(self) -> bool:
-        return self not in (CallState.QUEUED, CallState.RUNNING)
+        return self not in (CallState.QUEUED, CallState.RUNNING, CallState.AWAITING_APPROVAL)
 
 
 class StreamKind(enum.StrEnum):
@@ -124,6 +126,21 @@ class ArtifactInfo(ArtifactRef):
     tool: str = ""
 
 
+class Usage(BaseModel):
+    """What one call used: from its sandbox's cgroup where it has one, else rusage."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cpu_s: float = 0.0
+    """CPU seconds, user and system, of the call's processes."""
+    memory_peak_bytes: int = 0
+    """The sandbox's peak memory during the call; 0 when unknown."""
+    wall_s: float = 0.0
+    """Seconds from the call's start to its end."""
+    output_bytes: int = 0
+    """Bytes written to stdout and stderr, kept or not."""
+
+
 class ToolResult(BaseModel):
     """The one final outcome of a call."""
 
@@ -153,6 +170,8 @@ class ToolResult(BaseModel):
     artifacts: tuple[ArtifactRef, ...] = ()
     """What the call made, in order (whole output, offloaded result, files of its
     outputs directory, figures): read each with `Client.get_artifact`."""
+    usage: Usage | None = None
+    """What the call used; None when the daemon could not measure it."""
 
     @property
     def ok(self) -> bool:

@@ -41,6 +41,7 @@ from tooljail._types import (
     ToolError,
     ToolInfo,
     ToolResult,
+    Usage,
 )
 from tooljail.errors import (
     ERRORS_BY_CODE,
@@ -117,6 +118,7 @@ _CALL_STATE_TO_PB: dict[CallState, pb.CallState] = {
     CallState.TIMED_OUT: pb.CALL_STATE_TIMED_OUT,
     CallState.CANCELLED: pb.CALL_STATE_CANCELLED,
     CallState.LOST: pb.CALL_STATE_LOST,
+    CallState.AWAITING_APPROVAL: pb.CALL_STATE_AWAITING_APPROVAL,
 }
 _STREAM_KIND_TO_PB: dict[StreamKind, pb.StreamKind] = {
     StreamKind.STDOUT: pb.STREAM_KIND_STDOUT,
@@ -235,6 +237,8 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         session_reset=r.session_reset,
         artifacts=[artifact_ref_to_proto(a) for a in r.artifacts],
     )
+    if r.usage is not None:
+        m.usage.CopyFrom(pb.Usage(**r.usage.model_dump()))
     if r.error is not None:
         m.error.CopyFrom(
             pb.ToolError(type=r.error.type, message=r.error.message, traceback=r.error.traceback)
@@ -275,6 +279,16 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         session_id=m.session_id,
         session_reset=m.session_reset,
         artifacts=tuple(artifact_ref_from_proto(a) for a in m.artifacts),
+        usage=(
+            Usage(
+                cpu_s=m.usage.cpu_s,
+                memory_peak_bytes=m.usage.memory_peak_bytes,
+                wall_s=m.usage.wall_s,
+                output_bytes=m.usage.output_bytes,
+            )
+            if m.HasField("usage")
+            else None
+        ),
     )
 
 

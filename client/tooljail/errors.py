@@ -18,6 +18,9 @@
     ├── WorkspaceFullError                       RESOURCE_EXHAUSTED, code "workspace_full"
     ├── ArtifactNotFoundError (LookupError)      NOT_FOUND, code "artifact_not_found"
     ├── ArtifactGoneError (LookupError)          NOT_FOUND, code "artifact_gone"
+    ├── UnauthenticatedError (PermissionError)   UNAUTHENTICATED, code "unauthenticated"
+    ├── PermissionDeniedError (PermissionError)  PERMISSION_DENIED, code "permission_denied"
+    ├── NotAwaitingApprovalError                 FAILED_PRECONDITION, code "not_awaiting_approval"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -51,13 +54,16 @@ __all__ = [
     "InvalidPathError",
     "InvalidRequestError",
     "JournalUnavailableError",
+    "NotAwaitingApprovalError",
     "OverloadedError",
+    "PermissionDeniedError",
     "SessionEndedError",
     "SessionNotFoundError",
     "ShuttingDownError",
     "ToolNotFoundError",
     "TooljailError",
     "TransportError",
+    "UnauthenticatedError",
     "UnknownError",
     "WorkspaceFileNotFoundError",
     "WorkspaceFullError",
@@ -251,6 +257,32 @@ class ArtifactGoneError(TooljailError, LookupError):
         self.reason = reason
 
 
+class UnauthenticatedError(TooljailError, PermissionError):
+    """The daemon requires a valid bearer token or client certificate, and the
+    request had none it accepts. Its message tells nothing of the daemon's state.
+
+    Not retried: pass `Client(token=...)` (or TOOLJAIL_TOKEN), or the TLS
+    client certificate the daemon's operator issued.
+    """
+
+    code = "unauthenticated"
+
+
+class PermissionDeniedError(TooljailError, PermissionError):
+    """The caller's identity may not do this: a tool outside its allow-list
+    (such a tool is not even listed to it), or an approval without
+    `approver = true` in its policy."""
+
+    code = "permission_denied"
+
+
+class NotAwaitingApprovalError(TooljailError):
+    """`approve` or `deny` named a call that does not wait for approval: it
+    never did, or it was decided, timed out or cancelled (`get_call` says which)."""
+
+    code = "not_awaiting_approval"
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -310,6 +342,9 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         WorkspaceFullError,
         ArtifactNotFoundError,
         ArtifactGoneError,
+        UnauthenticatedError,
+        PermissionDeniedError,
+        NotAwaitingApprovalError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

@@ -40,12 +40,15 @@ from tooljail.errors import (
     InvalidPathError,
     InvalidRequestError,
     JournalUnavailableError,
+    NotAwaitingApprovalError,
     OverloadedError,
+    PermissionDeniedError,
     SessionEndedError,
     SessionNotFoundError,
     ShuttingDownError,
     TooljailError,
     ToolNotFoundError,
+    UnauthenticatedError,
     WorkspaceFileNotFoundError,
     WorkspaceFullError,
 )
@@ -73,6 +76,9 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     WorkspaceFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ArtifactNotFoundError: grpc.StatusCode.NOT_FOUND,
     ArtifactGoneError: grpc.StatusCode.NOT_FOUND,
+    UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
+    NotAwaitingApprovalError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 

@@ -54,6 +54,11 @@ EXPECTED_ALL = {
     "ArtifactInfo",
     "ArtifactNotFoundError",
     "ArtifactRef",
+    # Operations and API security (issue 14).
+    "Usage",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
+    "NotAwaitingApprovalError",
 }
 
 
@@ -90,6 +95,9 @@ EXPECTED_ERRORS_ALL = {
     "WorkspaceFullError",
     "ArtifactGoneError",
     "ArtifactNotFoundError",
+    "UnauthenticatedError",
+    "PermissionDeniedError",
+    "NotAwaitingApprovalError",
 }
 
 

@@ -42,6 +42,7 @@ class CallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_STATE_TIMED_OUT: _ClassVar[CallState]
     CALL_STATE_CANCELLED: _ClassVar[CallState]
     CALL_STATE_LOST: _ClassVar[CallState]
+    CALL_STATE_AWAITING_APPROVAL: _ClassVar[CallState]
 
 class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -69,6 +70,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_WORKSPACE_FULL: _ClassVar[ErrorCode]
     ERROR_CODE_ARTIFACT_NOT_FOUND: _ClassVar[ErrorCode]
     ERROR_CODE_ARTIFACT_GONE: _ClassVar[ErrorCode]
+    ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
+    ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
+    ERROR_CODE_NOT_AWAITING_APPROVAL: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -93,6 +97,7 @@ CALL_STATE_FAILED: CallState
 CALL_STATE_TIMED_OUT: CallState
 CALL_STATE_CANCELLED: CallState
 CALL_STATE_LOST: CallState
+CALL_STATE_AWAITING_APPROVAL: CallState
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_OPEN: SessionState
 SESSION_STATE_CLOSED: SessionState
@@ -114,6 +119,9 @@ ERROR_CODE_INVALID_PATH: ErrorCode
 ERROR_CODE_WORKSPACE_FULL: ErrorCode
 ERROR_CODE_ARTIFACT_NOT_FOUND: ErrorCode
 ERROR_CODE_ARTIFACT_GONE: ErrorCode
+ERROR_CODE_UNAUTHENTICATED: ErrorCode
+ERROR_CODE_PERMISSION_DENIED: ErrorCode
+ERROR_CODE_NOT_AWAITING_APPROVAL: ErrorCode
 
 class ListToolsRequest(_message.Message):
     __slots__ = ()
@@ -218,7 +226,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -233,6 +241,7 @@ class Result(_message.Message):
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_RESET_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -247,7 +256,20 @@ class Result(_message.Message):
     session_id: str
     session_reset: bool
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ...) -> None: ...
+    usage: Usage
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("cpu_s", "memory_peak_bytes", "wall_s", "output_bytes")
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    cpu_s: float
+    memory_peak_bytes: int
+    wall_s: float
+    output_bytes: int
+    def __init__(self, cpu_s: _Optional[float] = ..., memory_peak_bytes: _Optional[int] = ..., wall_s: _Optional[float] = ..., output_bytes: _Optional[int] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("artifact_id", "name", "mime_type", "size_bytes")
@@ -288,6 +310,16 @@ class CallInfo(_message.Message):
     result: Result
     has_result: bool
     def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ...) -> None: ...
+
+class ApproveRequest(_message.Message):
+    __slots__ = ("call_id", "approve", "reason")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    call_id: str
+    approve: bool
+    reason: str
+    def __init__(self, call_id: _Optional[str] = ..., approve: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CancelRequest(_message.Message):
     __slots__ = ("call_id",)

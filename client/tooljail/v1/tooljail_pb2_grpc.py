@@ -105,6 +105,11 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.FromString,
                 _registered_method=True)
+        self.Approve = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/Approve',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CallInfo.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -225,6 +230,16 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Approve(self, request, context):
+        """Approves or denies a call that waits for approval (state AWAITING_APPROVAL):
+        only an identity whose policy says `approver = true` may. Answers the
+        call's state after the decision. FAILED_PRECONDITION `not_awaiting_approval`
+        when the call does not wait for one (any more).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -297,6 +312,11 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.DeleteArtifact,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.SerializeToString,
+            ),
+            'Approve': grpc.unary_unary_rpc_method_handler(
+                    servicer.Approve,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.CallInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -678,6 +698,33 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/DeleteArtifact',
             tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.DeleteArtifactResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Approve(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/Approve',
+            tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.CallInfo.FromString,
             options,
             channel_credentials,
             insecure,
