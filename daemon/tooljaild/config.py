@@ -22,6 +22,7 @@ from pydantic_settings import (
 from tooljail._client import default_socket_path
 from tooljail.errors import TooljailError
 from tooljaild.artifacts.settings import ArtifactSettings
+from tooljaild.auth.settings import AuthSettings, TlsSettings
 from tooljaild.object_storage import StorageSettings
 from tooljaild.sandbox.backends import BackendKind, BackendSettings
 from tooljaild.sandbox.base import Limits
@@ -53,6 +54,19 @@ class Settings(BaseSettings, BackendSettings):
     """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
     allow_insecure_tcp: bool = False
     """Serve plaintext TCP on a non-loopback address (TLS is not served yet)."""
+    socket_owner: str | None = None
+    """The Unix socket's owner (a user name or uid), set before it accepts
+    anything; None: the daemon's user."""
+    socket_group: str | None = None
+    """The Unix socket's group (a group name or gid); None: the daemon's group."""
+    socket_mode: str = "0660"
+    """The Unix socket's mode, in octal."""
+    metrics_listen: str | None = None
+    """Serve Prometheus metrics at http://HOST:PORT/metrics; None: not served."""
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    """TCP with TLS, and client certificates (`[tls]`)."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """Bearer tokens, identities and their policy (`[auth]`)."""
     tools_dirs: list[Path] = Field(default_factory=list)
     """Directories whose *.py files define user tools (relative: to the daemon's
     working directory at start)."""
@@ -97,9 +111,9 @@ class Settings(BaseSettings, BackendSettings):
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)
+    """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     storage: StorageSettings = Field(default_factory=StorageSettings)
     """Object storage for upload_file (`[storage]`); no bucket: none."""
-    """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"

@@ -1,0 +1,159 @@
+"""The tokens file: identities, their token hashes and their policy.
+
+    # /etc/tooljail/tokens.toml (mode 0600, owned by the daemon's user)
+    [identities.agent-a]
+    token_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    tools = ["execute_python_code", "read_file"]   # absent: every tool
+    approval = ["upload_file"]                     # these wait for an approver
+    max_concurrent_calls = 8                       # absent: the daemon's own bounds
+    max_sessions = 2
+
+    [identities.ops]
+    token_sha256 = "..."
+    approver = true
+
+    [identities.build-bot]                          # no token: a client certificate
+                                                    # whose subject CN is "build-bot"
+
+A token is never stored: only its SHA-256 (hex), compared in constant time.
+An identity's name replaces the caller's self-declared client name for
+fairness and owns its calls, sessions and artifacts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+"""An identity's name: what logs, metrics and ownership carry."""
+
+
+class _IdentityEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token_sha256: str | None = None
+    tools: list[str] | None = None
+    approval: list[str] = Field(default_factory=list)
+    approver: bool = False
+    max_concurrent_calls: int | None = Field(default=None, ge=1)
+    max_sessions: int | None = Field(default=None, ge=0)
+
+    @field_validator("token_sha256")
+    @classmethod
+    def _hex(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", v):
+            raise ValueError("token_sha256 must be 64 hex digits (sha256sum of the token)")
+        return None if v is None else v.lower()
+
+
+class _TokensFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    identities: dict[str, _IdentityEntry] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One caller the daemon knows, and what it may do.
+
+    Attributes:
+        name: The identity's name (the `[identities.NAME]` key).
+        token_sha256: Its token's SHA-256 in hex; None: it authenticates by
+            client certificate only.
+        tools: The tools it may list and call; None: every tool.
+        approval: The tools whose calls wait for an approver's decision.
+        approver: It may approve or deny others' calls.
+        max_concurrent_calls: Its running and queued calls at most; None: the
+            daemon's per-client bound.
+        max_sessions: Its open sessions at most; None: the daemon's bound.
+    """
+
+    name: str
+    token_sha256: str | None = None
+    tools: frozenset[str] | None = None
+    approval: frozenset[str] = frozenset()
+    approver: bool = False
+    max_concurrent_calls: int | None = None
+    max_sessions: int | None = None
+
+    def may_use(self, tool: str) -> bool:
+        return self.tools is None or tool in self.tools
+
+    def needs_approval(self, tool: str) -> bool:
+        return tool in self.approval
+
+
+class PolicyError(ValueError):
+    """The tokens file cannot be used; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Identities:
+    """The identities of one tokens file, found by token or by name."""
+
+    by_name: dict[str, Identity]
+
+    def by_token(self, token: str) -> Identity | None:
+        """The identity whose token this is, else None (compared in constant time)."""
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        found = None
+        for identity in self.by_name.values():
+            # Every hash is compared, so the time says nothing of which matched.
+            if identity.token_sha256 is not None and hmac.compare_digest(
+                identity.token_sha256, digest
+            ):
+                found = identity
+        return found
+
+
+def load_identities(path: Path) -> Identities:
+    """Reads a tokens file.
+
+    Raises:
+        PolicyError: When it cannot be read or is not a valid tokens file: the
+            message names the file and the entry at fault.
+    """
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as e:
+        raise PolicyError(f"cannot read the tokens file {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(f"the tokens file {path} is not valid TOML: {e}") from None
+    try:
+        parsed = _TokensFile.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise PolicyError(f"the tokens file {path}: {where}: {first['msg']}") from None
+    identities: dict[str, Identity] = {}
+    hashes: dict[str, str] = {}
+    for name, entry in parsed.identities.items():
+        if not NAME.match(name):
+            raise PolicyError(
+                f"the tokens file {path}: identity name {name!r} must be letters, digits, "
+                "'.', '_' or '-' (at most 128)"
+            )
+        if entry.token_sha256 is not None:
+            if entry.token_sha256 in hashes:
+                raise PolicyError(
+                    f"the tokens file {path}: identities {hashes[entry.token_sha256]!r} and "
+                    f"{name!r} have the same token"
+                )
+            hashes[entry.token_sha256] = name
+        identities[name] = Identity(
+            name=name,
+            token_sha256=entry.token_sha256,
+            tools=None if entry.tools is None else frozenset(entry.tools),
+            approval=frozenset(entry.approval),
+            approver=entry.approver,
+            max_concurrent_calls=entry.max_concurrent_calls,
+            max_sessions=entry.max_sessions,
+        )
+    return Identities(by_name=identities)

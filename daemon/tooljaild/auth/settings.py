@@ -1,0 +1,48 @@
+"""The `[auth]` and `[tls]` tables of the daemon's config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class AuthSettings(BaseModel):
+    """`[auth]`: bearer tokens and per-identity policy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_file: Path | None = None
+    """A TOML file of identities (`[identities.NAME]` with `token_sha256`, `tools`,
+    `approval`, `approver`, limits; see tooljaild.auth.policy). Set: every request
+    needs a valid token (or a client certificate naming an identity); None: no
+    tokens, the socket's permissions are the boundary."""
+    approval_timeout_s: float = Field(default=300.0, gt=0)
+    """How long a call that needs approval waits for a decision before it ends,
+    with effect none."""
+
+
+class TlsSettings(BaseModel):
+    """`[tls]`: serve TCP with TLS, and optionally require client certificates."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert_file: Path | None = None
+    """The server's certificate chain (PEM). With `key_file`: TCP is served with TLS."""
+    key_file: Path | None = None
+    """The server's private key (PEM)."""
+    client_ca_file: Path | None = None
+    """CA certificates (PEM) client certificates must chain to: set, every client
+    needs one (mTLS), and its subject's common name names its identity."""
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("[tls] needs both cert_file and key_file, or neither")
+        if self.client_ca_file is not None and self.cert_file is None:
+            raise ValueError("[tls] client_ca_file needs cert_file and key_file")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
