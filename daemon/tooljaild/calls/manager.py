@@ -38,6 +38,7 @@ from tooljail.errors import (
     ShuttingDownError,
     ToolNotFoundError,
 )
+from tooljaild.auth.policy import Identity
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
@@ -135,8 +136,12 @@ class CallManager:
         timeout_s: float = 0.0,
         client: str = "",
         session_id: str = "",
+        identity: Identity | None = None,
     ) -> Call:
         """Admit a call, or return the call already admitted under the same id.
+
+        `identity` is the authenticated caller (None: no tokens file): its
+        policy may make the call wait for an approver (see calls/approvals.py).
 
         With a `session_id` the call runs in that session (its interpreter and
         workspace), in its turn: the session's queue bounds it, not the daemon's.
