@@ -63,7 +63,7 @@ Every key the daemon reads, from highest precedence to lowest:
    `__` (`TOOLJAIL_LIMITS__CPU_S=30`); a list or table as JSON
    (`TOOLJAIL_TOOLS_DIRS='["/srv/tools"]'`);
 3. the TOML file given by `--config` or `$TOOLJAIL_CONFIG` (the unit passes
-   `/etc/tooljail/config.toml`): top-level keys first, then `[tables]`;
+   `/etc/tooljail/tooljail.toml`): top-level keys first, then `[tables]`;
 4. the defaults below.
 
 Unknown keys are refused at start, by name, in every table. See
