@@ -6,14 +6,16 @@ A daemon command run without it would otherwise die on an ImportError deep in
 its imports, naming a module (`pydantic_settings`) rather than what to install.
 
 The requirements are read from the installed distribution's metadata, so this
-list never repeats pyproject.toml's. Stdlib only: it runs where nothing but the
-SDK is installed.
+list never repeats pyproject.toml's. It imports only the standard library and
+the SDK's error tree: it runs where nothing but the SDK is installed.
 """
 
 from __future__ import annotations
 
 import re
 from importlib import metadata
+
+from tooljail.errors import TooljailError
 
 __all__ = [
     "DISTRIBUTION",
@@ -32,11 +34,16 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _EXTRA = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")
 
 
-class MissingExtraError(Exception):
+class MissingExtraError(TooljailError, ModuleNotFoundError):
     """An extra's requirements are not installed; the message says what to install.
 
-    Not a TooljailError: it is raised before any daemon module (and its error
-    tree) can be imported, and only the command line catches it.
+    Raised before any module of the daemon is imported (they would fail on the
+    first missing package, naming a module rather than what to install); only
+    the command line catches it. Never sent over the wire: no code of its own.
+
+    Attributes:
+        extra: The extra to install, e.g. "daemon".
+        missing: The names of its requirements that are not installed.
     """
 
     def __init__(self, extra: str, missing: list[str]) -> None:
