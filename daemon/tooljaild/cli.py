@@ -12,7 +12,7 @@ read top to bottom; the work is elsewhere (`daemon`, `doctor`, `images`, the
 SDK), so a module per command would add only imports. Handlers import lazily:
 `tooljail call` must not pay for the daemon's modules, and `pip install tooljail`
 (no extras) has only the SDK's dependencies: at module level this imports the
-standard library and stdlib-only modules of tooljaild, nothing else.
+standard library, the SDK and modules of tooljaild that import nothing more.
 """
 
 from __future__ import annotations
