@@ -2,13 +2,17 @@
 images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
-image build failed; 2 bad usage or a request the daemon refused; 3 no daemon (or,
-for `images` and `serve --backend docker`, no Docker engine) answers.
+image build failed; 2 bad usage, a request the daemon refused, or a daemon command
+(`serve`, `doctor`, `images`, `demo`, `tools --check`) where only the SDK is
+installed; 3 no daemon (or, for `images` and `serve --backend docker`, no Docker
+engine) answers.
 
 Over 500 lines, on purpose: the parser and one short handler per command, each
 read top to bottom; the work is elsewhere (`daemon`, `doctor`, `images`, the
 SDK), so a module per command would add only imports. Handlers import lazily:
-`tooljail call` must not pay for the daemon's modules.
+`tooljail call` must not pay for the daemon's modules, and `pip install tooljail`
+(no extras) has only the SDK's dependencies: at module level this imports the
+standard library, the SDK and modules of tooljaild that import nothing more.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tooljaild.extras import MissingExtraError, require_extra
 from tooljaild.sandbox.kinds import KINDS
 
 if TYPE_CHECKING:
     from tooljaild.config import Settings
 
 EXIT_OK, EXIT_TOOL_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+_DAEMON_COMMANDS = frozenset({"serve", "doctor", "images", "demo"})
+"""The commands that need `pip install 'tooljail[daemon]'` (and `tools --check`)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -182,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
         "mcp": _mcp,
     }[args.command]
     try:
+        if args.command in _DAEMON_COMMANDS or (args.command == "tools" and args.check):
+            require_extra("daemon")
         return handler(args)
+    except MissingExtraError as exc:
+        print(f"tooljail: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except _Exit as exit_:
         return exit_.code
     except KeyboardInterrupt:
