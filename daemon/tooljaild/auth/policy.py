@@ -31,6 +31,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tooljail.errors import TooljailError
+
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """An identity's name: what logs, metrics and ownership carry."""
 
@@ -90,7 +92,7 @@ class Identity:
         return tool in self.approval
 
 
-class PolicyError(ValueError):
+class PolicyError(TooljailError, ValueError):
     """The tokens file cannot be used; the message names the file and what is wrong."""
 
 
