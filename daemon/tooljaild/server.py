@@ -16,7 +16,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tooljail._errors import InvalidRequestError, TooljailError
+from tooljail._errors import InvalidRequestError, PermissionDeniedError, TooljailError
 from tooljail._types import ToolResult
 from tooljail._wire import (
     artifact_info_to_proto,
@@ -31,6 +31,8 @@ from tooljail._wire import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.auth.authenticator import Authenticator, AuthGate
+from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
@@ -51,10 +53,23 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         manager: CallManager,
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self._manager = manager
         self._sessions = sessions
         self._artifacts = artifacts
+        self._auth = authenticator or Authenticator(None, client_certificates=False)
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        """The authenticated caller; None when the daemon has no authentication
+        (`AuthGate` has already refused a request without a valid one)."""
+        return self._auth.identify(context)
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who the caller is for fairness and ownership: its identity's name when
+        authenticated (what it declares is then ignored), else `client_of`."""
+        identity = self._identity(context)
+        return client_of(context) if identity is None else identity.name
 
     def _session_manager(self) -> SessionManager:
         if self._sessions is None:
@@ -70,21 +85,30 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListToolsResponse:
         registry = self._manager.registry
+        identity = self._identity(context)
+        # A tool outside the caller's allow-list is not even named to it.
+        infos = [
+            i for i in self._manager.tool_infos() if identity is None or identity.may_use(i.name)
+        ]
         return pb.ListToolsResponse(
-            tools=[tool_info_to_proto(info) for info in self._manager.tool_infos()],
+            tools=[tool_info_to_proto(info) for info in infos],
             diagnostics=[diagnostic_to_proto(d) for d in registry.diagnostics],
         )
 
     async def _submit(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> Call:
         """Admit the call a Call or Run request asks for, or end the RPC with why not."""
         try:
+            identity = self._identity(context)
+            if identity is not None and not identity.may_use(request.tool):
+                raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
             return self._manager.submit(
                 request.tool,
                 request.arguments_json,
                 request.call_id,
                 request.timeout_s,
-                client=client_of(context),
+                client=self._owner(context),
                 session_id=request.session_id,
+                identity=identity,
             )
         except TooljailError as exc:
             await abort_with(context, exc)
@@ -149,7 +173,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             workspace_bytes=request.workspace_bytes,
             keep_processes=request.keep_processes,
         )
-        session = await self._session_manager().create(options, client_of(context))
+        session = await self._session_manager().create(options, self._owner(context))
         return session_info_to_proto(session.info())
 
     async def CloseSession(
@@ -160,7 +184,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
-        client = None if request.all_clients else client_of(context)
+        # An authenticated caller sees its own sessions only.
+        all_clients = request.all_clients and self._identity(context) is None
+        client = None if all_clients else self._owner(context)
         infos = self._session_manager().list(client)
         return pb.ListSessionsResponse(sessions=[session_info_to_proto(i) for i in infos])
 
@@ -208,7 +234,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def GetArtifact(
         self, request: pb.GetArtifactRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ArtifactChunk]:
-        store, owner = self._artifact_store(), client_of(context)
+        store, owner = self._artifact_store(), self._owner(context)
         info = store.get(request.artifact_id, owner)
         chunks = store.chunks(request.artifact_id, owner)
         try:
@@ -229,14 +255,14 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.ListArtifactsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArtifactsResponse:
         infos = self._artifact_store().list(
-            client_of(context), call_id=request.call_id, session_id=request.session_id
+            self._owner(context), call_id=request.call_id, session_id=request.session_id
         )
         return pb.ListArtifactsResponse(artifacts=[artifact_info_to_proto(i) for i in infos])
 
     async def DeleteArtifact(
         self, request: pb.DeleteArtifactRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteArtifactResponse:
-        deleted = self._artifact_store().delete(request.artifact_id, client_of(context))
+        deleted = self._artifact_store().delete(request.artifact_id, self._owner(context))
         return pb.DeleteArtifactResponse(deleted=deleted)
 
 
@@ -290,6 +316,8 @@ def create_server(
     max_request_bytes: int,
     sessions: SessionManager | None = None,
     artifacts: ArtifactStore | None = None,
+    authenticator: Authenticator | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -299,6 +327,10 @@ def create_server(
         max_request_bytes: Larger requests fail with RESOURCE_EXHAUSTED.
         sessions: Serves the session methods; None: they are refused.
         artifacts: Serves the artifact methods; None: they are refused.
+        authenticator: Who is calling (every method but health checks refuses a
+            request it does not authenticate); None: nobody is asked.
+        credentials: Serve TLS with these (`auth.authenticator.server_credentials`);
+            None: plaintext.
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -307,8 +339,13 @@ def create_server(
     Raises:
         RuntimeError: When the address cannot be bound.
     """
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ErrorEdge(pb.DESCRIPTOR.services_by_name["ToolRunner"])
+    ]
+    if authenticator is not None and authenticator.required:
+        interceptors.append(AuthGate(authenticator))
     server = grpc.aio.server(
-        interceptors=[ErrorEdge(pb.DESCRIPTOR.services_by_name["ToolRunner"])],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -316,7 +353,7 @@ def create_server(
         ],
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(
-        ToolRunnerServicer(manager, sessions, artifacts), server
+        ToolRunnerServicer(manager, sessions, artifacts, authenticator), server
     )  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -328,7 +365,10 @@ def create_server(
         ),
         server,
     )
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0 and not address.startswith("unix"):
         raise RuntimeError(f"cannot listen on {address}")
     return server, port, health_servicer
