@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tooljaild.cli_credentials import add_credential_options, credential_arguments
 from tooljaild.sandbox.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--target", help="daemon address (default: $TOOLJAIL_TARGET or the default Unix socket)"
         )
+        add_credential_options(sp)
 
     tools = sub.add_parser("tools", help="list the daemon's tools, or check tool files")
     target(tools)
@@ -252,7 +254,9 @@ def _client(args: argparse.Namespace) -> Any:
     from tooljail import Client
 
     # --client where the command has it; else the SDK's default ($TOOLJAIL_CLIENT).
-    return Client(args.target, client_name=getattr(args, "client", None))
+    return Client(
+        args.target, client_name=getattr(args, "client", None), **credential_arguments(args)
+    )
 
 
 def _with_client(args: argparse.Namespace, act: Callable[[Any, argparse.Namespace], int]) -> int:
