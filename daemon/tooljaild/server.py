@@ -16,7 +16,14 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tooljail._errors import InvalidRequestError, PermissionDeniedError, TooljailError
+from tooljail._errors import (
+    CallIdConflictError,
+    CallNotFoundError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SessionNotFoundError,
+    TooljailError,
+)
 from tooljail._types import ToolResult
 from tooljail._wire import (
     artifact_info_to_proto,
@@ -38,7 +45,7 @@ from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.output import Event
 from tooljaild.sessions.manager import SessionManager
-from tooljaild.sessions.session import SessionOptions
+from tooljaild.sessions.session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,23 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         identity = self._identity(context)
         return client_of(context) if identity is None else identity.name
 
+    def _own_call(self, call_id: str, context: grpc.aio.ServicerContext) -> Call:
+        """The call, if the caller may see it: an authenticated caller sees its own
+        calls only; another's is "not found", exactly as an id never used."""
+        call = self._manager.get(call_id)
+        identity = self._identity(context)
+        if identity is not None and call.client != identity.name:
+            raise CallNotFoundError(f"no call {call_id!r} is known to this daemon")
+        return call
+
+    def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
+        """The open session, if the caller may use it (as `_own_call`)."""
+        session = self._session_manager().get(session_id)
+        identity = self._identity(context)
+        if identity is not None and session.client != identity.name:
+            raise SessionNotFoundError(f"no session {session_id!r} is known to this daemon")
+        return session
+
     def _session_manager(self) -> SessionManager:
         if self._sessions is None:
             raise InvalidRequestError("this daemon serves no sessions")
@@ -101,7 +125,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             identity = self._identity(context)
             if identity is not None and not identity.may_use(request.tool):
                 raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
-            return self._manager.submit(
+            if identity is not None and request.session_id:
+                self._own_session(request.session_id, context)
+            call = self._manager.submit(
                 request.tool,
                 request.arguments_json,
                 request.call_id,
@@ -110,6 +136,12 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 session_id=request.session_id,
                 identity=identity,
             )
+            if identity is not None and call.client != identity.name:
+                # The id is another identity's call: joining it would hand over its result.
+                raise CallIdConflictError(
+                    f"the call id {request.call_id!r} is taken; use another (or none)"
+                )
+            return call
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -134,7 +166,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CallEvent]:
         try:
-            call = self._manager.get(request.call_id)
+            call = self._own_call(request.call_id, context)
         except TooljailError as exc:
             await abort_with(context, exc)
         if await _ran(call, until=call.ended):
@@ -148,7 +180,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
         try:
-            return call_info_to_proto(self._manager.get(request.call_id).info())
+            return call_info_to_proto(self._own_call(request.call_id, context).info())
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -156,7 +188,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
         try:
-            state = await self._manager.cancel(request.call_id)
+            state = await self._manager.cancel(self._own_call(request.call_id, context).call_id)
         except TooljailError as exc:
             await abort_with(context, exc)
         return pb.CancelResponse(state=call_state_to_proto(state))
@@ -173,12 +205,19 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             workspace_bytes=request.workspace_bytes,
             keep_processes=request.keep_processes,
         )
-        session = await self._session_manager().create(options, self._owner(context))
+        identity = self._identity(context)
+        session = await self._session_manager().create(
+            options,
+            self._owner(context),
+            max_sessions=None if identity is None else identity.max_sessions,
+        )
         return session_info_to_proto(session.info())
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
+        if self._identity(context) is not None:
+            self._own_session(request.session_id, context)
         return session_info_to_proto(await self._session_manager().close(request.session_id))
 
     async def ListSessions(
@@ -197,7 +236,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         first = await anext(requests, None)
         if first is None:
             raise InvalidRequestError("an upload needs a first chunk naming the session and path")
-        session = sessions.get(first.session_id)
+        session = self._own_session(first.session_id, context)
         path = first.path
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -219,7 +258,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.DownloadFileRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.FileChunk]:
         sessions = self._session_manager()
-        session = sessions.get(request.session_id)
+        session = self._own_session(request.session_id, context)
         first = True
         async for data in sessions.download(session, request.path):
             if first:
