@@ -21,7 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli_credentials import add_credential_options, credential_arguments
+from tooljaild.cli_credentials import (
+    add_credential_options,
+    credential_arguments,
+    export_credentials,
+)
 from tooljaild.sandbox.kinds import KINDS
 
 if TYPE_CHECKING:
@@ -628,6 +632,7 @@ def _mcp(args: argparse.Namespace) -> int:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
     names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
+    export_credentials(args)  # the bridge's clients are made inside mcp_server
 
     def ready(url: str) -> None:  # stderr: over stdio, stdout is the MCP client's
         print(f"tooljail: serving MCP over streamable HTTP at {url}", file=sys.stderr, flush=True)

@@ -9,9 +9,10 @@ so the environment is the better place for it.
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
-__all__ = ["add_credential_options", "credential_arguments"]
+__all__ = ["add_credential_options", "credential_arguments", "export_credentials"]
 
 
 def add_credential_options(parser: argparse.ArgumentParser) -> None:
@@ -41,3 +42,19 @@ def credential_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "tls_cert_file": getattr(args, "tls_cert", None),
         "tls_key_file": getattr(args, "tls_key", None),
     }
+
+
+ENV_BY_ARGUMENT = {
+    "token": "TOOLJAIL_TOKEN",
+    "tls_ca_file": "TOOLJAIL_TLS_CA",
+    "tls_cert_file": "TOOLJAIL_TLS_CERT",
+    "tls_key_file": "TOOLJAIL_TLS_KEY",
+}
+
+
+def export_credentials(args: argparse.Namespace) -> None:
+    """Puts the options given into this process's environment, for a command whose
+    clients are made deeper down (`tooljail mcp`): the SDK reads them there."""
+    for argument, value in credential_arguments(args).items():
+        if value is not None:
+            os.environ[ENV_BY_ARGUMENT[argument]] = str(value)

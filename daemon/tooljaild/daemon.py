@@ -237,11 +237,17 @@ class Daemon:
         if s.listen.startswith("unix:"):
             p = security.socket
             self._socket = prepare_socket(s.listen, p.mode, p.uid, p.gid)
-        elif not (s.allow_insecure_tcp or s.tls.enabled or is_loopback(s.listen)):
+        elif not (
+            s.allow_insecure_tcp
+            or is_loopback(s.listen)
+            # TLS alone hides the traffic but admits anyone: it needs an authenticator too.
+            or (s.tls.enabled and security.authenticator.required)
+        ):
+            what = "TCP without tokens or client certificates" if s.tls.enabled else "plaintext TCP"
             raise DaemonError(
-                f"refusing to serve plaintext TCP on {s.listen}: anyone who reaches it could "
-                "run code here. Serve TLS ([tls] cert_file and key_file, with tokens or "
-                "client certificates), listen on a Unix socket or a loopback address "
+                f"refusing to serve {what} on {s.listen}: anyone who reaches it could "
+                "run code here. Serve TLS ([tls] cert_file and key_file) with [auth] tokens_file "
+                "or [tls] client_ca_file, listen on a Unix socket or a loopback address "
                 "(127.0.0.1:PORT, [::1]:PORT, localhost:PORT), or set allow_insecure_tcp = "
                 "true (TOOLJAIL_ALLOW_INSECURE_TCP=true) on a network you trust"
             )

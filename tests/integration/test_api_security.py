@@ -37,6 +37,7 @@ from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE
+from tooljaild.daemon import DaemonError
 
 TOKEN_A, TOKEN_B = "token-of-agent-a", "token-of-agent-b"
 PRINT_1 = {"code": "print(1)"}
@@ -259,7 +260,10 @@ def test_tls_with_tokens_serves_beyond_loopback_and_the_sdk_reads_its_environmen
 ) -> None:
     ours, theirs = authorities
     server = ours.issue("localhost", server=True)
-    # Not loopback: refused in plaintext (test_cli), served with TLS.
+    # Not loopback: refused in plaintext (test_cli) and with TLS that admits anyone...
+    with pytest.raises(DaemonError, match="without tokens or client certificates"):
+        serve(listen="0.0.0.0:0", tls={"cert_file": server.cert, "key_file": server.key})
+    # ...served with TLS and tokens.
     served = serve(
         listen="0.0.0.0:0",
         tls={"cert_file": server.cert, "key_file": server.key},
