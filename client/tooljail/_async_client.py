@@ -90,12 +90,7 @@ class AsyncClient(_BaseClient):
             target, timeout=timeout, retries=retries, client_name=client_name, token=token,
             tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
         )  # fmt: skip
-        credentials = self._credentials.channel_credentials()
-        self._channel = (
-            grpc.aio.insecure_channel(self._target, options=self._channel_options())
-            if credentials is None
-            else grpc.aio.secure_channel(self._target, credentials, options=self._channel_options())
-        )
+        self._channel: grpc.aio.Channel = self._open_channel(grpc.aio)
         self._stub = _new_stub(self._channel)
 
     async def __aenter__(self) -> Self:

@@ -152,13 +152,7 @@ class Client(_BaseClient):
             target, timeout=timeout, retries=retries, client_name=client_name, token=token,
             tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
         )  # fmt: skip
-        credentials = self._credentials.channel_credentials()
-        # Plaintext without TLS: the default target is a Unix socket guarded by file modes.
-        self._channel = (
-            grpc.insecure_channel(self._target, options=self._channel_options())
-            if credentials is None
-            else grpc.secure_channel(self._target, credentials, options=self._channel_options())
-        )
+        self._channel: grpc.Channel = self._open_channel(grpc)
         self._stub = _new_stub(self._channel)
 
     def __enter__(self) -> Self:

@@ -266,6 +266,15 @@ class _BaseClient:
             )
         return t
 
+    def _open_channel(self, module: Any) -> Any:
+        """A channel of `module` (grpc or grpc.aio) to the target: TLS when the
+        credentials ask for it, else plaintext (the default target is a Unix
+        socket guarded by its file modes)."""
+        credentials = self._credentials.channel_credentials()
+        if credentials is None:
+            return module.insecure_channel(self._target, options=self._channel_options())
+        return module.secure_channel(self._target, credentials, options=self._channel_options())
+
     @staticmethod
     def _channel_options() -> list[tuple[str, Any]]:
         """Options for the gRPC channel (same for the sync and the async one)."""

@@ -22,7 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.certs import Authority
 from tests.conftest import ServedDaemon
-from tooljail import Client
+from tooljail import AsyncClient, Client
 from tooljail.errors import (
     ArtifactNotFoundError,
     CallIdConflictError,
@@ -319,3 +319,24 @@ def test_the_socket_gets_its_mode_and_group_from_config(
     assert st.st_gid == groups[0]
     assert st.st_uid == os.getuid()
     served.assert_serving()
+
+
+async def test_the_async_client_sends_its_token_and_tls_too(
+    serve: Callable[..., ServedDaemon],
+    tmp_path: Path,
+    authorities: tuple[Authority, Authority],
+) -> None:
+    ours, _ = authorities
+    server, bot = ours.issue("localhost", server=True), ours.issue("build-bot")
+    served = serve(
+        listen="127.0.0.1:0",
+        tls={"cert_file": server.cert, "key_file": server.key, "client_ca_file": ours.ca_file},
+        auth={"tokens_file": _tokens_file(tmp_path)},
+    )
+    tls = {"tls_ca_file": ours.ca_file, "tls_cert_file": bot.cert, "tls_key_file": bot.key}
+    async with AsyncClient(served.target, token=TOKEN_B, **tls) as b:
+        # The token names agent-b (every tool), over the connection build-bot's certificate made.
+        assert len(await b.list_tools()) > 1
+    async with AsyncClient(served.target, token="wrong", retries=0, **tls) as nobody:
+        with pytest.raises(UnauthenticatedError):
+            await nobody.list_tools()
