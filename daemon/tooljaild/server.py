@@ -83,7 +83,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         calls only; another's is "not found", exactly as an id never used."""
         call = self._manager.get(call_id)
         identity = self._identity(context)
-        if identity is not None and call.client != identity.name:
+        if identity is not None and not _owned_by(call, identity):
             raise CallNotFoundError(f"no call {call_id!r} is known to this daemon")
         return call
 
@@ -136,7 +136,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 session_id=request.session_id,
                 identity=identity,
             )
-            if identity is not None and call.client != identity.name:
+            if identity is not None and not _owned_by(call, identity):
                 # The id is another identity's call: joining it would hand over its result.
                 raise CallIdConflictError(
                     f"the call id {request.call_id!r} is taken; use another (or none)"
@@ -303,6 +303,14 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> pb.DeleteArtifactResponse:
         deleted = self._artifact_store().delete(request.artifact_id, self._owner(context))
         return pb.DeleteArtifactResponse(deleted=deleted)
+
+
+def _owned_by(call: Call, identity: Identity) -> bool:
+    """Whether `identity` may see `call`. A call answered from the journal has
+    no owner (the journal does not record one): any identity that knows its id
+    may see it, as before identities (its id is the secret: 128 random bits
+    when the SDK makes it)."""
+    return call.client in (identity.name, "")
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
