@@ -132,7 +132,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 request.arguments_json,
                 request.call_id,
                 request.timeout_s,
-                client=self._owner(context),
+                client=client_of(context) if identity is None else identity.name,
                 session_id=request.session_id,
                 identity=identity,
             )
