@@ -6,6 +6,7 @@ Only the methods that touch the channel are here; the rest is `_BaseClient`'s.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -64,6 +65,8 @@ class AsyncClient(_BaseClient):
         timeout: As for `Client`: the deadline of each unary RPC; None means none.
         retries: As for `Client`.
         client_name: As for `Client`: the name this client goes by (unauthenticated).
+        token, tls_ca_file, tls_cert_file, tls_key_file: As for `Client` (and
+            from the same environment variables).
 
     Raises:
         TypeError: When an argument has the wrong type.
@@ -78,9 +81,16 @@ class AsyncClient(_BaseClient):
         timeout: float | None = None,
         retries: int = 3,
         client_name: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(target, timeout=timeout, retries=retries, client_name=client_name)
-        self._channel = grpc.aio.insecure_channel(self._target, options=self._channel_options())
+        super().__init__(
+            target, timeout=timeout, retries=retries, client_name=client_name, token=token,
+            tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+        )  # fmt: skip
+        self._channel: grpc.aio.Channel = self._open_channel(grpc.aio)
         self._stub = _new_stub(self._channel)
 
     async def __aenter__(self) -> Self:

@@ -21,6 +21,7 @@ to; the logic is in `_BaseClient` and the `_*_base` modules.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Generator
 from types import TracebackType
@@ -114,13 +115,25 @@ class Client(_BaseClient):
             from another process (`tooljail artifacts ls --client NAME`). The
             name is not authenticated (until the daemon has tokens): anyone who
             can reach the daemon may claim it, so an artifact's real protection
-            is its id, 128 random bits that only its result names.
+            is its id, 128 random bits that only its result names. A daemon
+            with tokens or client certificates ignores it: the authenticated
+            identity is the name.
+        token: The bearer token the daemon's tokens file knows (sent as
+            `authorization: Bearer <token>`). None: $TOOLJAIL_TOKEN, else none.
+        tls_ca_file: CA certificates (PEM) that verify the daemon's TLS
+            certificate; given (or $TOOLJAIL_TLS_CA), the channel is TLS.
+        tls_cert_file: This client's certificate (PEM), for a daemon that
+            requires client certificates (its subject's CN names the
+            identity). None: $TOOLJAIL_TLS_CERT, else none.
+        tls_key_file: Its private key (PEM). None: $TOOLJAIL_TLS_KEY.
 
     Raises:
         TypeError: When an argument has the wrong type.
         InvalidRequestError: When the target is unusable, the timeout is not
             a positive number, or the client name is empty, too long (over 128
-            characters) or not printable ASCII.
+            characters) or not printable ASCII, the token is empty or not
+            printable ASCII, a certificate comes without its key, or a TLS file
+            cannot be read.
     """
 
     def __init__(
@@ -130,10 +143,16 @@ class Client(_BaseClient):
         timeout: float | None = None,
         retries: int = 3,
         client_name: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        super().__init__(target, timeout=timeout, retries=retries, client_name=client_name)
-        # Plaintext: the default target is a Unix socket guarded by file modes.
-        self._channel = grpc.insecure_channel(self._target, options=self._channel_options())
+        super().__init__(
+            target, timeout=timeout, retries=retries, client_name=client_name, token=token,
+            tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
+        )  # fmt: skip
+        self._channel: grpc.Channel = self._open_channel(grpc)
         self._stub = _new_stub(self._channel)
 
     def __enter__(self) -> Self:

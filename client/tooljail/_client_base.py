@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tooljail._credentials import Credentials
 from tooljail._session_base import check_session_id
 from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
 from tooljail._wire import (
@@ -119,6 +120,10 @@ class _BaseClient:
         timeout: float | None = None,
         retries: int = 3,
         client_name: str | None = None,
+        token: str | None = None,
+        tls_ca_file: str | os.PathLike[str] | None = None,
+        tls_cert_file: str | os.PathLike[str] | None = None,
+        tls_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
         self._target = self._normalize_target(default_target() if target is None else target)
         self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
@@ -130,7 +135,8 @@ class _BaseClient:
         self._client_name = self._resolve_client_name(client_name)
         # Who we are: the daemon's fairness between agent hosts, and the owner
         # of what our calls make (artifacts).
-        self._metadata = ((CLIENT_KEY, self._client_name),)
+        self._credentials = Credentials.resolve(token, tls_ca_file, tls_cert_file, tls_key_file)
+        self._metadata = ((CLIENT_KEY, self._client_name), *self._credentials.metadata())
 
     @staticmethod
     def _resolve_client_name(client_name: str | None) -> str:
@@ -259,6 +265,15 @@ class _BaseClient:
                 "a socket path, or unix:///path/to.sock"
             )
         return t
+
+    def _open_channel(self, module: Any) -> Any:
+        """A channel of `module` (grpc or grpc.aio) to the target: TLS when the
+        credentials ask for it, else plaintext (the default target is a Unix
+        socket guarded by its file modes)."""
+        credentials = self._credentials.channel_credentials()
+        if credentials is None:
+            return module.insecure_channel(self._target, options=self._channel_options())
+        return module.secure_channel(self._target, credentials, options=self._channel_options())
 
     @staticmethod
     def _channel_options() -> list[tuple[str, Any]]:

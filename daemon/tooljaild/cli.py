@@ -25,6 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tooljaild.cli_credentials import (
+    add_credential_options,
+    credential_arguments,
+    export_credentials,
+)
 from tooljaild.extras import MissingExtraError, require_extra
 from tooljaild.sandbox.kinds import KINDS
 
@@ -84,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument(
             "--target", help="daemon address (default: $TOOLJAIL_TARGET or the default Unix socket)"
         )
+        add_credential_options(sp)
 
     tools = sub.add_parser("tools", help="list the daemon's tools, or check tool files")
     target(tools)
@@ -264,7 +270,9 @@ def _client(args: argparse.Namespace) -> Any:
     from tooljail import Client
 
     # --client where the command has it; else the SDK's default ($TOOLJAIL_CLIENT).
-    return Client(args.target, client_name=getattr(args, "client", None))
+    return Client(
+        args.target, client_name=getattr(args, "client", None), **credential_arguments(args)
+    )
 
 
 def _with_client(args: argparse.Namespace, act: Callable[[Any, argparse.Namespace], int]) -> int:
@@ -636,6 +644,7 @@ def _mcp(args: argparse.Namespace) -> int:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE
     names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
+    export_credentials(args)  # the bridge's clients are made inside mcp_server
 
     def ready(url: str) -> None:  # stderr: over stdio, stdout is the MCP client's
         print(f"tooljail: serving MCP over streamable HTTP at {url}", file=sys.stderr, flush=True)

@@ -53,7 +53,8 @@ class Settings(BaseSettings, BackendSettings):
     listen: str = Field(default_factory=lambda: f"unix://{default_socket_path()}")
     """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
     allow_insecure_tcp: bool = False
-    """Serve plaintext TCP on a non-loopback address (TLS is not served yet)."""
+    """Serve TCP on a non-loopback address without TLS and authentication ([tls]
+    with [auth] tokens_file or [tls] client_ca_file is the safe way)."""
     socket_owner: str | None = None
     """The Unix socket's owner (a user name or uid), set before it accepts
     anything; None: the daemon's user."""

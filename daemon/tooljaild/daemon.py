@@ -33,6 +33,7 @@ from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
 from tooljaild.artifacts.store import ArtifactStore, prune_periodically
+from tooljaild.auth.transport import ListenerSecurity, SecurityConfigError, listener_security
 from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
@@ -180,6 +181,7 @@ class Daemon:
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
         self._socket: SocketPlan | None = None
+        self._security: ListenerSecurity | None = None
         self._socket_path: Path | None = None
         """Where the socket was published (removed at stop)."""
 
@@ -228,12 +230,24 @@ class Daemon:
     def _check_listen(self) -> None:
         """A Unix socket's place is checked and prepared; TCP only on loopback unless allowed."""
         s = self.settings
+        try:
+            self._security = security = listener_security(s)
+        except SecurityConfigError as exc:
+            raise DaemonError(str(exc)) from exc
         if s.listen.startswith("unix:"):
-            self._socket = prepare_socket(s.listen)
-        elif not s.allow_insecure_tcp and not is_loopback(s.listen):
+            p = security.socket
+            self._socket = prepare_socket(s.listen, p.mode, p.uid, p.gid)
+        elif not (
+            s.allow_insecure_tcp
+            or is_loopback(s.listen)
+            # TLS alone hides the traffic but admits anyone: it needs an authenticator too.
+            or (s.tls.enabled and security.authenticator.required)
+        ):
+            what = "TCP without tokens or client certificates" if s.tls.enabled else "plaintext TCP"
             raise DaemonError(
-                f"refusing to serve plaintext TCP on {s.listen}: anyone who reaches it could "
-                "run code here. Listen on a Unix socket or a loopback address "
+                f"refusing to serve {what} on {s.listen}: anyone who reaches it could "
+                "run code here. Serve TLS ([tls] cert_file and key_file) with [auth] tokens_file "
+                "or [tls] client_ca_file, listen on a Unix socket or a loopback address "
                 "(127.0.0.1:PORT, [::1]:PORT, localhost:PORT), or set allow_insecure_tcp = "
                 "true (TOOLJAIL_ALLOW_INSECURE_TCP=true) on a network you trust"
             )
@@ -337,6 +351,8 @@ class Daemon:
                 max_request_bytes=s.max_request_bytes,
                 sessions=self.sessions,
                 artifacts=self.artifacts,
+                authenticator=None if self._security is None else self._security.authenticator,
+                credentials=None if self._security is None else self._security.credentials,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()

@@ -14,7 +14,9 @@ the daemon's sandboxes, so two things hold:
   it inside a fresh 0700 directory next to its place, it is chmod'ed 0660
   there, then linked into place (never over another's socket) and the private
   name removed. A process-wide umask would race the pool's threads making
-  workspaces at the same time.
+  workspaces at the same time. The mode, owner and group are the config's
+  (`socket_mode`, `socket_owner`, `socket_group`), set there too: before the
+  socket is reachable, and before the server accepts anything.
 """
 
 from __future__ import annotations
@@ -115,6 +117,11 @@ class SocketPlan:
 
     path: Path
     private_dir: Path
+    mode: int = SOCKET_MODE
+    uid: int = -1
+    """The socket's owner; -1: the daemon's user."""
+    gid: int = -1
+    """The socket's group; -1: the daemon's group."""
 
     @property
     def bind_address(self) -> str:
@@ -128,7 +135,9 @@ class SocketPlan:
         """
         bound = self.private_dir / "s"
         try:
-            os.chmod(bound, SOCKET_MODE)
+            if self.uid != -1 or self.gid != -1:
+                os.chown(bound, self.uid, self.gid, follow_symlinks=False)
+            os.chmod(bound, self.mode)
             # link() never replaces: a socket someone bound there since the check stays.
             os.link(bound, self.path)
         except FileExistsError as exc:
@@ -143,8 +152,12 @@ class SocketPlan:
         shutil.rmtree(self.private_dir, ignore_errors=True)
 
 
-def prepare_socket(listen: str) -> SocketPlan:
+def prepare_socket(
+    listen: str, mode: int = SOCKET_MODE, uid: int = -1, gid: int = -1
+) -> SocketPlan:
     """Check the socket's place, clear a dead daemon's socket, make the private bind dir.
+
+    `mode`, `uid` and `gid` are what `SocketPlan.publish` gives the socket (-1: as made).
 
     Raises:
         DaemonError: The path is relative, its directory is not safe (the
@@ -178,7 +191,7 @@ def prepare_socket(listen: str) -> SocketPlan:
         private = Path(tempfile.mkdtemp(prefix=".", dir=path.parent))
     except OSError as exc:
         raise _refused(f"cannot create a directory in {path.parent}: {exc}") from exc
-    return SocketPlan(path, private)
+    return SocketPlan(path, private, mode, uid, gid)
 
 
 def sd_notify(state: str) -> None:

@@ -16,7 +16,14 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tooljail._errors import InvalidRequestError, TooljailError
+from tooljail._errors import (
+    CallIdConflictError,
+    CallNotFoundError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SessionNotFoundError,
+    TooljailError,
+)
 from tooljail._types import ToolResult
 from tooljail._wire import (
     artifact_info_to_proto,
@@ -31,12 +38,14 @@ from tooljail._wire import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.auth.authenticator import Authenticator, AuthGate
+from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.output import Event
 from tooljaild.sessions.manager import SessionManager
-from tooljaild.sessions.session import SessionOptions
+from tooljaild.sessions.session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +60,40 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         manager: CallManager,
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self._manager = manager
         self._sessions = sessions
         self._artifacts = artifacts
+        self._auth = authenticator or Authenticator(None, client_certificates=False)
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
+        """The authenticated caller; None when the daemon has no authentication
+        (`AuthGate` has already refused a request without a valid one)."""
+        return self._auth.identify(context)
+
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who the caller is for fairness and ownership: its identity's name when
+        authenticated (what it declares is then ignored), else `client_of`."""
+        identity = self._identity(context)
+        return client_of(context) if identity is None else identity.name
+
+    def _own_call(self, call_id: str, context: grpc.aio.ServicerContext) -> Call:
+        """The call, if the caller may see it: an authenticated caller sees its own
+        calls only; another's is "not found", exactly as an id never used."""
+        call = self._manager.get(call_id)
+        identity = self._identity(context)
+        if identity is not None and not _owned_by(call, identity):
+            raise CallNotFoundError(f"no call {call_id!r} is known to this daemon")
+        return call
+
+    def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
+        """The open session, if the caller may use it (as `_own_call`)."""
+        session = self._session_manager().get(session_id)
+        identity = self._identity(context)
+        if identity is not None and session.client != identity.name:
+            raise SessionNotFoundError(f"no session {session_id!r} is known to this daemon")
+        return session
 
     def _session_manager(self) -> SessionManager:
         if self._sessions is None:
@@ -70,22 +109,39 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.ListToolsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListToolsResponse:
         registry = self._manager.registry
+        identity = self._identity(context)
+        # A tool outside the caller's allow-list is not even named to it.
+        infos = [
+            i for i in self._manager.tool_infos() if identity is None or identity.may_use(i.name)
+        ]
         return pb.ListToolsResponse(
-            tools=[tool_info_to_proto(info) for info in self._manager.tool_infos()],
+            tools=[tool_info_to_proto(info) for info in infos],
             diagnostics=[diagnostic_to_proto(d) for d in registry.diagnostics],
         )
 
     async def _submit(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> Call:
         """Admit the call a Call or Run request asks for, or end the RPC with why not."""
         try:
-            return self._manager.submit(
+            identity = self._identity(context)
+            if identity is not None and not identity.may_use(request.tool):
+                raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
+            if identity is not None and request.session_id:
+                self._own_session(request.session_id, context)
+            call = self._manager.submit(
                 request.tool,
                 request.arguments_json,
                 request.call_id,
                 request.timeout_s,
-                client=client_of(context),
+                client=client_of(context) if identity is None else identity.name,
                 session_id=request.session_id,
+                identity=identity,
             )
+            if identity is not None and not _owned_by(call, identity):
+                # The id is another identity's call: joining it would hand over its result.
+                raise CallIdConflictError(
+                    f"the call id {request.call_id!r} is taken; use another (or none)"
+                )
+            return call
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -110,7 +166,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CallEvent]:
         try:
-            call = self._manager.get(request.call_id)
+            call = self._own_call(request.call_id, context)
         except TooljailError as exc:
             await abort_with(context, exc)
         if await _ran(call, until=call.ended):
@@ -124,7 +180,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
         try:
-            return call_info_to_proto(self._manager.get(request.call_id).info())
+            return call_info_to_proto(self._own_call(request.call_id, context).info())
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -132,7 +188,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
     ) -> pb.CancelResponse:
         try:
-            state = await self._manager.cancel(request.call_id)
+            state = await self._manager.cancel(self._own_call(request.call_id, context).call_id)
         except TooljailError as exc:
             await abort_with(context, exc)
         return pb.CancelResponse(state=call_state_to_proto(state))
@@ -149,18 +205,27 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             workspace_bytes=request.workspace_bytes,
             keep_processes=request.keep_processes,
         )
-        session = await self._session_manager().create(options, client_of(context))
+        identity = self._identity(context)
+        session = await self._session_manager().create(
+            options,
+            self._owner(context),
+            max_sessions=None if identity is None else identity.max_sessions,
+        )
         return session_info_to_proto(session.info())
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
+        if self._identity(context) is not None:
+            self._own_session(request.session_id, context)
         return session_info_to_proto(await self._session_manager().close(request.session_id))
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
-        client = None if request.all_clients else client_of(context)
+        # An authenticated caller sees its own sessions only.
+        all_clients = request.all_clients and self._identity(context) is None
+        client = None if all_clients else self._owner(context)
         infos = self._session_manager().list(client)
         return pb.ListSessionsResponse(sessions=[session_info_to_proto(i) for i in infos])
 
@@ -171,7 +236,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         first = await anext(requests, None)
         if first is None:
             raise InvalidRequestError("an upload needs a first chunk naming the session and path")
-        session = sessions.get(first.session_id)
+        session = self._own_session(first.session_id, context)
         path = first.path
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -193,7 +258,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.DownloadFileRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.FileChunk]:
         sessions = self._session_manager()
-        session = sessions.get(request.session_id)
+        session = self._own_session(request.session_id, context)
         first = True
         async for data in sessions.download(session, request.path):
             if first:
@@ -208,7 +273,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def GetArtifact(
         self, request: pb.GetArtifactRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ArtifactChunk]:
-        store, owner = self._artifact_store(), client_of(context)
+        store, owner = self._artifact_store(), self._owner(context)
         info = store.get(request.artifact_id, owner)
         chunks = store.chunks(request.artifact_id, owner)
         try:
@@ -229,15 +294,23 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.ListArtifactsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArtifactsResponse:
         infos = self._artifact_store().list(
-            client_of(context), call_id=request.call_id, session_id=request.session_id
+            self._owner(context), call_id=request.call_id, session_id=request.session_id
         )
         return pb.ListArtifactsResponse(artifacts=[artifact_info_to_proto(i) for i in infos])
 
     async def DeleteArtifact(
         self, request: pb.DeleteArtifactRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteArtifactResponse:
-        deleted = self._artifact_store().delete(request.artifact_id, client_of(context))
+        deleted = self._artifact_store().delete(request.artifact_id, self._owner(context))
         return pb.DeleteArtifactResponse(deleted=deleted)
+
+
+def _owned_by(call: Call, identity: Identity) -> bool:
+    """Whether `identity` may see `call`. A call answered from the journal has
+    no owner (the journal does not record one): any identity that knows its id
+    may see it, as before identities (its id is the secret: 128 random bits
+    when the SDK makes it)."""
+    return call.client in (identity.name, "")
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
@@ -290,6 +363,8 @@ def create_server(
     max_request_bytes: int,
     sessions: SessionManager | None = None,
     artifacts: ArtifactStore | None = None,
+    authenticator: Authenticator | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -299,6 +374,10 @@ def create_server(
         max_request_bytes: Larger requests fail with RESOURCE_EXHAUSTED.
         sessions: Serves the session methods; None: they are refused.
         artifacts: Serves the artifact methods; None: they are refused.
+        authenticator: Who is calling (every method but health checks refuses a
+            request it does not authenticate); None: nobody is asked.
+        credentials: Serve TLS with these (`auth.authenticator.server_credentials`);
+            None: plaintext.
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -307,8 +386,13 @@ def create_server(
     Raises:
         RuntimeError: When the address cannot be bound.
     """
+    interceptors: list[grpc.aio.ServerInterceptor] = [
+        ErrorEdge(pb.DESCRIPTOR.services_by_name["ToolRunner"])
+    ]
+    if authenticator is not None and authenticator.required:
+        interceptors.append(AuthGate(authenticator))
     server = grpc.aio.server(
-        interceptors=[ErrorEdge(pb.DESCRIPTOR.services_by_name["ToolRunner"])],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", max_request_bytes),
             ("grpc.max_send_message_length", 64 * 1024 * 1024),
@@ -316,7 +400,7 @@ def create_server(
         ],
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(
-        ToolRunnerServicer(manager, sessions, artifacts), server
+        ToolRunnerServicer(manager, sessions, artifacts, authenticator), server
     )  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -328,7 +412,10 @@ def create_server(
         ),
         server,
     )
-    port = server.add_insecure_port(address)
+    if credentials is None:
+        port = server.add_insecure_port(address)
+    else:
+        port = server.add_secure_port(address, credentials)
     if port == 0 and not address.startswith("unix"):
         raise RuntimeError(f"cannot listen on {address}")
     return server, port, health_servicer

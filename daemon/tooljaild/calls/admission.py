@@ -85,6 +85,8 @@ class Admission:
         self._limit = settings.max_concurrent + settings.max_queue
         self._per_client = settings.per_client_limit()
         self._by_client: Counter[str] = Counter()
+        self._client_limits: dict[str, int] = {}
+        """Clients (identities) whose own bound replaces the per-client share."""
         self.active = 0
         """Calls running and queued."""
         self.slots = Slots(settings.max_concurrent)
@@ -101,12 +103,20 @@ class Admission:
                 "try again shortly",
                 retry_after_s=1.0,
             )
-        if self._by_client[client] >= self._per_client:
+        share = self._client_limits.get(client, self._per_client)
+        if self._by_client[client] >= share:
             raise OverloadedError(
-                f"this client already has {self._per_client} running and queued calls, its "
+                f"this client already has {share} running and queued calls, its "
                 "share of the daemon; try again when some have finished",
                 retry_after_s=1.0,
             )
+
+    def limit_client(self, client: str, limit: int | None) -> None:
+        """Hold `client` to `limit` running and queued calls (None: the per-client share)."""
+        if limit is None:
+            self._client_limits.pop(client, None)
+        else:
+            self._client_limits[client] = limit
 
     def admit(self, client: str) -> None:
         """Count a call in (after `check_room`)."""

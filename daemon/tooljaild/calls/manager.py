@@ -166,6 +166,8 @@ class CallManager:
             OverloadedError: The queue (or the session's) is full.
             SessionNotFoundError, SessionEndedError: No such open session.
         """
+        if identity is not None:  # its policy's bound on calls, in place of the share
+            self._admission.limit_client(client, identity.max_concurrent_calls)
         tool = self._registry.get(tool_name)
         arguments = terms.parse_arguments(tool, arguments_json, self._settings)
         timeout = terms.timeout_for(tool, timeout_s, self._settings)

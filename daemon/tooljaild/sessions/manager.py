@@ -157,8 +157,11 @@ class SessionManager:
 
     # ------------------------------------------------------------------ open
 
-    async def create(self, options: SessionOptions, client: str) -> Session:
-        """Open a session for `client`.
+    async def create(
+        self, options: SessionOptions, client: str, max_sessions: int | None = None
+    ) -> Session:
+        """Open a session for `client`, who may hold `max_sessions` at most (None:
+        `max_sessions_per_client`; an identity's own bound replaces it).
 
         Raises:
             ShuttingDownError: The daemon is draining.
@@ -176,7 +179,7 @@ class SessionManager:
                 "sessions are disabled on this daemon ([sessions] max_sessions = 0)"
             )
         terms = SessionTerms.resolve(options, s, self._limits)
-        self._check_room(client)
+        self._check_room(client, max_sessions)
         self._opening[client] += 1
         try:
             sandbox = await self._sandbox_for(terms.limits)
@@ -212,8 +215,9 @@ class SessionManager:
         )
         return session
 
-    def _check_room(self, client: str) -> None:
+    def _check_room(self, client: str, limit: int | None = None) -> None:
         s = self._settings
+        per_client = s.max_sessions_per_client if limit is None else limit
         held = sum(1 for x in self._sessions.values() if x.client == client)
         held += self._opening.get(client, 0)
         if len(self._sessions) + sum(self._opening.values()) >= s.max_sessions:
@@ -222,9 +226,9 @@ class SessionManager:
                 "you no longer need, or try again when an idle one expires",
                 retry_after_s=self._retry_after_s(),
             )
-        if held >= s.max_sessions_per_client:
+        if held >= per_client:
             raise OverloadedError(
-                f"this client holds all the sessions one client may ({s.max_sessions_per_client}"
+                f"this client holds all the sessions one client may ({per_client}"
                 "): close one you no longer need first",
                 retry_after_s=self._retry_after_s(client),
             )
