@@ -67,7 +67,14 @@ def test_the_cli_imports_only_the_stdlib_and_stdlib_only_modules_at_module_level
 
     Module level only: the handlers import the daemon's modules when they run.
     """
-    cli_modules = ("cli", "cli_sessions", "cli_artifacts", "extras", "sandbox/kinds")
+    cli_modules = (
+        "cli",
+        "cli_sessions",
+        "cli_artifacts",
+        "cli_credentials",
+        "extras",
+        "sandbox/kinds",
+    )
     ours = {f"tooljaild.{m.replace('/', '.')}" for m in cli_modules}
     for module in cli_modules:
         tree = ast.parse((ROOT / "daemon" / "tooljaild" / f"{module}.py").read_text())
