@@ -31,7 +31,9 @@ from tooljail._wire import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
+from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.output import Event
@@ -85,6 +87,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 request.timeout_s,
                 client=client_of(context),
                 session_id=request.session_id,
+                identity=_identity(context),
             )
         except TooljailError as exc:
             await abort_with(context, exc)
@@ -93,11 +96,15 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.CallRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CallEvent]:
         call = await self._submit(request, context)
+        # A call awaiting approval may wait long: its notice goes out now.
+        notice = waiting_notice(call, self._manager.approvals.timeout_s)
+        if notice is not None:
+            yield _output(notice)
         # Leaving this generator (client gone) does not stop the call: it runs
         # on, and GetCall answers for it.
         if await _ran(call, until=call.answered):
             yield _started(call)
-        async for event in call.stream():
+        async for event in call.stream(notice.seq + 1 if notice else 1):
             yield _output(event)
         yield pb.CallEvent(result=result_to_proto(await call.answered.wait()))
 
@@ -136,6 +143,17 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         except TooljailError as exc:
             await abort_with(context, exc)
         return pb.CancelResponse(state=call_state_to_proto(state))
+
+    async def Approve(
+        self, request: pb.ApproveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CallInfo:
+        try:
+            call = await self._manager.decide(
+                request.call_id, _identity(context), request.approve, request.reason
+            )
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        return call_info_to_proto(call.info())
 
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
@@ -281,6 +299,12 @@ def client_of(context: grpc.aio.ServicerContext) -> str:
     if kind in ("ipv4", "ipv6"):
         return kind + ":" + address.rsplit(":", 1)[0]
     return kind
+
+
+def _identity(context: grpc.aio.ServicerContext) -> Identity | None:
+    """The authenticated identity of the caller; None while no authenticator is
+    wired in (a seam: part S of issue 14 replaces it with the real one)."""
+    return None
 
 
 def create_server(

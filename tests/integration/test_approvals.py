@@ -1,0 +1,224 @@
+"""Calls that need an approver: they wait (visible to get_call, a notice on their
+stream) until an approver approves (they run) or denies (they end, effect none,
+with a message a model can act on), or the approval times out; cancel works while
+they wait; only an approver may decide.
+
+Who is calling comes from `tooljaild.server._identity`, the seam part S's
+authenticator replaces: here it is patched to name identities by the client
+name the SDK sends (`client_name=`), over a real daemon and a real channel.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+import tooljaild.server
+from tests.conftest import ServedDaemon, wait_finished
+from tooljail import CallState, Client, Output, StreamKind, ToolResult
+from tooljail.errors import (
+    CallNotFoundError,
+    NotAwaitingApprovalError,
+    PermissionDeniedError,
+)
+from tooljail.testing import wait_for
+from tooljaild import cli
+from tooljaild.auth.policy import Identity
+from tooljaild.daemon import JOURNAL_FILE
+
+TOOL = "execute_python_code"
+IDENTITIES = {
+    "agent": Identity("agent", approval=frozenset({TOOL})),
+    "ops": Identity("ops", approver=True),
+    "other": Identity("other"),
+}
+
+
+@pytest.fixture(autouse=True)
+def identities(monkeypatch: pytest.MonkeyPatch) -> None:
+    def identity(context: grpc.aio.ServicerContext) -> Identity | None:
+        metadata = dict(context.invocation_metadata() or ())
+        return IDENTITIES.get(str(metadata.get(tooljaild.server.CLIENT_KEY, "")))
+
+    monkeypatch.setattr(tooljaild.server, "_identity", identity)
+
+
+class Streamed:
+    """A call streamed on a thread: its items as they come, its result at the end."""
+
+    def __init__(self, target: str, code: str, call_id: str) -> None:
+        self.items: list[Output | ToolResult] = []
+        self._client = Client(target, client_name="agent")
+
+        def run() -> None:
+            for item in self._client.stream(TOOL, {"code": code}, call_id=call_id):
+                self.items.append(item)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def result(self, timeout: float = 30.0) -> ToolResult:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), self.items
+        self._client.close()
+        result = self.items[-1]
+        assert isinstance(result, ToolResult), self.items
+        return result
+
+
+@pytest.fixture
+def clients(served: ServedDaemon) -> Iterator[Callable[[str], Client]]:
+    made: list[Client] = []
+
+    def client(name: str) -> Client:
+        made.append(Client(served.target, client_name=name))
+        return made[-1]
+
+    yield client
+    for c in made:
+        c.close()
+
+
+def _waiting(client: Client, call_id: str) -> None:
+    wait_for(lambda: _state(client, call_id) is CallState.AWAITING_APPROVAL, timeout=15)
+
+
+def _state(client: Client, call_id: str) -> CallState | None:
+    try:
+        return client.get_call(call_id).state
+    except CallNotFoundError:
+        return None
+
+
+def test_an_approved_call_waits_with_a_notice_then_runs(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    streamed = Streamed(served.target, "print('ran')", "approve-me")
+    ops = clients("ops")
+    _waiting(ops, "approve-me")
+    # The caller hears at once why nothing happens, and how to decide.
+    wait_for(lambda: bool(streamed.items), timeout=10)
+    notice = streamed.items[0]
+    assert isinstance(notice, Output) and notice.stream is StreamKind.NOTICE
+    assert "tooljail approve approve-me" in notice.data
+    info = ops.approve("approve-me")
+    assert info.state in (CallState.QUEUED, CallState.RUNNING, CallState.SUCCEEDED)
+    result = streamed.result()
+    assert result.ok, result
+    assert result.data["stdout"] == "ran\n"
+
+
+def test_a_denied_call_ends_without_running_and_says_why(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    streamed = Streamed(served.target, "print('never')", "deny-me")
+    ops = clients("ops")
+    _waiting(ops, "deny-me")
+    info = ops.deny("deny-me", "no network scans on prod")
+    assert info.state is CallState.FAILED
+    result = streamed.result()
+    assert result.status.value == "error" and result.effect.value == "none"
+    assert result.error is not None and result.error.type == "ApprovalDenied"
+    assert "no network scans on prod" in result.message and "'ops'" in result.message
+    assert not any(isinstance(i, Output) and i.stream is StreamKind.STDOUT for i in streamed.items)
+    assert wait_finished(ops, "deny-me").state is CallState.FAILED
+
+
+def test_an_undecided_call_times_out_without_running(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve(auth={"approval_timeout_s": 0.5})
+    with Client(served.target, client_name="agent") as agent:
+        result = agent.call(TOOL, {"code": "print('never')"}, call_id="too-late")
+    assert result.status.value == "error" and result.effect.value == "none"
+    assert result.error is not None and result.error.type == "ApprovalTimeout"
+    assert "0.5s" in result.message
+    with Client(served.target, client_name="ops") as ops, pytest.raises(NotAwaitingApprovalError):
+        ops.approve("too-late")
+
+
+def test_a_waiting_call_can_be_cancelled(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    streamed = Streamed(served.target, "print('never')", "cancel-me")
+    agent = clients("agent")
+    _waiting(agent, "cancel-me")
+    assert agent.cancel("cancel-me") is CallState.CANCELLED
+    result = streamed.result()
+    assert result.status.value == "cancelled" and result.effect.value == "none"
+    assert "waited for approval" in result.message
+
+
+def test_only_an_approver_decides_and_only_on_a_waiting_call(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    streamed = Streamed(served.target, "print('ran')", "mine")
+    agent, other, ops = clients("agent"), clients("other"), clients("ops")
+    _waiting(ops, "mine")
+    for who in (agent, other):
+        with pytest.raises(PermissionDeniedError):
+            who.approve("mine")
+    # A non-approver learns nothing of calls: not even whether the id exists.
+    with pytest.raises(PermissionDeniedError):
+        other.deny("no-such-call", "x")
+    with pytest.raises(CallNotFoundError):
+        ops.approve("no-such-call")
+    assert _state(ops, "mine") is CallState.AWAITING_APPROVAL
+    ops.approve("mine")
+    assert streamed.result().ok
+    with pytest.raises(NotAwaitingApprovalError):
+        ops.approve("mine")
+    # Another identity, whose policy needs no approval, runs the tool at once.
+    assert other.call(TOOL, {"code": "print(1)"}).ok
+
+
+def test_cli_approve_and_deny(
+    served: ServedDaemon,
+    clients: Callable[[str], Client],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TOOLJAIL_CLIENT", "ops")
+    ops = clients("ops")
+    approved = Streamed(served.target, "print('ran')", "cli-approve")
+    denied = Streamed(served.target, "print('never')", "cli-deny")
+    _waiting(ops, "cli-approve")
+    _waiting(ops, "cli-deny")
+    assert cli.main(["approve", "--target", served.target, "cli-approve"]) == 0
+    assert approved.result().ok
+    assert cli.main(["deny", "--target", served.target, "cli-deny", "--reason", "not now"]) == 0
+    assert capsys.readouterr().out.split()[-1] == "failed"
+    result = denied.result()
+    assert result.error is not None and "not now" in result.error.message
+    # Refused: exit 2 and the reason on stderr.
+    monkeypatch.setenv("TOOLJAIL_CLIENT", "other")
+    assert cli.main(["approve", "--target", served.target, "cli-approve"]) == 2
+
+
+def test_a_call_waiting_when_the_daemon_dies_is_lost_with_effect_none(
+    serve: Callable[..., ServedDaemon], tmp_path: Path
+) -> None:
+    first = serve(state_dir=tmp_path / "first")
+    streamed = Streamed(first.target, "print('never')", "orphan")
+    with Client(first.target, client_name="ops") as ops:
+        _waiting(ops, "orphan")
+        # The journal's files as a crash would leave them now (the daemon holds
+        # them locked, so a copy is how a second daemon can read them).
+        (tmp_path / "second").mkdir()
+        for f in (tmp_path / "first").glob(JOURNAL_FILE + "*"):
+            shutil.copy(f, tmp_path / "second" / f.name)
+        ops.cancel("orphan")
+    streamed.result()
+    second = serve(state_dir=tmp_path / "second")
+    with Client(second.target, client_name="ops") as ops:
+        info = ops.get_call("orphan")
+        assert info.state is CallState.LOST
+        assert info.result is not None and info.result.effect.value == "none"
+        assert "waited for approval" in info.result.message
+        with pytest.raises(NotAwaitingApprovalError):
+            ops.approve("orphan")
