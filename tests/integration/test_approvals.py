@@ -36,6 +36,7 @@ IDENTITIES = {
     "agent": Identity("agent", approval=frozenset({TOOL})),
     "ops": Identity("ops", approver=True),
     "other": Identity("other"),
+    "careful": Identity("careful", approval=frozenset({TOOL, "list_artifacts"})),
 }
 
 
@@ -222,3 +223,39 @@ def test_a_call_waiting_when_the_daemon_dies_is_lost_with_effect_none(
         assert "waited for approval" in info.result.message
         with pytest.raises(NotAwaitingApprovalError):
             ops.approve("orphan")
+
+
+def test_calls_in_a_session_and_in_the_daemon_wait_too(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    careful, ops = clients("careful"), clients("ops")
+    outcomes: dict[str, ToolResult] = {}
+    with careful.session() as session:
+
+        def run(call_id: str, tool: str, args: dict[str, object], sid: str | None) -> None:
+            outcomes[call_id] = careful.call(tool, args, call_id=call_id, session_id=sid)
+
+        threads = [
+            threading.Thread(target=run, args=("in-session", TOOL, {"code": "x = 41"}, session.id)),
+            threading.Thread(target=run, args=("in-daemon", "list_artifacts", {}, None)),
+        ]
+        for t in threads:
+            t.start()
+        _waiting(ops, "in-session")
+        _waiting(ops, "in-daemon")
+        ops.approve("in-session")
+        ops.deny("in-daemon", "not needed")
+        for t in threads:
+            t.join(30)
+        assert outcomes["in-session"].ok, outcomes
+        denied = outcomes["in-daemon"]
+        assert denied.error is not None and denied.error.type == "ApprovalDenied"
+        # The approved call ran in the session: its variable is there.
+        after = threading.Thread(
+            target=run, args=("after", TOOL, {"code": "print(x + 1)"}, session.id)
+        )
+        after.start()
+        _waiting(ops, "after")
+        ops.approve("after")
+        after.join(30)
+        assert outcomes["after"].data["stdout"] == "42\n"
