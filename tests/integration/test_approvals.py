@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 
+import tooljail.testing
 import tooljaild.server
 from tests.conftest import ServedDaemon, wait_finished
 from tooljail import CallState, Client, Output, StreamKind, ToolResult
@@ -259,3 +261,17 @@ def test_calls_in_a_session_and_in_the_daemon_wait_too(
         ops.approve("after")
         after.join(30)
         assert outcomes["after"].data["stdout"] == "42\n"
+
+
+def test_a_stopping_daemon_ends_waiting_calls_at_once() -> None:
+    started = 0.0
+    with tooljail.testing.daemon(pool_size=1, stop_grace_s=60) as target:
+        streamed = Streamed(target, "print('never')", "at-stop")
+        with Client(target, client_name="agent") as agent:
+            _waiting(agent, "at-stop")
+        started = time.monotonic()
+    # The drain did not wait its 60 s grace for an approver.
+    assert time.monotonic() - started < 20
+    result = streamed.result()
+    assert result.status.value == "cancelled" and result.effect.value == "none"
+    assert "shut down while the call waited for approval" in result.message

@@ -713,9 +713,14 @@ class CallManager:
         """Stop taking calls, let running ones finish for `grace_s`, then stop them.
 
         Every stopped call gets its result (cancelled, effect unknown) before
-        this returns.
+        this returns; a call awaiting approval is stopped at once (effect none).
         """
         self.draining = True
+        for call in self._calls.values():
+            if call.state is CallState.AWAITING_APPROVAL:
+                # It has not run and no approver is sure to come within the
+                # grace: it ends now (effect none) rather than hold the drain.
+                call.request_stop(StopReason.SHUTDOWN)
         running = [c for c in self._calls.values() if not c.state.finished]
         if running:
             log.info("draining %d calls for up to %.1fs", len(running), grace_s)
