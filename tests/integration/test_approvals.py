@@ -275,3 +275,12 @@ def test_a_stopping_daemon_ends_waiting_calls_at_once() -> None:
     result = streamed.result()
     assert result.status.value == "cancelled" and result.effect.value == "none"
     assert "shut down while the call waited for approval" in result.message
+
+
+def test_without_identities_nobody_approves(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    anonymous = clients("someone")  # no identity: as on a daemon without a tokens file
+    assert anonymous.call(TOOL, {"code": "print(1)"}, call_id="plain").ok
+    with pytest.raises(PermissionDeniedError, match="tokens_file"):
+        anonymous.approve("plain")

@@ -168,7 +168,13 @@ class Approvals:
             PermissionDeniedError: It may not (or nobody is authenticated: a
                 daemon without a tokens file has no approvers).
         """
-        if identity is None or not identity.approver:
+        if identity is None:
+            # No tokens file (or no identity on this connection): no call here
+            # can await approval, and nobody may decide.
+            raise PermissionDeniedError(
+                "approving needs an identity with approver = true ([auth] tokens_file)"
+            )
+        if not identity.approver:
             raise PermissionDeniedError("this identity may not approve or deny calls")
         return identity.name
 

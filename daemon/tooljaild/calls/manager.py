@@ -10,7 +10,8 @@ them (`_start_later`); both end in `_start`, and the call's task sees every
 started call to its end (`_supervise`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
 built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
-`calls.in_daemon_run`).
+`calls.in_daemon_run`). On each path, a call whose caller's policy needs an
+approver for its tool first waits for one (`calls.approvals`), in its task.
 
 It is over 500 lines because admission, the journal's records and the end of a
 call are shared by those three paths; the fresh path's running (`_start_now`,
