@@ -130,6 +130,14 @@ def _parser() -> argparse.ArgumentParser:
     target(cancel)
     cancel.add_argument("call_id")
 
+    approve = sub.add_parser("approve", help="let a call awaiting approval run")
+    target(approve)
+    approve.add_argument("call_id")
+    deny = sub.add_parser("deny", help="refuse a call awaiting approval (it does not run)")
+    target(deny)
+    deny.add_argument("call_id")
+    deny.add_argument("--reason", default="", help="why: the model that made the call sees it")
+
     from tooljaild import cli_artifacts, cli_sessions  # here: they import this module's helpers
 
     cli_sessions.add_parser(sub, target)
@@ -187,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         "call": _call,
         "get": _get,
         "cancel": _cancel,
+        "approve": _decide,
+        "deny": _decide,
         "sessions": _sessions,
         "artifacts": _artifacts,
         "doctor": _doctor,
@@ -474,6 +484,22 @@ def _cancel(args: argparse.Namespace) -> int:
     except TooljailError as exc:
         return _refused(exc)
     print(state.value)
+    return EXIT_OK
+
+
+def _decide(args: argparse.Namespace) -> int:
+    """`tooljail approve|deny CALL_ID`: prints the call's state afterwards."""
+    from tooljail import TooljailError
+
+    try:
+        with _client(args) as client:
+            if args.command == "approve":
+                info = client.approve(args.call_id)
+            else:
+                info = client.deny(args.call_id, args.reason)
+    except TooljailError as exc:
+        return _refused(exc)
+    print(info.state.value)
     return EXIT_OK
 
 

@@ -97,6 +97,10 @@ LOST_MESSAGE = (
     "The daemon stopped while the call ran. It may or may not have taken effect: check "
     "whether it did before calling it again."
 )
+LOST_WAITING_MESSAGE = (
+    "The daemon stopped while the call waited for approval: it did not run. Call it "
+    "again to ask for approval again."
+)
 
 _ADMIT = """
     INSERT INTO calls (call_id, tool, fingerprint, state, created, timeout_s, idempotent,
@@ -115,6 +119,7 @@ _RUNNING = """
     UPDATE calls SET state = 'running', sandbox_id = ?, started = ?
     WHERE call_id = ? AND ended IS NULL
 """
+_WAITING = "UPDATE calls SET state = ? WHERE call_id = ? AND ended IS NULL AND started IS NULL"
 _FINISHED = "UPDATE calls SET state = ?, result = ?, ended = ? WHERE call_id = ? AND ended IS NULL"
 _GET = f"SELECT {COLUMNS} FROM calls WHERE call_id = ?"
 _UNFINISHED = f"SELECT {COLUMNS} FROM calls WHERE ended IS NULL ORDER BY created"
@@ -352,6 +357,20 @@ class Journal:
         if not updated:
             raise ValueError(f"no unfinished call {call_id!r} in the journal")
 
+    def waiting(self, call_id: str, state: CallState) -> None:
+        """Record that an admitted call waits for approval, or (approved) is queued again.
+
+        Raises:
+            ValueError: `state` is neither, or no unstarted unfinished call has that id.
+            JournalError: The write failed.
+        """
+        if state not in (CallState.AWAITING_APPROVAL, CallState.QUEUED):
+            raise ValueError(f"{state.value!r} is not a waiting state")
+        with self._errors(f"recording call {call_id!r} as {state.value}"):
+            updated = self._db.execute(_WAITING, (state.value, call_id)).rowcount
+        if not updated:
+            raise ValueError(f"no unstarted call {call_id!r} in the journal")
+
     def finished(
         self, call_id: str, state: CallState, result_json: str, ended: float | None = None
     ) -> None:
@@ -546,12 +565,14 @@ def _entry(row: tuple[Any, ...]) -> JournalEntry:
 
 
 def _mark_lost(entry: JournalEntry, now: float) -> JournalEntry:
+    # A call still awaiting approval never reached a sandbox: nothing happened.
+    waited = entry.state is CallState.AWAITING_APPROVAL
     result = ToolResult(
         call_id=entry.call_id,
         tool=entry.tool,
         status=CallStatus.LOST,
-        effect=Effect.UNKNOWN,
-        message=LOST_MESSAGE,
+        effect=Effect.NONE if waited else Effect.UNKNOWN,
+        message=LOST_WAITING_MESSAGE if waited else LOST_MESSAGE,
         error=ToolError(
             type="Lost", message=f"the daemon stopped while the call was {entry.state}"
         ),

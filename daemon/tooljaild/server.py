@@ -41,6 +41,7 @@ from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.authenticator import Authenticator, AuthGate
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
+from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.output import Event
@@ -78,12 +79,19 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         identity = self._identity(context)
         return client_of(context) if identity is None else identity.name
 
-    def _own_call(self, call_id: str, context: grpc.aio.ServicerContext) -> Call:
+    def _own_call(
+        self, call_id: str, context: grpc.aio.ServicerContext, *, approvers_too: bool = False
+    ) -> Call:
         """The call, if the caller may see it: an authenticated caller sees its own
-        calls only; another's is "not found", exactly as an id never used."""
+        calls only; another's is "not found", exactly as an id never used. With
+        `approvers_too`, an approver sees any call (to judge what it approves)."""
         call = self._manager.get(call_id)
         identity = self._identity(context)
-        if identity is not None and not _owned_by(call, identity):
+        if (
+            identity is not None
+            and not _owned_by(call, identity)
+            and not (approvers_too and identity.approver)
+        ):
             raise CallNotFoundError(f"no call {call_id!r} is known to this daemon")
         return call
 
@@ -149,11 +157,15 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.CallRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CallEvent]:
         call = await self._submit(request, context)
+        # A call awaiting approval may wait long: its notice goes out now.
+        notice = waiting_notice(call, self._manager.approvals.timeout_s)
+        if notice is not None:
+            yield _output(notice)
         # Leaving this generator (client gone) does not stop the call: it runs
         # on, and GetCall answers for it.
         if await _ran(call, until=call.answered):
             yield _started(call)
-        async for event in call.stream():
+        async for event in call.stream(notice.seq + 1 if notice else 1):
             yield _output(event)
         yield pb.CallEvent(result=result_to_proto(await call.answered.wait()))
 
@@ -180,7 +192,8 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
         try:
-            return call_info_to_proto(self._own_call(request.call_id, context).info())
+            call = self._own_call(request.call_id, context, approvers_too=True)
+            return call_info_to_proto(call.info())
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -192,6 +205,17 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         except TooljailError as exc:
             await abort_with(context, exc)
         return pb.CancelResponse(state=call_state_to_proto(state))
+
+    async def Approve(
+        self, request: pb.ApproveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CallInfo:
+        try:
+            call = await self._manager.decide(
+                request.call_id, self._identity(context), request.approve, request.reason
+            )
+        except TooljailError as exc:
+            await abort_with(context, exc)
+        return call_info_to_proto(call.info())
 
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext

@@ -10,7 +10,8 @@ them (`_start_later`); both end in `_start`, and the call's task sees every
 started call to its end (`_supervise`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
 built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
-`calls.in_daemon_run`).
+`calls.in_daemon_run`). On each path, a call whose caller's policy needs an
+approver for its tool first waits for one (`calls.approvals`), in its task.
 
 It is over 500 lines because admission, the journal's records and the end of a
 call are shared by those three paths; the fresh path's running (`_start_now`,
@@ -42,6 +43,7 @@ from tooljaild.auth.policy import Identity
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call
+from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
@@ -111,6 +113,7 @@ class CallManager:
         self._finished_since_prune = 0
         self._unrecorded: list[tuple[Call, ToolResult]] = []
         """Calls answered but not yet journaled as over (see `_end`)."""
+        self.approvals = Approvals(settings.auth.approval_timeout_s, journal)
         self.draining = False
 
     @property
@@ -175,11 +178,12 @@ class CallManager:
         known, rerun = self._known(call_id, tool, fingerprint)
         if known is not None:
             return known
+        gated = identity is not None and identity.needs_approval(tool.name)
         builtin = builtin_run(tool)
         if builtin is not None and builtin.in_daemon is not None:
             return self._submit_in_daemon(
                 builtin.in_daemon, session_id, call_id, tool, arguments, fingerprint, timeout,
-                client, arguments_json, rerun,
+                client, arguments_json, rerun, gated=gated,
             )  # fmt: skip
         if session_id:
             return self._submit_in_session(
@@ -192,13 +196,16 @@ class CallManager:
                 client,
                 arguments_json,
                 rerun,
+                gated=gated,
             )
         call = self._admit(
             call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
         )
         self._journal_admitted(call, arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
-        run = self._start_now(call, pool)
+        if gated:
+            self.approvals.hold(call)
+        run = None if gated else self._start_now(call, pool)
         self._calls[call.call_id] = call
         self._admission.admit(client)
         self._spawn(call, self._run(call, pool, run))
@@ -222,9 +229,10 @@ class CallManager:
         session_id: str,
         arguments_json: str,
         rerun: bool,
+        gated: bool,
     ) -> Call:
         """A call outside the daemon's slots (in a session, or in the daemon), made,
-        journaled and remembered."""
+        journaled and remembered; `gated`: it waits for approval."""
         call = Call(
             call_id or uuid.uuid4().hex,
             tool,
@@ -238,6 +246,8 @@ class CallManager:
         )
         call.session_id = session_id
         self._journal_admitted(call, arguments_json, rerun)
+        if gated:
+            self.approvals.hold(call)
         self._calls[call.call_id] = call
         return call
 
@@ -263,6 +273,8 @@ class CallManager:
         client: str,
         arguments_json: str,
         rerun: bool,
+        *,
+        gated: bool = False,
     ) -> Call:
         """Admit a call into its session's line (see `submit`)."""
         if self.draining:
@@ -276,10 +288,11 @@ class CallManager:
         session.check_room()
         call = self._admitted_here(
             call_id, tool, arguments, fingerprint, timeout, client,
-            session.terms.limits, session.id, arguments_json, rerun,
+            session.terms.limits, session.id, arguments_json, rerun, gated,
         )  # fmt: skip
         started = None
-        if session.try_take_turn():  # the request is in the sandbox before this returns
+        # The request is in the sandbox before this returns (unless it awaits approval).
+        if not gated and session.try_take_turn():
             try:
                 started = start_in_session(call, session, self._running)
             except SandboxError:
@@ -299,6 +312,8 @@ class CallManager:
         client: str,
         arguments_json: str,
         rerun: bool,
+        *,
+        gated: bool = False,
     ) -> Call:
         """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
         if self.draining:
@@ -306,7 +321,7 @@ class CallManager:
         session = self._session_named(session_id) if session_id else None
         call = self._admitted_here(
             call_id, tool, arguments, fingerprint, timeout, client,
-            self._settings.limits, session.id if session else "", arguments_json, rerun,
+            self._settings.limits, session.id if session else "", arguments_json, rerun, gated,
         )  # fmt: skip
         work = DaemonCall(call.call_id, tool.name, arguments, client, session, self._services)
         self._spawn(call, self._run_in_daemon(call, handler, work))
@@ -314,8 +329,10 @@ class CallManager:
 
     async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
         """An in-daemon call's task: its handler (`calls.in_daemon_run`), its end."""
-        self._running(call, "daemon")
         try:
+            if not await self._approved(call):
+                return
+            self._running(call, "daemon")
             self._end(call, await run_in_daemon(call, handler, work))
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
@@ -332,6 +349,8 @@ class CallManager:
         """A session call's task: its turn (unless `submit` started it), its run, its end."""
         assert self._sessions is not None
         try:
+            if not await self._approved(call):
+                return
             result = await run_in_session(call, session, self._sessions, self._running, started)
             self._end(call, result)
         except Exception as exc:  # a bug of ours must still answer the caller
@@ -448,6 +467,39 @@ class CallManager:
                 await asyncio.wait_for(call.ended.wait(), 10.0)
         return call.state
 
+    # ------------------------------------------------------------------ approval
+
+    async def _approved(self, call: Call) -> bool:
+        """Wait for the decision on a call held for approval (at once True for any
+        other call); False when it ended without running (denied, timed out, stopped)."""
+        if call.state is not CallState.AWAITING_APPROVAL:
+            return True
+        refused = await self.approvals.wait(call)
+        if refused is None:
+            return True
+        self._end(call, refused)
+        return False
+
+    async def decide(
+        self, call_id: str, approver: Identity | None, approve: bool, reason: str = ""
+    ) -> Call:
+        """An approver's decision on a call awaiting approval (see calls/approvals.py).
+
+        Approved, the call is queued to run when this returns; denied, it has ended.
+
+        Raises:
+            PermissionDeniedError: `approver` may not decide (checked first: a
+                non-approver learns nothing of the call).
+            CallNotFoundError: Unknown id.
+            NotAwaitingApprovalError: The call does not wait for approval.
+        """
+        name = self.approvals.check_approver(approver)
+        call = self.get(call_id)
+        self.approvals.decide(call, Decision(approve, name, reason))
+        if not approve:
+            await call.ended.wait()  # its task ends it a turn later
+        return call
+
     # ------------------------------------------------------------------ running
 
     def _start_now(self, call: Call, pool: SandboxPool) -> _Run | None:
@@ -537,6 +589,8 @@ class CallManager:
         """The call's task: start it unless `submit` did, see it through, let go."""
         try:
             if run is None:
+                if not await self._approved(call):
+                    return
                 run = await self._start_later(call, pool)
             if run is not None:
                 await self._supervise(call, run)
@@ -662,9 +716,14 @@ class CallManager:
         """Stop taking calls, let running ones finish for `grace_s`, then stop them.
 
         Every stopped call gets its result (cancelled, effect unknown) before
-        this returns.
+        this returns; a call awaiting approval is stopped at once (effect none).
         """
         self.draining = True
+        for call in self._calls.values():
+            if call.state is CallState.AWAITING_APPROVAL:
+                # It has not run and no approver is sure to come within the
+                # grace: it ends now (effect none) rather than hold the drain.
+                call.request_stop(StopReason.SHUTDOWN)
         running = [c for c in self._calls.values() if not c.state.finished]
         if running:
             log.info("draining %d calls for up to %.1fs", len(running), grace_s)

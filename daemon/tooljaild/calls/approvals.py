@@ -1,0 +1,213 @@
+"""Calls that wait for an approver before they run.
+
+An identity's policy may list tools in `approval` (tooljaild.auth.policy): its
+calls of them are admitted (journaled, counted in their client's share) but
+wait in state AWAITING_APPROVAL until an identity with `approver = true` says
+yes or no, the call is stopped (cancelled, the daemon shuts down), or
+`[auth] approval_timeout_s` passes. Approved, the call goes on as any other
+(queued for a slot, then run); its own timeout starts when it runs. Otherwise
+it ends without running, with effect none and a message a model can act on.
+
+The waiting call's stream starts with a NOTICE chunk (seq 1) saying it waits
+and how to decide (`waiting_notice`); the journal records the state, so a
+daemon that dies while a call waits marks it lost with effect none.
+
+Nothing here knows gRPC: the manager holds an `Approvals` and calls `hold`
+at admission and `wait` in the call's task; the Approve RPC reaches `decide`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tooljail._types import CallState, CallStatus, StreamKind, ToolError, ToolResult
+from tooljail.errors import NotAwaitingApprovalError, PermissionDeniedError
+from tooljaild.auth.policy import Identity
+from tooljaild.calls import results
+from tooljaild.calls.call import Call, StopReason
+from tooljaild.journal import Journal, JournalError
+from tooljaild.output import Event
+
+log = logging.getLogger(__name__)
+
+NOTICE_SEQ = 1
+"""The waiting notice is the call's first chunk: it is appended at admission."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """An approver's answer to one waiting call."""
+
+    approve: bool
+    approver: str
+    reason: str = ""
+
+
+def notice_text(call_id: str, timeout_s: float) -> str:
+    """What a waiting call's stream says first: that it waits, and how to decide."""
+    return (
+        f"[call {call_id} waits for approval before it runs: an approver runs "
+        f"`tooljail approve {call_id}` or `tooljail deny {call_id} --reason ...`; "
+        f"without a decision within {timeout_s:g}s it ends without running]\n"
+    )
+
+
+def waiting_notice(call: Call, timeout_s: float) -> Event | None:
+    """The NOTICE chunk a stream of `call` starts with while it waits; None if it
+    does not wait. The RPC sends it before the call runs (a call's chunks are
+    otherwise sent once it starts), so a caller knows at once why nothing happens."""
+    if call.state is not CallState.AWAITING_APPROVAL:
+        return None
+    return Event(NOTICE_SEQ, StreamKind.NOTICE, notice_text(call.call_id, timeout_s).encode())
+
+
+def denied(call: Call, decision: Decision) -> ToolResult:
+    """The result of a call an approver refused: it did not run."""
+    why = decision.reason or "no reason given"
+    return _refused(
+        call,
+        f"The tool did not run: the call was denied by approver {decision.approver!r} "
+        f"({why}). Do not repeat it unchanged: tell the user it was refused and why, or "
+        "reach the goal another way.",
+        ToolError(type="ApprovalDenied", message=f"denied by {decision.approver}: {why}"),
+    )
+
+
+def timed_out(call: Call, timeout_s: float) -> ToolResult:
+    """The result of a call no approver decided on in time: it did not run."""
+    return _refused(
+        call,
+        f"The tool did not run: it needs an approver's consent and none came within "
+        f"{timeout_s:g}s. Tell the user it awaits approval, or call it again later to ask "
+        "again.",
+        ToolError(type="ApprovalTimeout", message=f"no decision within {timeout_s:g}s"),
+    )
+
+
+def _refused(call: Call, message: str, error: ToolError) -> ToolResult:
+    # not_run gives effect none, the duration and the call's identity fields.
+    result = results.not_run(call, error.message)
+    return result.model_copy(
+        update={"status": CallStatus.ERROR, "message": message, "error": error}
+    )
+
+
+class Approvals:
+    """The calls waiting for an approver, and their decisions."""
+
+    def __init__(self, timeout_s: float, journal: Journal | None = None) -> None:
+        """
+        Args:
+            timeout_s: How long a call waits for a decision (`[auth] approval_timeout_s`).
+            journal: Records the waiting state; None: nothing is recorded.
+        """
+        self.timeout_s = timeout_s
+        self._journal = journal
+        self._waiting: dict[str, asyncio.Future[Decision]] = {}
+
+    def hold(self, call: Call) -> None:
+        """Make an admitted (journaled), not yet started call wait for approval.
+
+        Its state becomes AWAITING_APPROVAL, its stream gets the waiting notice,
+        and the journal records it (a failed write is logged: after a restart
+        such a call shows as lost with effect unknown, pessimistic but honest).
+        """
+        call.state = CallState.AWAITING_APPROVAL
+        call.events.append(StreamKind.NOTICE, notice_text(call.call_id, self.timeout_s).encode())
+        self._waiting[call.call_id] = asyncio.get_running_loop().create_future()
+        self._record(call, CallState.AWAITING_APPROVAL)
+        log.info(
+            "call awaits approval",
+            extra={"call_id": call.call_id, "tool": call.tool.name, "client": call.client},
+        )
+
+    async def wait(self, call: Call) -> ToolResult | None:
+        """Wait for the decision on a held call. None: approved, the call is queued
+        again and may start; else the result it ends with (denied, timed out,
+        stopped while it waited), effect none.
+
+        Waits at most `timeout_s`; a stop (`Call.request_stop`) ends the wait at once.
+        """
+        decision = self._waiting.get(call.call_id)
+        if decision is None:  # never held: nothing to wait for
+            return None
+        stop = call.stop_requested.wait()
+        either: set[asyncio.Future[Any]] = {decision, stop}
+        try:
+            await asyncio.wait(either, timeout=self.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            self._waiting.pop(call.call_id, None)
+        if call.stop_reason is not None:  # a stop outweighs a decision in the same turn
+            if call.stop_reason is StopReason.CANCELLED:
+                return results.not_run(call, "the call was cancelled while it waited for approval")
+            return results.not_run(call, "the daemon shut down while the call waited for approval")
+        if not decision.done():
+            decision.cancel()
+            log.info("call approval timed out", extra={"call_id": call.call_id})
+            return timed_out(call, self.timeout_s)
+        answer = decision.result()
+        if not answer.approve:
+            return denied(call, answer)
+        call.state = CallState.QUEUED
+        self._record(call, CallState.QUEUED)
+        call.events.append(
+            StreamKind.NOTICE, f"[call {call.call_id} approved by {answer.approver}]\n".encode()
+        )
+        return None
+
+    @staticmethod
+    def check_approver(identity: Identity | None) -> str:
+        """The approver's name, if `identity` may decide on waiting calls.
+
+        Raises:
+            PermissionDeniedError: It may not (or nobody is authenticated: a
+                daemon without a tokens file has no approvers).
+        """
+        if identity is None:
+            # No tokens file (or no identity on this connection): no call here
+            # can await approval, and nobody may decide.
+            raise PermissionDeniedError(
+                "approving needs an identity with approver = true ([auth] tokens_file)"
+            )
+        if not identity.approver:
+            raise PermissionDeniedError("this identity may not approve or deny calls")
+        return identity.name
+
+    def decide(self, call: Call, decision: Decision) -> None:
+        """Give the decision on `call`; its task acts on it (see `wait`).
+
+        Raises:
+            NotAwaitingApprovalError: The call does not wait for approval (it
+                was decided on already, or never needed it).
+        """
+        waiting = self._waiting.get(call.call_id)
+        if waiting is None or waiting.done() or call.state is not CallState.AWAITING_APPROVAL:
+            raise NotAwaitingApprovalError(
+                f"call {call.call_id!r} is not awaiting approval (it is {call.state.value})"
+            )
+        waiting.set_result(decision)
+        if decision.approve:
+            # At once, not a turn later: the approver's answer shows it queued.
+            call.state = CallState.QUEUED
+        log.info(
+            "call approved" if decision.approve else "call denied",
+            extra={
+                "call_id": call.call_id,
+                "approver": decision.approver,
+                "reason": decision.reason,
+            },
+        )
+
+    def _record(self, call: Call, state: CallState) -> None:
+        if self._journal is None:
+            return
+        with contextlib.suppress(ValueError):  # no row: a journal that forgot it
+            try:
+                self._journal.waiting(call.call_id, state)
+            except JournalError as exc:
+                log.error("cannot journal call %s as %s: %s", call.call_id, state.value, exc)
