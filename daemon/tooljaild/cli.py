@@ -1,5 +1,5 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, sessions, artifacts, doctor,
-images, demo, mcp.
+"""The `tooljail` command: serve, tools, call, get, cancel, approve, deny, sessions,
+artifacts, doctor, images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage, a request the daemon refused, or a daemon command
