@@ -164,3 +164,25 @@ def test_a_bad_metrics_address_stops_the_daemon_with_a_reason(tmp_path: Path) ->
     assert process.wait(60) != 0
     log = (base / "daemon.log").read_text()
     assert "metrics_listen must be HOST:PORT" in log, log
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(180)
+def test_a_docker_sandbox_reports_usage_and_its_pool_too(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    port = free_port()
+    daemon = start_daemon("--backend", "docker", "--metrics-listen", f"127.0.0.1:{port}")
+    with Client(daemon.target) as client:
+        burn = client.call("execute_python_code", {"code": BURN_CPU}, timeout=60)
+        hold = client.call("execute_python_code", {"code": HOLD_110_MB}, timeout=60)
+    assert burn.usage is not None and hold.usage is not None, (burn, hold)
+    assert burn.usage.cpu_s > 0.45
+    assert hold.usage.memory_peak_bytes > 110 * 2**20
+    deadline = time.monotonic() + 10
+    while total(samples := scrape(port), "tooljail_calls_total") < 2:
+        assert time.monotonic() < deadline, samples
+        time.sleep(0.1)
+    docker = [ls for (n, ls), _ in samples.items() if n == "tooljail_pool_ready"]
+    assert any(dict(ls)["profile"].startswith("docker ") for ls in docker), docker
+    daemon.stop()
