@@ -83,6 +83,11 @@ def test_the_metrics_add_up_to_the_calls_made_and_count_their_endings(
     assert failed.status is CallStatus.ERROR
     assert oom.error is not None and oom.error.type == "OutOfMemory", oom
     assert slow.status is CallStatus.TIMEOUT
+    # An OOM ending implies a cgroup: its peak is the call's where it can be
+    # started afresh (v1; v2 only for a cgroup made for this sandbox).
+    assert oom.usage is not None
+    unified = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    assert oom.usage.memory_peak_bytes > 200 * 2**20 or unified, oom.usage
 
     # A call's end is counted a moment after its caller has the answer.
     deadline = time.monotonic() + 10

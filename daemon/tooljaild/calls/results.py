@@ -65,8 +65,11 @@ def result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolR
     Pure but for the clock (the duration ends now).
     """
     result = _result_of(call, outcome, stop)
-    if result.usage is not None and outcome.cpu_s is not None:
-        measured = {"cpu_s": outcome.cpu_s, "memory_peak_bytes": outcome.memory_peak_bytes or 0}
+    if result.usage is not None and (outcome.cpu_s, outcome.memory_peak_bytes) != (None, None):
+        measured = {
+            "cpu_s": outcome.cpu_s or 0.0,
+            "memory_peak_bytes": outcome.memory_peak_bytes or 0,
+        }
         result = result.model_copy(update={"usage": result.usage.model_copy(update=measured)})
     run = builtin_run(call.tool)
     if run is not None and run.kind == "workspace" and not call.session_id:
