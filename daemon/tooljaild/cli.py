@@ -79,6 +79,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(
+        "--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics here"
+    )
+    serve.add_argument(
         "--isolation",
         choices=["strict", "best-effort", "none"],
         help="strict: refuse to start without every isolation feature; "
@@ -261,6 +264,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_concurrent=args.max_concurrent,
         max_queue=args.max_queue,
         log_level=args.log_level,
+        metrics_listen=args.metrics_listen,
         isolation=args.isolation,
         backend=args.backend,
     )

@@ -27,6 +27,7 @@ import signal
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -49,6 +50,9 @@ from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.server import SERVICE_NAME, create_server
 from tooljaild.sessions.manager import SessionManager
+
+if TYPE_CHECKING:
+    from tooljaild.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +188,8 @@ class Daemon:
         self._security: ListenerSecurity | None = None
         self._socket_path: Path | None = None
         """Where the socket was published (removed at stop)."""
+        self.metrics: Metrics | None = None
+        """Served on `metrics_listen` (tooljaild.metrics); None when not configured."""
 
     @property
     def pool(self) -> SandboxPool | None:
@@ -343,6 +349,11 @@ class Daemon:
             session_misfit=self.pools.session_misfit,
             services=Services(s, artifacts=self.artifacts, sessions=self.sessions),
         )
+        try:
+            self._serve_metrics()
+        except DaemonError:
+            await self._close_sandboxes()
+            raise
         address = s.listen if self._socket is None else self._socket.bind_address
         try:
             server, self.port, health = create_server(
@@ -424,7 +435,31 @@ class Daemon:
                 await self._pruning
         if self.artifacts is not None:
             self.artifacts.close()
+        if self.metrics is not None:
+            self.metrics.close()
         log.info("stopped")
+
+    def _serve_metrics(self) -> None:
+        """Serve `/metrics` on `metrics_listen`, if set, fed by the manager and the rest.
+
+        Raises:
+            DaemonError: The address is not HOST:PORT or cannot be bound.
+        """
+        listen = self.settings.metrics_listen
+        if listen is None or self.manager is None:
+            return
+        # Imported here: prometheus_client is needed only by a daemon that serves metrics.
+        from tooljaild.metrics import Metrics
+
+        metrics = Metrics()
+        metrics.sources.pools, metrics.sources.sessions = self.pools, self.sessions
+        metrics.sources.artifacts = self.artifacts
+        metrics.attach(self.manager, self.journal)
+        try:
+            metrics.serve(listen)
+        except (ValueError, OSError) as exc:
+            raise DaemonError(f"cannot serve metrics on {listen}: {exc}") from exc
+        self.metrics = metrics
 
     def _open_artifacts(self) -> None:
         """Open the artifact store (`<state_dir>/artifacts`), made consistent after a crash.

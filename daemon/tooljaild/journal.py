@@ -53,7 +53,7 @@ import contextlib
 import dataclasses
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -219,6 +219,8 @@ class Journal:
         self.max_age_s = max_age_s
         self.max_rows = max_rows
         self.max_argument_bytes = max_argument_bytes
+        self.on_write: Callable[[float], None] | None = None
+        """Told the seconds of each write (tooljaild.metrics); None: nobody."""
 
     @classmethod
     def open(
@@ -410,7 +412,7 @@ class Journal:
         Raises:
             JournalError: The read failed.
         """
-        with self._errors(f"reading call {call_id!r}"):
+        with self._errors(f"reading call {call_id!r}", write=False):
             row = self._db.execute(_GET, (call_id,)).fetchone()
         return None if row is None else _entry(row)
 
@@ -509,7 +511,7 @@ class Journal:
         Raises:
             JournalError: The read failed.
         """
-        with self._errors("reading a session"):
+        with self._errors("reading a session", write=False):
             row = self._db.execute(_GET_SESSION, (session_id,)).fetchone()
         return None if row is None else SessionRecord(*row)
 
@@ -531,14 +533,21 @@ class Journal:
         return rows
 
     @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        """Turn SQLite's errors into a `JournalError`; misuse stays an error of ours."""
+    def _errors(self, doing: str, *, write: bool = True) -> Iterator[None]:
+        """Turn SQLite's errors into a `JournalError`; misuse stays an error of ours.
+
+        A write (one statement or transaction, committed) tells `on_write`
+        (the metrics) its seconds.
+        """
+        began = time.perf_counter()
         try:
             yield
         except sqlite3.ProgrammingError:
             raise
         except sqlite3.Error as exc:
             raise journal_error(exc, self.path, doing) from exc
+        if write and self.on_write is not None:
+            self.on_write(time.perf_counter() - began)
 
 
 # ---------------------------------------------------------------------- rows

@@ -22,14 +22,16 @@ move to a module of its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from tooljail._types import CallState, ToolInfo, ToolResult
 from tooljail.errors import (
@@ -37,6 +39,7 @@ from tooljail.errors import (
     InvalidRequestError,
     SessionNotFoundError,
     ShuttingDownError,
+    TooljailError,
     ToolNotFoundError,
 )
 from tooljaild.auth.policy import Identity
@@ -59,6 +62,8 @@ from tooljaild.sessions.session import Session
 
 log = logging.getLogger(__name__)
 
+_Submit = TypeVar("_Submit", bound=Callable[..., Any])
+
 PRUNE_EVERY = 1000
 """Finished calls between two prunings of the journal (by age and row count)."""
 KEPT_EVENT_LOGS = 64
@@ -73,6 +78,22 @@ class _Run:
     pool: SandboxPool
     sandbox: Sandbox
     outcome: Coroutine[Any, Any, RunOutcome]
+
+
+def _counting_refusals(submit: _Submit) -> _Submit:
+    """`submit`, telling the manager's `on_refused` the code of each error it raises."""
+
+    @functools.wraps(submit)
+    def counted(self: CallManager, *args: Any, **kwargs: Any) -> Call:
+        try:
+            call: Call = submit(self, *args, **kwargs)
+            return call
+        except TooljailError as exc:
+            if self.on_refused is not None:
+                self.on_refused(exc.code)
+            raise
+
+    return cast(_Submit, counted)
 
 
 class CallManager:
@@ -115,10 +136,17 @@ class CallManager:
         """Calls answered but not yet journaled as over (see `_end`)."""
         self.approvals = Approvals(settings.auth.approval_timeout_s, journal)
         self.draining = False
+        # Observers (tooljaild.metrics): each call's end once answered, each refusal's code.
+        self.on_end: Callable[[Call, ToolResult], None] | None = None
+        self.on_refused: Callable[[str], None] | None = None
 
     @property
     def registry(self) -> Registry:
         return self._registry
+
+    def states(self) -> collections.Counter[CallState]:
+        """How many of the calls remembered are in each state."""
+        return collections.Counter(call.state for call in self._calls.values())
 
     @property
     def active(self) -> int:
@@ -131,6 +159,7 @@ class CallManager:
 
     # ------------------------------------------------------------------ admission
 
+    @_counting_refusals
     def submit(
         self,
         tool_name: str,
@@ -666,6 +695,8 @@ class CallManager:
         ends, self._unrecorded = self._unrecorded, []
         for call, result in ends:
             self._journal_finished(call, result)
+            if self.on_end is not None:
+                self.on_end(call, result)
             log.info(
                 "call finished",
                 extra={

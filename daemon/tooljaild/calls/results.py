@@ -25,6 +25,7 @@ from tooljail._types import (
     Effect,
     ToolError,
     ToolResult,
+    Usage,
 )
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls.call import Call, StopReason
@@ -64,6 +65,12 @@ def result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolR
     Pure but for the clock (the duration ends now).
     """
     result = _result_of(call, outcome, stop)
+    if result.usage is not None and (outcome.cpu_s, outcome.memory_peak_bytes) != (None, None):
+        measured = {
+            "cpu_s": outcome.cpu_s or 0.0,
+            "memory_peak_bytes": outcome.memory_peak_bytes or 0,
+        }
+        result = result.model_copy(update={"usage": result.usage.model_copy(update=measured)})
     run = builtin_run(call.tool)
     if run is not None and run.kind == "workspace" and not call.session_id:
         message = f"{result.message} {NOTHING_PERSISTS}".strip()
@@ -317,11 +324,15 @@ def _result(call: Call, **fields: Any) -> ToolResult:
                 notes.append(note)
         if notes:
             fields["message"] = " ".join([fields.get("message", ""), *notes]).strip()
+    duration_s = time.monotonic() - (call.started_at or call.created)
+    output_bytes = call.stdout.total + call.stderr.total
     return ToolResult(
         call_id=call.call_id,
         tool=call.tool.name,
-        duration_s=time.monotonic() - (call.started_at or call.created),
-        output_bytes=call.stdout.total + call.stderr.total,
+        duration_s=duration_s,
+        output_bytes=output_bytes,
+        # CPU and memory are the run's to say (result_of adds them).
+        usage=Usage(wall_s=duration_s, output_bytes=output_bytes),
         truncated=call.stdout.truncated or call.stderr.truncated,
         session_id=call.session_id,
         artifacts=tuple(call.artifacts),

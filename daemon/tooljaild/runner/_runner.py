@@ -526,8 +526,23 @@ def _worker() -> None:
             stream.flush()
     if request.get("seal") and _seal():
         frame["sealed"] = True
+    frame["usage"] = _usage()
     _write_frame(frame)
     os._exit(int(frame.get("exit_code", 0)) & 0xFF)
+
+
+def _usage() -> dict[str, float]:
+    """What the worker and the children it waited for used, by rusage.
+
+    The daemon prefers the sandbox's cgroup where it has one (it also counts
+    processes nobody waited for); this is what a sandbox without one reports.
+    A worker is a fresh fork, so its counters start at the call.
+    """
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    # ru_maxrss is in KiB on Linux: the largest single process, not their sum.
+    return {"cpu_s": cpu, "memory_peak_bytes": max(me.ru_maxrss, children.ru_maxrss) * 1024}
 
 
 CALL_KINDS = ("code", "file", "user")

@@ -132,6 +132,10 @@ class RunOutcome:
     exit_code: int | None = None
     signal: int | None = None
     yields: int = 0
+    cpu_s: float | None = None
+    """CPU seconds the run used; None when nothing measured it."""
+    memory_peak_bytes: int | None = None
+    """The run's peak memory in bytes; None when nothing measured it."""
 
     @property
     def ok(self) -> bool:

@@ -9,7 +9,9 @@ the sandbox broke the frame protocol), into one typed outcome.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from typing import Any
 
 from tooljail._types import ToolError
 from tooljaild.sandbox.base import RunOutcome, Termination
@@ -30,6 +32,20 @@ _SIGNAL_REASONS: dict[int, tuple[Termination, str, str]] = {
 
 
 def outcome_of(
+    result: Frame | None, exit_frame: Frame | None, yields: int, **how: Any
+) -> RunOutcome:
+    """The outcome of one call (see `_outcome_of` for the arguments), with the
+    usage the worker measured in its result frame, when it wrote one."""
+    outcome = _outcome_of(result, exit_frame, yields, **how)
+    usage = result.get("usage") if result is not None else None
+    if isinstance(usage, dict):
+        with contextlib.suppress(TypeError, ValueError):
+            outcome.cpu_s = float(usage["cpu_s"])
+            outcome.memory_peak_bytes = int(usage["memory_peak_bytes"])
+    return outcome
+
+
+def _outcome_of(
     result: Frame | None,
     exit_frame: Frame | None,
     yields: int,

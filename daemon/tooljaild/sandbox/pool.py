@@ -66,6 +66,11 @@ class SandboxPool:
         self._backing_off = 0
         self.started_total = 0
         self.start_failures = 0
+        # For the metrics: each sandbox handed out was ready (a hit) or waited for
+        # (a miss); and the seconds the started ones took to start.
+        self.hits = 0
+        self.misses = 0
+        self.start_seconds = 0.0
 
     @property
     def ready_count(self) -> int:
@@ -100,12 +105,17 @@ class SandboxPool:
         Raises:
             SandboxError: When no sandbox can be started, or the pool is closed.
         """
+        waited = False
         while True:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed: the daemon is stopping")
             ready = self.try_acquire()
             if ready is not None:
+                if waited:  # try_acquire counted a hit; it was waited for: a miss
+                    self.hits -= 1
+                    self.misses += 1
                 return ready
+            waited = True
             self._refill()
             if self._starting == 0:
                 break
@@ -117,12 +127,15 @@ class SandboxPool:
             if self.start_failures > failures and not self._ready:
                 raise SandboxError(f"no sandbox could be started: {self._last_error}")
         sandbox = self._factory()
+        began = time.monotonic()
         try:
             await sandbox.start()
         except BaseException:
             await sandbox.close()
             raise
         self.started_total += 1
+        self.start_seconds += time.monotonic() - began
+        self.misses += 1
         return sandbox
 
     def try_acquire(self) -> Sandbox | None:
@@ -139,6 +152,7 @@ class SandboxPool:
                     # if it runs long: starting a sandbox competes with the call
                     # for the CPUs while its caller waits.
                     asyncio.get_running_loop().call_later(REFILL_LATER_S, self._refill)
+                self.hits += 1
                 return sandbox
             self._spawn(sandbox.close())
         return None
@@ -176,6 +190,7 @@ class SandboxPool:
 
     async def _start_one(self) -> None:
         sandbox = self._factory()
+        began = time.monotonic()
         try:
             await sandbox.start()
         except (SandboxError, OSError) as exc:
@@ -202,6 +217,7 @@ class SandboxPool:
             raise
         self._starting -= 1
         self.started_total += 1
+        self.start_seconds += time.monotonic() - began
         if self._closed:
             await sandbox.close()
             return

@@ -8,6 +8,10 @@ What it guarantees (see docs/decisions.md, "Killing the whole tree"):
 - rlimits (CPU, address space, processes, file size, open files, no core) and
   a scrubbed environment in a private working directory.
 Namespaces and a read-only system are the isolation work's, not this module's.
+
+Over 500 lines: one sandbox's life (start from a zygote or as a process, run,
+measure, kill, close) is one class whose steps share its state, and the bwrap
+and zygote specs below are built only for it.
 """
 
 from __future__ import annotations
@@ -110,6 +114,10 @@ class ProcessSandbox(RunnerSandbox):
         self._iso = context.isolation
         self._limits = limits
         self._cgroup: SandboxCgroup | None = None
+        self._cpu_base: float | None = None
+        """The cgroup's CPU seconds once the runner was ready (see `_measure`)."""
+        self._peak_fresh = False
+        """The cgroup's memory peak counts from this sandbox's start only."""
         self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
         self._exited: asyncio.Future[int] | None = None
         """Done when the sandbox's first process (bubblewrap, or pid 1) has ended."""
@@ -166,6 +174,7 @@ class ProcessSandbox(RunnerSandbox):
             if self._cgroup is None:
                 try:
                     self._cgroup = await asyncio.to_thread(tracker.create, self.id, limits)
+                    self._peak_fresh = True
                 except OSError as exc:
                     log.warning("no cgroup for %s: %s", self.id, exc)
         with PipeEnds() as ends:
@@ -177,6 +186,10 @@ class ProcessSandbox(RunnerSandbox):
                 await self._start_process(ends.theirs)
         self._pipes = RunnerPipes(*ends.ours)
         await self._await_ready(self._pipes)
+        if self._cgroup is not None:
+            # Ready and idle until its call: what it uses from here on is the call's.
+            self._cpu_base = self._cgroup.cpu_s()
+            self._peak_fresh = self._cgroup.reset_memory_peak() or self._peak_fresh
 
     async def _start_process(self, theirs: list[int]) -> None:
         """Start the runner as a process of its own (under bubblewrap when namespaced)."""
@@ -286,7 +299,7 @@ class ProcessSandbox(RunnerSandbox):
 
     async def _outcome(self, end: CallFrames) -> RunOutcome:
         sig = end.exit_frame.get("signal") if end.exit_frame else None
-        return outcome_of(
+        outcome = outcome_of(
             end.result,
             end.exit_frame,
             end.yields,
@@ -298,6 +311,20 @@ class ProcessSandbox(RunnerSandbox):
             memory_bytes=self._limits.sandbox_memory_bytes,
             protocol_error=end.broken,
         )
+        if self._cgroup is not None:
+            self._measure(self._cgroup, outcome)
+        return outcome
+
+    def _measure(self, cgroup: SandboxCgroup, outcome: RunOutcome) -> None:
+        """The cgroup's usage over the worker's rusage, where the cgroup knows it: it
+        counts every process of the sandbox (also those nobody waited for, and a
+        run killed before its worker could report)."""
+        cpu = cgroup.cpu_s()
+        if cpu is not None and self._cpu_base is not None:
+            outcome.cpu_s = max(outcome.cpu_s or 0.0, cpu - self._cpu_base)
+        peak = cgroup.memory_peak() if self._peak_fresh else None
+        if peak:
+            outcome.memory_peak_bytes = peak
 
     def _kill_now(self) -> None:
         """End a namespaced sandbox without waiting: its pid namespace's end kills all."""

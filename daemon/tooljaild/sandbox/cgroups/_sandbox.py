@@ -292,6 +292,38 @@ class SandboxCgroup:
         mem = self._dirs.get("memory")
         return None if mem is None else fs.read_int(mem / "memory.max_usage_in_bytes")
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds the sandbox's processes used since the cgroup was made; None if unknown.
+
+        v2: `usage_usec` in `cpu.stat`. v1: `cpuacct.usage`, found where the
+        cpuacct controller is mounted together with cpu (`cpu,cpuacct`).
+        """
+        if self.version == 2:
+            try:
+                usec = fs.read_keyed(self._dirs[fs.UNIFIED] / "cpu.stat").get("usage_usec")
+            except OSError:
+                return None
+            return None if usec is None else usec / 1e6
+        cpu = self._dirs.get("cpu")
+        ns = None if cpu is None else fs.read_int(cpu / "cpuacct.usage")
+        return None if ns is None else ns / 1e9
+
+    def reset_memory_peak(self) -> bool:
+        """Start `memory_peak` afresh; False where it cannot be.
+
+        v1 resets `memory.max_usage_in_bytes` on a write. v2's `memory.peak`
+        resets only for the file descriptor written to (Linux 6.12+), so a
+        reused cgroup's peak there is an earlier sandbox's: False.
+        """
+        mem = self._dirs.get("memory")
+        if self.version == 2 or mem is None:
+            return False
+        try:
+            fs.write(mem / "memory.max_usage_in_bytes", "0")
+        except OSError:
+            return False
+        return True
+
 
 def _no_thaw() -> None:
     pass
