@@ -117,6 +117,15 @@ class CallManager:
     def registry(self) -> Registry:
         return self._registry
 
+    def reconfigure(self, settings: Settings, registry: Registry) -> None:
+        """Serve `registry` under `settings` from the next call on (a reload, SIGHUP).
+
+        Calls admitted before keep the tool, terms and sandbox they were admitted
+        with. The admission bounds (`max_concurrent`, `max_queue`) stay as built.
+        """
+        self._settings = settings
+        self._registry = registry
+
     @property
     def active(self) -> int:
         """Calls queued or running."""
