@@ -153,10 +153,14 @@ def machine() -> Iterator[Machine]:
 
 
 def call_in_background(box: Machine, out: str, seconds: float) -> None:
-    code = json.dumps({"code": f"import time; time.sleep({seconds}); print(\"finished\")"})
+    """Start a call of `seconds` (its id: `out`'s name), and wait until the daemon runs it."""
+    code = json.dumps({"code": f'import time; time.sleep({seconds}); print("finished")'})
+    call_id = Path(out).stem
     box.background(
-        f"{TOOLJAIL} call --json execute_python_code '{code}' > {out}.tmp 2>{out}.err; mv {out}.tmp {out}"
+        f"{TOOLJAIL} call --call-id {call_id} --json execute_python_code '{code}' "
+        f"> {out}.tmp 2>{out}.err; mv {out}.tmp {out}"
     )
+    box.wait(f'{TOOLJAIL} get {call_id} | grep -q \'"state": "running"\'')
 
 
 def finished_ok(box: Machine, out: str, timeout: float = 60) -> dict[str, object]:
@@ -182,9 +186,8 @@ def test_start_reload_and_stop_with_calls_running(machine: Machine) -> None:
 
     # Reload with calls running: none dropped, the new tool appears, same process.
     for i in range(2):
-        call_in_background(box, f"/tmp/reload{i}.json", 4)
-    box.wait("pgrep -f 'tooljail call' >/dev/null")
-    time.sleep(1.0)  # the calls are running when the reload comes
+        call_in_background(box, f"/tmp/reload{i}.json", 8)
+    box.sh("test ! -e /tmp/reload0.json && test ! -e /tmp/reload1.json")  # still running
     box.put("/etc/tooljail/tools/second.py", SECOND)
     box.sh("systemctl reload tooljail")
     box.wait(f"{TOOLJAIL} tools --json | grep -q second", timeout=60)
@@ -196,9 +199,47 @@ def test_start_reload_and_stop_with_calls_running(machine: Machine) -> None:
 
     # Stop with a call running: the drain lets it finish and answers it.
     call_in_background(box, "/tmp/stop.json", 3)
-    box.wait("pgrep -f 'tooljail call' >/dev/null")
-    time.sleep(1.0)
     box.sh("systemctl stop tooljail", timeout=120)
     finished_ok(box, "/tmp/stop.json", timeout=10)
     assert box.show("ActiveState")["ActiveState"] == "inactive"
     assert '"msg": "stopped"' in box.sh("journalctl -u tooljail --no-pager")
+
+
+def replaced(box: Machine, old_pid: str) -> bool:
+    """Whether another daemon than `old_pid` is active."""
+    now = box.show("MainPID", "ActiveState")
+    return now["ActiveState"] == "active" and now["MainPID"] not in ("0", old_pid)
+
+
+def test_a_frozen_daemon_is_restarted_by_the_watchdog_and_its_calls_come_back_lost(
+    machine: Machine,
+) -> None:
+    box = machine
+    # A short watchdog, and SIGKILL soon after its SIGABRT (a stopped process
+    # cannot act on SIGABRT), so the test takes seconds, not minutes.
+    box.put(
+        "/etc/systemd/system/tooljail.service.d/watchdog.conf",
+        "[Service]\nWatchdogSec=4s\nTimeoutAbortSec=2s\n",
+    )
+    box.sh("systemctl daemon-reload && systemctl restart tooljail", timeout=180)
+    try:
+        before = box.show("MainPID", "NRestarts")
+        time.sleep(6)  # longer than WatchdogSec: a live loop keeps it fed
+        assert box.show("MainPID") == {"MainPID": before["MainPID"]}
+        call_in_background(box, "/tmp/frozen.json", 60)
+        box.sh(f"kill -STOP {before['MainPID']}")  # the event loop, and all else, frozen
+        deadline = time.monotonic() + 90
+        # A new daemon, active: systemd killed the frozen one and started another.
+        while not replaced(box, before["MainPID"]):
+            assert time.monotonic() < deadline, box.sh("journalctl -u tooljail --no-pager")
+            time.sleep(0.5)
+        assert int(box.show("NRestarts")["NRestarts"]) > int(before["NRestarts"])
+        info = json.loads(box.sh(f"{TOOLJAIL} get frozen"))
+        assert info["state"] == "lost", info
+        assert info["result"]["effect"] == "unknown", info
+        assert "watchdog" in box.sh("journalctl -u tooljail --no-pager").lower()
+    finally:
+        box.sh(
+            "rm -f /etc/systemd/system/tooljail.service.d/watchdog.conf; systemctl daemon-reload"
+        )
+        box.sh("systemctl stop tooljail", timeout=120, check=False)
