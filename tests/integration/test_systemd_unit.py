@@ -194,8 +194,11 @@ def test_start_reload_and_stop_with_calls_running(machine: Machine) -> None:
 
     # Reload with calls running: none dropped, the new tool appears, same process.
     for i in range(2):
-        call_in_background(box, f"/tmp/reload{i}.json", 8)
-    box.sh("test ! -e /tmp/reload0.json && test ! -e /tmp/reload1.json")  # still running
+        call_in_background(box, f"/tmp/reload{i}.json", 15)
+    still = "test ! -e /tmp/reload0.json && test ! -e /tmp/reload1.json"
+    assert not _run("docker", "exec", box.name, "sh", "-c", still, check=False).returncode, box.sh(
+        "cat /tmp/reload*", check=False
+    )
     box.put("/etc/tooljail/tools/second.py", SECOND)
     box.sh("systemctl reload tooljail")
     box.wait(f"{TOOLJAIL} tools --json | grep -q second", timeout=60)
