@@ -15,6 +15,14 @@ behind (a crash), and at shutdown it removes its own. When the default
 backend's sandboxes cannot be made (no engine answers, the image is missing)
 the daemon refuses to start; when only some tools' cannot, it starts anyway,
 and each call of those tools fails, saying why, until they can.
+
+Life under systemd (`tooljaild.systemd`): STATUS at each step of `start`,
+READY=1 once serving, WATCHDOG=1 from the event loop until `stop` ends,
+STOPPING=1 when the drain begins; SIGHUP runs `reload` (`tooljaild.reload`).
+
+Over 500 lines: this is the one place where the daemon's parts are put together
+and taken apart in order; each step is a short method, and splitting them over
+modules would scatter that order.
 """
 
 from __future__ import annotations
