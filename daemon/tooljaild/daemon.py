@@ -442,8 +442,10 @@ class Daemon:
             stays as it was; the log says why).
         """
         async with self._reload_lock:
-            if self.manager is None:
-                log.warning("reload ignored: the daemon is not serving yet")
+            if self.manager is None or self.manager.draining:
+                # Starting: nothing to reload yet. Stopping: a READY=1 now would
+                # tell systemd the daemon it is stopping serves again.
+                log.warning("reload ignored: the daemon is not serving (starting or stopping)")
                 return False
             self.notifier.reloading()
             try:

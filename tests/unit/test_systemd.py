@@ -129,3 +129,20 @@ def test_keep_alive_returns_at_once_without_a_watchdog(
     sock, address = listener
     asyncio.run(asyncio.wait_for(Notifier({"NOTIFY_SOCKET": address}).keep_alive(), 1.0))
     assert drain(sock) == []
+
+
+async def test_a_reload_while_stopping_says_nothing_to_systemd(
+    listener: tuple[socket.socket, str], tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from tooljaild.config import Settings
+    from tooljaild.daemon import Daemon
+
+    sock, address = listener
+    daemon = Daemon(Settings(state_dir=tmp_path), notifier=Notifier({"NOTIFY_SOCKET": address}))
+    assert not await daemon.reload()  # not serving yet
+    daemon.manager = SimpleNamespace(draining=True)  # type: ignore[assignment]
+    # READY=1 after STOPPING=1 would tell systemd a stopping daemon serves again.
+    assert not await daemon.reload()
+    assert drain(sock) == []
