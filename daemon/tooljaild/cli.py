@@ -251,11 +251,13 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import functools
+
+    from tooljaild.config import load_settings
     from tooljaild.daemon import Daemon, DaemonError
     from tooljaild.logs import setup_logging
 
-    settings = _settings(
-        args.config,
+    overrides = dict(
         listen=args.listen,
         tools_dirs=args.tools_dirs,
         files_dirs=args.files_dirs,
@@ -268,9 +270,12 @@ def _serve(args: argparse.Namespace) -> int:
         isolation=args.isolation,
         backend=args.backend,
     )
+    settings = _settings(args.config, **overrides)
     setup_logging(settings.log_level)
+    # A reload (SIGHUP) reads them as here: the same file, environment and flags.
+    reread = functools.partial(load_settings, args.config, **overrides)
     try:
-        asyncio.run(Daemon(settings).serve_until_signalled())
+        asyncio.run(Daemon(settings, reload_settings=reread).serve_until_signalled())
     except DaemonError as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE if exc.unavailable else EXIT_USAGE

@@ -15,6 +15,14 @@ behind (a crash), and at shutdown it removes its own. When the default
 backend's sandboxes cannot be made (no engine answers, the image is missing)
 the daemon refuses to start; when only some tools' cannot, it starts anyway,
 and each call of those tools fails, saying why, until they can.
+
+Life under systemd (`tooljaild.systemd`): STATUS at each step of `start`,
+READY=1 once serving, WATCHDOG=1 from the event loop until `stop` ends,
+STOPPING=1 when the drain begins; SIGHUP runs `reload` (`tooljaild.reload`).
+
+Over 500 lines: this is the one place where the daemon's parts are put together
+and taken apart in order; each step is a short method, and splitting them over
+modules would scatter that order.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import logging
 import os
 import signal
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,16 +48,18 @@ from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.in_daemon import Services
 from tooljaild.journal import Journal, JournalError
-from tooljaild.listen import SocketPlan, is_loopback, prepare_socket, sd_notify
+from tooljaild.listen import SocketPlan, is_loopback, prepare_socket
 from tooljaild.loader import load_registry
 from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import Registry, Tool
+from tooljaild.reload import Reloader
 from tooljaild.sandbox.backends import BACKENDS, Backend, Host, Sandboxes
 from tooljaild.sandbox.docker import new_daemon_id
 from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.server import SERVICE_NAME, create_server
 from tooljaild.sessions.manager import SessionManager
+from tooljaild.systemd import Notifier
 
 if TYPE_CHECKING:
     from tooljaild.metrics import Metrics
@@ -164,12 +174,32 @@ class Daemon:
     Args:
         settings: What the operator set.
         backends: The backend table; tests may swap in `sandbox.backends.FakeBackend`.
+        reload_settings: Reads the settings again for a reload (SIGHUP), as they
+            were read at start (file, environment, flags); None: a reload keeps
+            the settings and reloads only the tools.
+        notifier: Tells systemd how the daemon is doing; None: from the environment.
     """
 
     def __init__(
-        self, settings: Settings, *, backends: Mapping[str, type[Backend]] = BACKENDS
+        self,
+        settings: Settings,
+        *,
+        backends: Mapping[str, type[Backend]] = BACKENDS,
+        reload_settings: Callable[[], Settings] | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
+        self.notifier = notifier or Notifier()
+        self._watchdog: asyncio.Task[None] | None = None
+        self._reloader = Reloader(
+            running=lambda: self.settings,
+            read_settings=reload_settings or (lambda: self.settings),
+            load_tools=self._load_tools,
+            apply=self._apply,
+            registry=self._registry,
+        )
+        self._reload_lock = asyncio.Lock()
+        self._reloads: set[asyncio.Task[bool]] = set()
         self.port = 0
         self.sandboxes: Sandboxes | None = None
         self.pools: PoolSet | None = None
@@ -203,18 +233,25 @@ class Daemon:
             DaemonError: When the address, the state directory, the journal or
                 the default backend cannot be used; the message says why.
         """
+        # From the start: a start slower than WatchdogSec is not taken for a hang.
+        self._watchdog = asyncio.create_task(self.notifier.keep_alive())
+        status = self.notifier.status
+        status("opening the state directory and the journal")
         self._make_state_dirs()
         self._open_journal()
         self._open_artifacts()
         self._check_listen()
         s = self.settings
         try:
+            status("preparing the sandbox backends")
             self.sandboxes = await open_sandboxes(
                 s, state_dir=s.state_dir, daemon_id=self.daemon_id, table=self._table
             )
             self.pools = PoolSet(s, self.sandboxes.factory, self._table)
             await self._ready_default_backend()
+            status("loading the tools")
             registry = await self._load_tools()
+            status("warming the sandbox pools")
             warm = await self._start_pools(registry)
             await self._serve(registry, warm)
         except BaseException:
@@ -280,10 +317,14 @@ class Daemon:
             fields.update(backend.log_fields())
         log.info("isolation", extra=fields)
 
-    async def _load_tools(self) -> Registry:
-        """Built-ins described for this daemon, user tools described in a sandbox."""
+    async def _load_tools(self, settings: Settings | None = None) -> Registry:
+        """Built-ins described for this daemon, user tools described in a sandbox.
+
+        Args:
+            settings: Whose `tools_dirs` to load (a reload's); None: the daemon's.
+        """
         assert self.sandboxes is not None and self.pools is not None
-        s, default = self.settings, self.pools.default
+        s, default = settings or self.settings, self.pools.default
         builtins = builtin_tools(
             self.sandboxes.promises(default), [d.resolve() for d in s.files_dirs]
         )
@@ -399,7 +440,51 @@ class Daemon:
                 "pool_size": s.pool_size,
             },
         )
-        sd_notify("READY=1")
+        self.notifier.ready(self._serving_status())
+
+    def _serving_status(self) -> str:
+        """The STATUS= line while serving."""
+        tools = 0 if self.manager is None else len(self.manager.registry.tools())
+        return f"serving {tools} tools on {self.settings.listen}"
+
+    def _registry(self) -> Registry:
+        assert self.manager is not None
+        return self.manager.registry
+
+    def _apply(self, settings: Settings, registry: Registry) -> None:
+        """A reload's settings and tools, for the calls admitted from now on."""
+        assert self.manager is not None
+        self.settings = settings
+        self.manager.reconfigure(settings, registry)
+
+    async def reload(self) -> bool:
+        """Re-read the settings and the tools and apply what can change live
+        (`tooljaild.reload`); calls running or queued are left alone.
+
+        Reloads run one at a time; one asked for during another runs after it
+        (it may see a file the first one missed).
+
+        Returns:
+            Whether all that was re-read could be used (False: what could not
+            stays as it was; the log says why).
+        """
+        async with self._reload_lock:
+            if self.manager is None or self.manager.draining:
+                # Starting: nothing to reload yet. Stopping: a READY=1 now would
+                # tell systemd the daemon it is stopping serves again.
+                log.warning("reload ignored: the daemon is not serving (starting or stopping)")
+                return False
+            self.notifier.reloading()
+            try:
+                return await self._reloader.reload()
+            finally:
+                self.notifier.ready(self._serving_status())
+
+    def _reload_soon(self) -> None:
+        """SIGHUP's handler: a reload task (kept referenced until it ends)."""
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
     async def _close_sandboxes(self) -> None:
         """Close every pool, then every backend (which removes what is left of ours)."""
@@ -410,7 +495,7 @@ class Daemon:
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Drain and stop. Every call in flight gets its result before this returns."""
-        sd_notify("STOPPING=1")
+        self.notifier.stopping()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
         if self._health is not None:
             await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
@@ -437,6 +522,12 @@ class Daemon:
             self.artifacts.close()
         if self.metrics is not None:
             self.metrics.close()
+
+        if self._watchdog is not None:
+            # Last: a drain slower than WatchdogSec is not taken for a hang.
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
         log.info("stopped")
 
     def _serve_metrics(self) -> None:
@@ -504,11 +595,12 @@ class Daemon:
             )
 
     async def serve_until_signalled(self) -> None:
-        """Start, serve until SIGTERM or SIGINT, then drain and stop."""
+        """Start, serve until SIGTERM or SIGINT, then drain and stop; reload on SIGHUP."""
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload_soon)
         await self.start()
         await stop.wait()
         log.info("signal received: draining")

@@ -37,7 +37,7 @@ from tooljail._client import default_socket_path
 if TYPE_CHECKING:
     from tooljaild.daemon import DaemonError
 
-__all__ = ["SocketPlan", "is_loopback", "prepare_socket", "private_dir_problem", "sd_notify"]
+__all__ = ["SocketPlan", "is_loopback", "prepare_socket", "private_dir_problem"]
 
 SOCKET_MODE = 0o660
 """The owner and its group may connect; nobody else."""
@@ -192,14 +192,3 @@ def prepare_socket(
     except OSError as exc:
         raise _refused(f"cannot create a directory in {path.parent}: {exc}") from exc
     return SocketPlan(path, private, mode, uid, gid)
-
-
-def sd_notify(state: str) -> None:
-    """Tell systemd (Type=notify) about our state; nothing when not under systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.sendto(state.encode(), address)

@@ -148,6 +148,15 @@ class CallManager:
         """How many of the calls remembered are in each state."""
         return collections.Counter(call.state for call in self._calls.values())
 
+    def reconfigure(self, settings: Settings, registry: Registry) -> None:
+        """Serve `registry` under `settings` from the next call on (a reload, SIGHUP).
+
+        Calls admitted before keep the tool, terms and sandbox they were admitted
+        with. The admission bounds (`max_concurrent`, `max_queue`) stay as built.
+        """
+        self._settings = settings
+        self._registry = registry
+
     @property
     def active(self) -> int:
         """Calls queued or running."""

@@ -1,0 +1,181 @@
+"""SIGHUP (`systemctl reload`): re-read the config file and the tool directories.
+
+What changes live, and why only that:
+
+- the tools: the same `tools_dirs` are loaded again (in a sandbox, as at start);
+  a new tool is served, a removed one no longer listed or callable, a changed
+  one takes its new code and description. Calls already admitted keep the tool
+  they were admitted with, and their sandbox: no call is dropped or changed.
+- `log_level`; the timeouts (`default_timeout_s`, `min_timeout_s`,
+  `max_timeout_s`); the per-call limits of `[limits]` (rlimits, output caps);
+  `shutdown_grace_s`; `remembered_calls`: read per call or per event, they
+  apply from the next call on.
+
+Everything else needs a restart, and a reload says so by name (never by value:
+some tables hold secrets) and keeps the running value: what the daemon is
+built around at start (`listen`, TLS, the socket's owner and mode, the state
+directory, backends, isolation, pools and their sandbox-wide limits, which
+are part of a warm sandbox, the queue bounds, sessions, artifacts, storage,
+auth, metrics) or what sandboxes see mounted (`tools_dirs` and `files_dirs`
+themselves).
+
+A reload that cannot read the config keeps every setting; one whose tools
+cannot be loaded keeps the tools it served. Either way the daemon serves on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tooljail.errors import TooljailError
+from tooljaild.config import Settings
+from tooljaild.pools import SANDBOX_LIMITS
+from tooljaild.registry import Registry
+from tooljaild.sandbox.base import Limits
+
+__all__ = ["LIVE_SETTINGS", "Reloader", "SettingsChange", "compare"]
+
+log = logging.getLogger(__name__)
+
+LIVE_SETTINGS = frozenset(
+    {
+        "log_level",
+        "default_timeout_s",
+        "min_timeout_s",
+        "max_timeout_s",
+        "shutdown_grace_s",
+        "remembered_calls",
+    }
+    | {f"limits.{name}" for name in Limits.model_fields}
+    - {f"limits.{name}" for name in SANDBOX_LIMITS}
+)
+"""Dotted setting names a reload applies to the running daemon (see the module doc)."""
+
+
+@dataclass(frozen=True)
+class SettingsChange:
+    """What differs between the running settings and the re-read ones.
+
+    Attributes:
+        live: Dotted names applied now.
+        restart: Dotted names that keep their running value until a restart.
+        settings: The settings to run with: the running ones with `live` applied.
+    """
+
+    live: tuple[str, ...]
+    restart: tuple[str, ...]
+    settings: Settings
+
+
+def compare(running: Settings, read: Settings) -> SettingsChange:
+    """Split the differences of `read` from `running` into live and restart-needing ones."""
+    old, new = _flatten(running.model_dump(mode="json")), _flatten(read.model_dump(mode="json"))
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    live = tuple(k for k in changed if k in LIVE_SETTINGS)
+    restart = tuple(k for k in changed if k not in LIVE_SETTINGS)
+    top = {k: getattr(read, k) for k in live if "." not in k}
+    names = [k.removeprefix("limits.") for k in live if k.startswith("limits.")]
+    limits = {name: getattr(read.limits, name) for name in names}
+    if limits:
+        top["limits"] = running.limits.model_copy(update=limits)
+    # No re-validation needed: the timeouts all come from `read`, checked together.
+    return SettingsChange(live, restart, running.model_copy(update=top))
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+class Reloader:
+    """Re-reads settings and tools on request, one reload at a time.
+
+    Args:
+        running: The settings in force now.
+        read_settings: Reads the config again (file, environment, flags);
+            raises TooljailError (`ConfigError`) when it cannot be used.
+        load_tools: Loads the tool directories with the given settings.
+        apply: Puts settings and registry in force for calls admitted from now on.
+        registry: The registry in force now.
+    """
+
+    def __init__(
+        self,
+        *,
+        running: Callable[[], Settings],
+        read_settings: Callable[[], Settings],
+        load_tools: Callable[[Settings], Awaitable[Registry]],
+        apply: Callable[[Settings, Registry], None],
+        registry: Callable[[], Registry],
+    ) -> None:
+        self._running = running
+        self._read = read_settings
+        self._load_tools = load_tools
+        self._apply = apply
+        self._registry = registry
+
+    async def reload(self) -> bool:
+        """Re-read, apply what can change live, log what changed and what needs a restart.
+
+        Returns:
+            Whether everything re-read was applied (False: the config or the tools
+            could not be read, and the running ones stay).
+        """
+        log.info("reload: re-reading the configuration and the tool directories")
+        running, ok = self._running(), True
+        try:
+            change = compare(running, self._read())
+        except TooljailError as exc:
+            log.error("reload: configuration kept, it cannot be used: %s", exc)
+            change, ok = SettingsChange((), (), running), False
+        settings = change.settings
+        old_registry = registry = self._registry()
+        try:
+            registry = await self._load_tools(settings)
+        except Exception as exc:  # any failure keeps the tools served
+            log.error("reload: tools kept, they cannot be loaded: %s", exc, exc_info=True)
+            ok = False
+        self._apply(settings, registry)
+        if "log_level" in change.live:
+            set_log_level(settings.log_level)
+        _log_outcome(change, running, old_registry, registry)
+        return ok
+
+
+def set_log_level(level: str) -> None:
+    """The root logger's level, grpc's kept at WARNING or above (as `setup_logging`)."""
+    root = logging.getLogger()
+    root.setLevel(level)
+    logging.getLogger("grpc").setLevel(max(logging.WARNING, root.level))
+
+
+def _log_outcome(change: SettingsChange, running: Settings, old: Registry, new: Registry) -> None:
+    before, after = {t.name for t in old.tools()}, {t.name for t in new.tools()}
+    was, now = (
+        _flatten(running.model_dump(mode="json")),
+        _flatten(change.settings.model_dump(mode="json")),
+    )
+    log.info(
+        "reload: done",
+        extra={
+            "tools_added": sorted(after - before),
+            "tools_removed": sorted(before - after),
+            "tools": len(after),
+            "settings_applied": {k: [was.get(k), now.get(k)] for k in change.live},
+        },
+    )
+    if change.restart:
+        log.warning(
+            "reload: these settings changed but take effect only after a restart "
+            "(systemctl restart tooljail): %s",
+            ", ".join(change.restart),
+            extra={"settings_need_restart": list(change.restart)},
+        )
