@@ -4,8 +4,9 @@ The container is a Debian bookworm root made by debootstrap (systemd, bubblewrap
 python3), imported once per machine as `tooljail/systemd-test:<recipe hash>` and
 reused by later runs; the checkout and its interpreter are bind-mounted at
 their own paths, read-only. What runs is the unit as shipped, with two
-drop-in changes only: ExecStart names this checkout's `tooljail`, and
-ProtectHome=read-only instead of yes, since that interpreter lives under /root.
+drop-in changes only: ExecStart names this checkout's `tooljail`,
+ProtectHome=read-only instead of yes, since that interpreter lives under /root, and
+PrivateTmp=no when the checkout itself is under /tmp.
 
 The container does not mask parts of /proc (systempaths=unconfined): Docker's
 masks would make the kernel refuse bubblewrap a fresh /proc, as the unit's
@@ -144,8 +145,12 @@ def machine() -> Iterator[Machine]:
             "/etc/systemd/system/tooljail.service",
             unit.replace("/usr/local/bin/tooljail", str(TOOLJAIL)),
         )
+        # The unit's PrivateTmp=yes would hide a checkout under /tmp (a CI clone's
+        # place) from the service, its `tooljail` included: the drop-in lets it see it.
+        private_tmp = "PrivateTmp=no\n" if ROOT.is_relative_to("/tmp") else ""
         box.put(
-            "/etc/systemd/system/tooljail.service.d/test.conf", "[Service]\nProtectHome=read-only\n"
+            "/etc/systemd/system/tooljail.service.d/test.conf",
+            "[Service]\nProtectHome=read-only\n" + private_tmp,
         )
         box.put("/etc/tooljail/tools/first.py", FIRST)
         box.sh("systemctl daemon-reload")
