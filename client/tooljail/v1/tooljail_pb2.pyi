@@ -123,6 +123,22 @@ ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_NOT_AWAITING_APPROVAL: ErrorCode
 
+class GetDaemonInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DaemonInfo(_message.Message):
+    __slots__ = ("daemon_id", "version", "draining", "started_unix")
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    daemon_id: str
+    version: str
+    draining: bool
+    started_unix: float
+    def __init__(self, daemon_id: _Optional[str] = ..., version: _Optional[str] = ..., draining: _Optional[bool] = ..., started_unix: _Optional[float] = ...) -> None: ...
+
 class ListToolsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -196,14 +212,16 @@ class CallEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[Started, _Mapping]] = ..., output: _Optional[_Union[Output, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ...) -> None: ...
 
 class Started(_message.Message):
-    __slots__ = ("call_id", "sandbox_id", "tool")
+    __slots__ = ("call_id", "sandbox_id", "tool", "daemon_id")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     sandbox_id: str
     tool: str
-    def __init__(self, call_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
+    daemon_id: str
+    def __init__(self, call_id: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., tool: _Optional[str] = ..., daemon_id: _Optional[str] = ...) -> None: ...
 
 class Output(_message.Message):
     __slots__ = ("seq", "stream", "data")
@@ -226,7 +244,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +260,7 @@ class Result(_message.Message):
     SESSION_RESET_FIELD_NUMBER: _ClassVar[int]
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -257,7 +276,8 @@ class Result(_message.Message):
     session_reset: bool
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
     usage: Usage
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...
+    daemon_id: str
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("cpu_s", "memory_peak_bytes", "wall_s", "output_bytes")
@@ -298,18 +318,20 @@ class GetCallRequest(_message.Message):
     def __init__(self, call_id: _Optional[str] = ...) -> None: ...
 
 class CallInfo(_message.Message):
-    __slots__ = ("call_id", "tool", "state", "result", "has_result")
+    __slots__ = ("call_id", "tool", "state", "result", "has_result", "daemon_id")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HAS_RESULT_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     tool: str
     state: CallState
     result: Result
     has_result: bool
-    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ...) -> None: ...
+    daemon_id: str
+    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ..., daemon_id: _Optional[str] = ...) -> None: ...
 
 class ApproveRequest(_message.Message):
     __slots__ = ("call_id", "approve", "reason")
@@ -352,7 +374,7 @@ class CreateSessionRequest(_message.Message):
     def __init__(self, idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "state", "end_reason", "sandbox_id", "created_unix", "last_used_unix", "idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "calls", "queued", "resets")
+    __slots__ = ("session_id", "state", "end_reason", "sandbox_id", "created_unix", "last_used_unix", "idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "calls", "queued", "resets", "daemon_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -369,6 +391,7 @@ class SessionInfo(_message.Message):
     CALLS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     state: SessionState
     end_reason: str
@@ -385,7 +408,8 @@ class SessionInfo(_message.Message):
     calls: int
     queued: int
     resets: int
-    def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ...) -> None: ...
+    daemon_id: str
+    def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ..., daemon_id: _Optional[str] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

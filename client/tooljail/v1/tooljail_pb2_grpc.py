@@ -110,6 +110,11 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.CallInfo.FromString,
                 _registered_method=True)
+        self.GetDaemonInfo = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/GetDaemonInfo',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -240,6 +245,14 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDaemonInfo(self, request, context):
+        """Who this daemon is and whether it takes new calls: what a client routing
+        over many daemons asks each target once (and again after a reconnect).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -317,6 +330,11 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.Approve,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.CallInfo.SerializeToString,
+            ),
+            'GetDaemonInfo': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDaemonInfo,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -725,6 +743,33 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/Approve',
             tooljail_dot_v1_dot_tooljail__pb2.ApproveRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.CallInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDaemonInfo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/GetDaemonInfo',
+            tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.FromString,
             options,
             channel_credentials,
             insecure,
