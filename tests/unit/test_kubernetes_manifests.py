@@ -413,3 +413,38 @@ def test_the_image_holds_what_the_pod_runs() -> None:
     entrypoint = (KUBE / "image" / "entrypoint.sh").read_text()
     assert entrypoint.rstrip().endswith('exec tooljail "$@"')
     assert shlex.split(f"tooljail {' '.join(container['args'])}")[1] == "serve"
+
+
+NOT_SETTINGS = {
+    "container_t": "an SELinux type",
+    "enter_graceful_shutdown": "grpc's health servicer method",
+    "get_call": "an SDK method",
+    "health_listen": "a setting proposed, not there yet",
+    "no_new_privs": "a process flag",
+    "upload_file": "a built-in tool",
+}
+"""Names docs/kubernetes.md uses that are not the daemon's settings."""
+
+
+def test_every_setting_the_kubernetes_guide_names_exists() -> None:
+    def names(model: type[Any]) -> set[str]:
+        found = set(model.model_fields)
+        for field in model.model_fields.values():
+            if isinstance(field.annotation, type) and hasattr(field.annotation, "model_fields"):
+                found |= names(field.annotation)
+        return found
+
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    named = set(re.findall(r"`(?:\[[a-z.]+\] )?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`", text))
+    unknown = sorted(named - names(Settings) - set(NOT_SETTINGS))
+    assert not unknown, f"docs/kubernetes.md names settings that do not exist: {unknown}"
+    assert {"shutdown_grace_s", "state_dir", "metrics_listen"} <= named
+
+
+def test_the_memory_limit_holds_every_running_sandbox(rendered: list[Obj]) -> None:
+    settings = _settings(rendered)
+    limit = _container(rendered)["resources"]["limits"]["memory"]
+    number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", limit).groups()  # type: ignore[union-attr]
+    limit_bytes = int(number) * {"Mi": 1024**2, "Gi": 1024**3}[unit]
+    sandboxes = settings.max_concurrent * settings.limits.sandbox_memory_bytes
+    assert limit_bytes >= sandboxes + 512 * 1024**2
