@@ -34,6 +34,20 @@ CONTAINER = (
     ' && mount -t cgroup2 -o ro none /sys/fs/cgroup && exec "$@"'
 )
 
+# A container's /proc as runtimes leave it: part of it masked (a read-only
+# tmpfs over a directory) and /proc/sys read-only, in a pid namespace of its own.
+MASKED_PROC = (
+    "mount -t tmpfs -o ro tmpfs /proc/acpi || mount -t tmpfs -o ro tmpfs /proc/scsi;"
+    " mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys"
+)
+
+# What a process sandbox's bubblewrap does with /proc, as the sandbox uid.
+BWRAP = (
+    "setpriv --reuid=65534 --regid=65534 --clear-groups -- bwrap --unshare-user"
+    " --unshare-pid --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64"
+    " --symlink usr/bin /bin --proc /proc --dev /dev -- /bin/true"
+)
+
 pytestmark = [
     pytest.mark.isolation,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, mounts)"),
@@ -75,3 +89,24 @@ def test_without_sys_admin_it_says_what_failed_and_still_starts_the_daemon(
     assert "proc: mounted" not in lines and "cgroup: writable" not in lines
     assert "cannot make /sys/fs/cgroup writable" in done.stderr
     assert "cannot mount an unmasked procfs" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_bubblewrap_gets_its_proc_under_a_masked_proc_once_the_entrypoint_ran(
+    tmp_path: Path,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "tooljail").write_text(f"#!/bin/sh\n{BWRAP} && echo 'sandbox: made'\nexit 0\n")
+    (bin_dir / "tooljail").chmod(0o755)
+    script = f"{MASKED_PROC}; mount -t tmpfs tmpfs /run; {BWRAP} || echo 'before: refused';"
+    script += f" exec sh {ENTRYPOINT} serve"
+    argv = ["unshare", "-m", "-p", "-f", "--mount-proc", "--propagation", "private"]
+    argv += ["sh", "-c", script]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    # Without the unmasked procfs the kernel refuses bubblewrap its /proc
+    # ("mount too revealing"); with it, the same sandbox is made.
+    assert "before: refused" in done.stdout.splitlines(), (done.stdout, done.stderr)
+    assert "Can't mount proc" in done.stderr
+    assert "sandbox: made" in done.stdout.splitlines(), (done.stdout, done.stderr)
