@@ -86,6 +86,11 @@ def _parser() -> argparse.ArgumentParser:
         "--metrics-listen", metavar="HOST:PORT", help="serve Prometheus metrics at /metrics here"
     )
     serve.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        help="also serve gRPC health checks alone here, in plaintext (for probes without TLS)",
+    )
+    serve.add_argument(
         "--isolation",
         choices=["strict", "best-effort", "none"],
         help="strict: refuse to start without every isolation feature; "
@@ -272,6 +277,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         log_level=args.log_level,
         metrics_listen=args.metrics_listen,
+        health_listen=args.health_listen,
         isolation=args.isolation,
         backend=args.backend,
     )

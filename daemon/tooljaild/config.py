@@ -70,6 +70,10 @@ class Settings(BaseSettings, BackendSettings):
     """The Unix socket's mode, in octal."""
     metrics_listen: str | None = None
     """Serve Prometheus metrics at http://HOST:PORT/metrics; None: not served."""
+    health_listen: str | None = None
+    """Serve gRPC health checking alone (grpc.health.v1, SERVING or NOT_SERVING,
+    nothing else) in plaintext on HOST:PORT, for probes that speak no TLS, such as
+    the kubelet's native `grpc:` probe; None: health is served on `listen` only."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
     """TCP with TLS, and client certificates (`[tls]`)."""
     auth: AuthSettings = Field(default_factory=AuthSettings)

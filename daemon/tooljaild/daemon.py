@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
+from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
@@ -58,7 +59,7 @@ from tooljaild.sandbox.backends import BACKENDS, Backend, Host, Sandboxes
 from tooljaild.sandbox.docker import new_daemon_id
 from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
-from tooljaild.server import SERVICE_NAME, create_server
+from tooljaild.server import SERVICE_NAME, create_health_server, create_server
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.systemd import Notifier
 
@@ -218,6 +219,9 @@ class Daemon:
         self._table = backends
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
+        self._health_server: grpc.aio.Server | None = None
+        """Health checks alone, in plaintext, on `health_listen` (None: not set)."""
+        self.health_port = 0
         self._socket: SocketPlan | None = None
         self._security: ListenerSecurity | None = None
         self._socket_path: Path | None = None
@@ -428,6 +432,7 @@ class Daemon:
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
         await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
+        await self._serve_health(health)
         if self.artifacts is not None:
             self._pruning = asyncio.create_task(prune_periodically(self.artifacts))
         late = await self.pools.wait_ready(warm, timeout_s=30.0)
@@ -527,6 +532,8 @@ class Daemon:
         if self._server is not None:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)
+        if self._health_server is not None:
+            await self._health_server.stop(None)
         await self._close_sandboxes()
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -548,6 +555,25 @@ class Daemon:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         log.info("stopped")
+
+    async def _serve_health(self, health: grpc_health.aio.HealthServicer) -> None:
+        """Serve `health` alone on `health_listen`, if set (see `create_health_server`).
+
+        Raises:
+            DaemonError: The address cannot be bound (what was started is stopped).
+        """
+        listen = self.settings.health_listen
+        if listen is None:
+            return
+        try:
+            server, self.health_port = create_health_server(health, listen)
+        except RuntimeError as exc:
+            if self._server is not None:
+                await self._server.stop(None)
+            await self._close_sandboxes()
+            raise DaemonError(f"cannot serve health checks on {listen}: {exc}") from exc
+        await server.start()
+        self._health_server = server
 
     def _serve_metrics(self) -> None:
         """Serve `/metrics` on `metrics_listen`, if set, fed by the manager and the rest.

@@ -493,3 +493,27 @@ def create_server(
     # Named once bound: the default name holds the port port 0 picked.
     servicer.daemon_id = daemon_id or default_daemon_id(listen or address, port)
     return server, port, health_servicer
+
+
+def create_health_server(
+    health_servicer: health.aio.HealthServicer, address: str
+) -> tuple[grpc.aio.Server, int]:
+    """A plaintext server of `health_servicer` alone, on `address` ("HOST:PORT").
+
+    It shares the main server's servicer, so it answers exactly what the main
+    one does, NOT_SERVING from the drain's start included. Plaintext and open
+    to anyone who reaches it: it tells a prober SERVING or NOT_SERVING, nothing
+    of the daemon's tools, calls or identities (no reflection either).
+
+    Returns:
+        The server (not started) and the bound port.
+
+    Raises:
+        RuntimeError: When the address cannot be bound.
+    """
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {address}")
+    return server, port

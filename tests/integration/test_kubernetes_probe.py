@@ -1,17 +1,18 @@
-"""The pod's probes (deploy/kubernetes/image/probe.py) against a real daemon.
+"""The pod's probes against a real daemon, as the kubelet's native gRPC probe asks.
 
 The daemon runs as `tooljail serve` does in the pod: the ConfigMap's own
-tooljail.toml (listen on 0.0.0.0 with TLS and tokens), with only the paths and
-the port moved here through the environment. The probe must pass `ready` once
-the pools are warm, fail it from the first moment of a drain while `live` still
-passes (the kubelet must not restart a draining daemon), and fail both once
-the daemon is gone or its certificate is not the CA's.
+tooljail.toml (its API on 0.0.0.0 with TLS and tokens, health checks alone in
+plaintext on `health_listen`), with only the paths and the ports moved here
+through the environment. The kubelet's `grpc:` probe is one grpc.health.v1
+Check (service "") in plaintext, passing on SERVING only: it must pass once the
+pools are warm, fail from the first moment of a drain (the pod leaves the
+Service) while the daemon's calls still finish, and the health port must serve
+nothing but health.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import signal
 import socket
@@ -21,30 +22,21 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.certs import Authority
 from tooljail import Client
 from tooljail.testing import wait_for
+from tooljail.v1 import tooljail_pb2, tooljail_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "kubernetes" / "base" / "tooljail.toml"
-PROBE = ROOT / "deploy" / "kubernetes" / "image" / "probe.py"
 TOKEN = "token-of-an-agent-pod"
-
-
-def _probe_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tooljail_probe", PROBE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-probe = _probe_module()
+SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def _free_port() -> int:
@@ -59,11 +51,18 @@ class PodDaemon:
 
     process: subprocess.Popen[bytes]
     port: int
+    health_port: int
     ca: Path
 
-    def probe(self, mode: str, ca: Path | None = None) -> int:
-        argv = [mode, "--port", str(self.port), "--ca", str(ca or self.ca)]
-        return int(probe.main([*argv, "--server-name", "localhost", "--timeout", "2"]))
+    def probe(self) -> bool:
+        """The kubelet's grpc probe: a plaintext Check of service "", SERVING passes."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.health_port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            except grpc.RpcError:
+                return False
+        return bool(answer.status == SERVING)
 
 
 @pytest.fixture
@@ -77,11 +76,12 @@ def pod_daemon(tmp_path: Path) -> Iterator[PodDaemon]:
     state = tmp_path / "state"
     state.mkdir(mode=0o711)
     tmp_path.chmod(0o711)
-    port = _free_port()
+    port, health_port = _free_port(), _free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TOOLJAIL_")},
         "TOOLJAIL_LISTEN": f"0.0.0.0:{port}",
         "TOOLJAIL_STATE_DIR": str(state),
+        "TOOLJAIL_HEALTH_LISTEN": f"0.0.0.0:{health_port}",
         "TOOLJAIL_METRICS_LISTEN": f"127.0.0.1:{_free_port()}",
         "TOOLJAIL_TLS__CERT_FILE": str(server.cert),
         "TOOLJAIL_TLS__KEY_FILE": str(server.key),
@@ -92,7 +92,7 @@ def pod_daemon(tmp_path: Path) -> Iterator[PodDaemon]:
     }
     argv = [sys.executable, "-m", "tooljaild", "serve", "--config", str(CONFIG)]
     process = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    daemon = PodDaemon(process, port, authority.ca_file)
+    daemon = PodDaemon(process, port, health_port, authority.ca_file)
     try:
         yield daemon
     finally:
@@ -111,9 +111,10 @@ def _until(predicate: Any, timeout: float, daemon: PodDaemon) -> None:
     wait_for(holds, timeout, interval=0.1)
 
 
-def test_ready_once_warm_then_not_ready_but_live_while_draining(pod_daemon: PodDaemon) -> None:
-    _until(lambda: pod_daemon.probe("ready") == 0, 60, pod_daemon)
-    assert pod_daemon.probe("live") == 0
+def test_ready_once_warm_then_not_ready_while_draining_and_calls_finish(
+    pod_daemon: PodDaemon,
+) -> None:
+    _until(pod_daemon.probe, 60, pod_daemon)
 
     # A call that outlasts the SIGTERM keeps the daemon draining for a while.
     results: list[Any] = []
@@ -130,20 +131,27 @@ def test_ready_once_warm_then_not_ready_but_live_while_draining(pod_daemon: PodD
             # A warm sandbox takes the call within milliseconds; a second is plenty.
             threading.Event().wait(1.0)
             pod_daemon.process.send_signal(signal.SIGTERM)
-            _until(lambda: pod_daemon.probe("ready") == 1, 5, pod_daemon)
-            live_while_draining = pod_daemon.probe("live")
+            _until(lambda: not pod_daemon.probe(), 5, pod_daemon)
+            draining = pod_daemon.process.poll() is None
         finally:
             # The call's own answer, whatever the probes said.
             caller.join(30)
-    assert live_while_draining == 0, "a draining daemon must stay live"
+    assert draining, "the probe failed only because the daemon had already exited"
     assert results and results[0].ok, results
     assert results[0].data["stdout"] == "finished in the drain\n"
     assert pod_daemon.process.wait(30) == 0
-    assert pod_daemon.probe("live") == 1
+    assert not pod_daemon.probe()
 
 
-def test_a_certificate_of_another_ca_fails_the_probe(pod_daemon: PodDaemon, tmp_path: Path) -> None:
-    _until(lambda: pod_daemon.probe("ready") == 0, 60, pod_daemon)
-    other = Authority(tmp_path, "elsewhere")
-    assert pod_daemon.probe("live", ca=other.ca_file) == 1
-    assert pod_daemon.probe("live", ca=tmp_path / "missing.pem") == 1
+def test_the_health_port_serves_health_alone_and_the_api_needs_tls(pod_daemon: PodDaemon) -> None:
+    _until(pod_daemon.probe, 60, pod_daemon)
+    with grpc.insecure_channel(f"127.0.0.1:{pod_daemon.health_port}") as channel:
+        tools = tooljail_pb2_grpc.ToolRunnerStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            tools.ListTools(tooljail_pb2.ListToolsRequest(), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # The API's own port answers no plaintext, health included.
+    with grpc.insecure_channel(f"127.0.0.1:{pod_daemon.port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError):
+            stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
