@@ -417,7 +417,6 @@ NOT_SETTINGS = {
     "container_t": "an SELinux type",
     "enter_graceful_shutdown": "grpc's health servicer method",
     "get_call": "an SDK method",
-    "health_listen": "a setting proposed, not there yet",
     "no_new_privs": "a process flag",
     "upload_file": "a built-in tool",
 }
