@@ -127,14 +127,29 @@ class ArtifactInfo(ArtifactRef):
 
 
 class Usage(BaseModel):
-    """What one call used: from its sandbox's cgroup where it has one, else rusage."""
+    """What one call used: from its sandbox's cgroup where it has one, else rusage.
+
+    A call in a session reports its own usage, from its request to its end
+    (also when a timeout interrupted it or reset the session's interpreter),
+    never the session's so far. A tool that runs in the daemon itself, without
+    a sandbox (the artifact tools), reports `wall_s` and `output_bytes`, and 0
+    for `cpu_s` and `memory_peak_bytes`: nothing of the sandbox's was used.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     cpu_s: float = 0.0
-    """CPU seconds, user and system, of the call's processes."""
+    """CPU seconds, user and system, of the call's processes: every process of
+    the sandbox where it has a cgroup, else the tool's process and the children
+    it waited for. 0 for an in-daemon tool."""
     memory_peak_bytes: int = 0
-    """The sandbox's peak memory during the call; 0 when unknown."""
+    """The most memory in use at once during the call; 0 when unknown (and for
+    an in-daemon tool). With a cgroup, the whole sandbox's. In a session with a
+    cgroup v1, the cgroup's peak is reset at each call's start; with cgroup v2
+    (whose peak cannot be reset) or no cgroup, it is the session interpreter's
+    resident peak during the call (not counting processes it started), or,
+    on a kernel that cannot reset that either, its peak since the interpreter
+    started."""
     wall_s: float = 0.0
     """Seconds from the call's start to its end."""
     output_bytes: int = 0

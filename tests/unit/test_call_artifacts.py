@@ -385,6 +385,12 @@ class _Sandbox:
             return RunOutcome(Termination.RUNNER_LOST)
         return RunOutcome(Termination.RETURNED, value_kind="none")
 
+    def usage_from_now(self) -> None:
+        pass
+
+    def measure(self, outcome: RunOutcome) -> None:
+        pass
+
 
 class _Session:
     """A SessionSandbox on real pipes, whose frame pipe the test writes."""

@@ -30,7 +30,7 @@ What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
 bounded per line, parsed, and only a result for the call that runs is taken.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
-One file of ~650 lines on purpose: both processes share the session's
+One file of ~800 lines on purpose: both processes share the session's
 request, the line splitter and the sweep, and each runner module more is one
 more file to find and compile at a session's start outside the zygote.
 """
@@ -96,6 +96,8 @@ class _Supervisor:
         self.root = str(request.get("cwd") or os.getcwd())
         self.me = os.getpid()
         self.interpreter = 0
+        self.view = _ProcView(0)
+        """The interpreter's /proc files, for the usage of its calls."""
         self.status: int | None = None
         """The interpreter's wait status once it is reaped (it died)."""
         self.running: int | None = None
@@ -105,6 +107,10 @@ class _Supervisor:
         """The interpreter was restarted while idle: the next call's end says so."""
         self.sender: Any = None
         """The running call's artifact sender (_artifacts.Sender), None while idle."""
+        self.usage: _CallUsage | None = None
+        """What the running call has used, counted from its start; None while idle."""
+        self.reaped: tuple[int, Any] | None = None
+        """(pid, rusage from wait4) of the last interpreter reaped (it died)."""
         self.dropping = False
         """The interpreter's artifact being forwarded is past the call's count: dropped."""
         self.outputs_before: dict[str, tuple[int, int]] = {}
@@ -149,6 +155,7 @@ class _Supervisor:
         os.set_blocking(to_w, False)
         os.set_blocking(from_r, False)
         self.interpreter, self.status = pid, None
+        self.view = _ProcView(pid)
         self.to_interp, self.from_interp = to_w, from_r
         self.outgoing = b""
         self.messages = _Lines(MAX_MESSAGE_BYTES)
@@ -163,11 +170,13 @@ class _Supervisor:
         self.sweep(everything=True)
         if self.status is None:
             with contextlib.suppress(ChildProcessError):
-                _, self.status = os.waitpid(self.interpreter, 0)
+                _, self.status, rusage = os.wait4(self.interpreter, 0)
+                self.reaped = (self.interpreter, rusage)
         for fd in (self.to_interp, self.from_interp):
             with contextlib.suppress(KeyError, ValueError):
                 self.poll.unregister(fd)
             os.close(fd)
+        self.view.close()
 
     def restart(self, *, asked: bool) -> None:
         """Replace the interpreter (dead, or killed now); end the call it ran.
@@ -222,9 +231,17 @@ class _Supervisor:
                 self.restart(asked=False)
 
     def _reap(self) -> None:
-        for pid, status in self.runner._reap_all():
+        # wait4, not the runner's waitpid: a dead interpreter's rusage is its
+        # call's usage (`_CallUsage`).
+        while True:
+            try:
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
             if pid == self.interpreter:
-                self.status = status
+                self.status, self.reaped = status, (pid, rusage)
 
     def _on_request(self, line: bytes) -> None:
         try:
@@ -245,9 +262,19 @@ class _Supervisor:
     def _call(self, seq: int, request: dict[str, Any], line: bytes) -> None:
         kind = request.get("kind")
         if kind == "workspace":
-            self._write(seq, self._workspace(request), reset=False)
+            before = _own_usage()
+            frame = self._workspace(request)
+            after = _own_usage()
+            # The supervisor ran it: its CPU for the operation, and its own peak
+            # (it runs no tool code: small, and never a tool's figure).
+            frame["usage"] = {
+                "cpu_s": _cpu_s(after) - _cpu_s(before),
+                "memory_peak_bytes": after.ru_maxrss * 1024,
+            }
+            self._write(seq, frame, reset=False)
         elif kind in ("code", "file", "user"):
             self.running = seq
+            self.usage = _CallUsage(self.view)
             # outputs/ is read here, not by the interpreter: tool code cannot
             # make the supervisor send what the call did not write.
             self.outputs_before = _artifacts.snapshot(self.root)
@@ -360,6 +387,10 @@ class _Supervisor:
             except Exception as exc:  # the call's result must still be told
                 _artifacts.say(f"outputs/ could not be sent: {type(exc).__name__}: {exc}")
             self.sender = None
+        if self.running == seq and self.usage is not None:
+            # Measured last: after the sweep, whose orphans count as this call's.
+            frame["usage"] = self.usage.end(self)
+            self.usage = None
         frame["seq"] = seq
         frame["reset"] = reset or self.reset_pending
         frame["resets"] = self.resets
@@ -408,6 +439,122 @@ class _Supervisor:
 
 _RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
 _ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
+
+
+class _CallUsage:
+    """What one call in the interpreter used, from its start to its end: the
+    result frame's "usage", as a fresh worker's rusage (`_runner._usage`) is.
+
+    Read by the supervisor, never by the interpreter: tool code can no more
+    change these figures than the daemon's cgroup (which, where the sandbox
+    has one, the daemon prefers: it also counts processes nobody waited for).
+
+    CPU: the interpreter's and its waited-for children's (/proc/PID/stat's
+    utime, stime, cutime, cstime; clock ticks, 10 ms on most kernels), plus
+    what the supervisor reaped during the call (orphans the sweep killed; an
+    interpreter that died, whose whole life is then counted, less its CPU at
+    the call's start). Children the interpreter reaps only at the next call's
+    start (those the sweep killed) count there.
+
+    Memory: the interpreter's resident peak (VmHWM) during the call: it is
+    reset to the current resident size at the call's start (/proc/PID/clear_refs,
+    "5", Linux 4.0+). Where it cannot be, the figure is the peak since the
+    interpreter started (the session's start or its last reset). Processes
+    the interpreter starts are not in it (only a cgroup sees them all). A dead
+    interpreter's is wait4's ru_maxrss: its own peak since the call's start,
+    or more when a thread of it or a child it waited for peaked higher before.
+    """
+
+    def __init__(self, interpreter: _ProcView) -> None:
+        self.interpreter = interpreter
+        self.own = interpreter.cpu_s() or 0.0
+        self.children = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN))
+        interpreter.reset_peak()
+
+    def end(self, supervisor: _Supervisor) -> dict[str, float]:
+        """The usage so far; `supervisor` says whether the interpreter still lives."""
+        reaped = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN)) - self.children
+        pid = self.interpreter.pid
+        alive = supervisor.interpreter == pid and supervisor.status is None
+        own = self.interpreter.cpu_s() if alive else None
+        if own is not None:
+            cpu, peak = own - self.own + reaped, self.interpreter.peak_rss()
+        else:  # reaped: its whole life is in `reaped`, less what it had used before
+            cpu = reaped - self.own
+            last = supervisor.reaped
+            peak = last[1].ru_maxrss * 1024 if last and last[0] == pid else 0
+        return {"cpu_s": max(cpu, 0.0), "memory_peak_bytes": peak}
+
+
+class _ProcView:
+    """The interpreter's /proc files that `_CallUsage` reads, each opened once
+    (on first use: right after its fork the interpreter is not yet dumpable,
+    and its files are not the session uid's) and then read with pread, which
+    costs half of an open and a read at every call. A descriptor stays with
+    its process: a reused pid never answers for a dead interpreter."""
+
+    _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+    """Seconds in one clock tick, the unit of /proc/PID/stat's times."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._fds: dict[str, int] = {}
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds it and the children it waited for used so far; None when gone."""
+        stat = self._read("stat")
+        # After the command name (which may hold spaces and parentheses), from
+        # field 3 (state) on: utime, stime, cutime and cstime are fields 14-17.
+        ticks = stat[stat.rfind(b")") + 2 :].split()[11:15]
+        if len(ticks) < 4:
+            return None  # gone (nothing read)
+        return sum(int(tick) for tick in ticks) * self._TICK_S
+
+    def peak_rss(self) -> int:
+        """Its resident peak in bytes (VmHWM); 0 when it is gone."""
+        for line in self._read("status").splitlines():
+            if line.startswith(b"VmHWM:"):
+                return int(line.split()[1]) * 1024  # in kB
+        return 0
+
+    def reset_peak(self) -> bool:
+        """Start its VmHWM afresh (from its current resident size); False if it cannot be."""
+        fd = self._fd("clear_refs", os.O_WRONLY)
+        try:
+            return fd is not None and os.write(fd, b"5") == 1
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _read(self, name: str) -> bytes:
+        fd = self._fd(name, os.O_RDONLY)
+        try:
+            return b"" if fd is None else os.pread(fd, 16384, 0)
+        except OSError:
+            return b""
+
+    def _fd(self, name: str, flags: int) -> int | None:
+        fd = self._fds.get(name)
+        if fd is None:
+            try:
+                fd = os.open(f"/proc/{self.pid}/{name}", flags | os.O_CLOEXEC)
+            except OSError:
+                return None
+            self._fds[name] = fd
+        return fd
+
+
+def _own_usage() -> Any:
+    return resource.getrusage(resource.RUSAGE_SELF)
+
+
+def _cpu_s(usage: Any) -> float:
+    """User and system CPU seconds of a getrusage/wait4 result."""
+    return float(usage.ru_utime + usage.ru_stime)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:

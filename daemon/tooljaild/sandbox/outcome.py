@@ -37,12 +37,17 @@ def outcome_of(
     """The outcome of one call (see `_outcome_of` for the arguments), with the
     usage the worker measured in its result frame, when it wrote one."""
     outcome = _outcome_of(result, exit_frame, yields, **how)
+    read_usage(outcome, result)
+    return outcome
+
+
+def read_usage(outcome: RunOutcome, result: Frame | None) -> None:
+    """Set `outcome`'s usage to what the runner measured in `result`, if it did."""
     usage = result.get("usage") if result is not None else None
     if isinstance(usage, dict):
         with contextlib.suppress(TypeError, ValueError):
             outcome.cpu_s = float(usage["cpu_s"])
             outcome.memory_peak_bytes = int(usage["memory_peak_bytes"])
-    return outcome
 
 
 def _outcome_of(

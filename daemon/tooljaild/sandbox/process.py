@@ -115,7 +115,8 @@ class ProcessSandbox(RunnerSandbox):
         self._limits = limits
         self._cgroup: SandboxCgroup | None = None
         self._cpu_base: float | None = None
-        """The cgroup's CPU seconds once the runner was ready (see `_measure`)."""
+        """The cgroup's CPU seconds once the runner was ready, or a session's call
+        started (see `measure`)."""
         self._peak_fresh = False
         """The cgroup's memory peak counts from this sandbox's start only."""
         self._proc: asyncio.subprocess.Process | ZygoteChild | None = None
@@ -311,14 +312,25 @@ class ProcessSandbox(RunnerSandbox):
             memory_bytes=self._limits.sandbox_memory_bytes,
             protocol_error=end.broken,
         )
-        if self._cgroup is not None:
-            self._measure(self._cgroup, outcome)
+        self.measure(outcome)
         return outcome
 
-    def _measure(self, cgroup: SandboxCgroup, outcome: RunOutcome) -> None:
-        """The cgroup's usage over the worker's rusage, where the cgroup knows it: it
+    def usage_from_now(self) -> None:
+        """A session's call starts: the cgroup's CPU counts from here, and so does
+        its memory peak where it can be reset (v1). Where it cannot (v2), the
+        peak the session's supervisor measured for the call stands (runner/_session.py
+        `_CallUsage`): the cgroup's would be the whole session's."""
+        if self._cgroup is not None:
+            self._cpu_base = self._cgroup.cpu_s()
+            self._peak_fresh = self._cgroup.reset_memory_peak()
+
+    def measure(self, outcome: RunOutcome) -> None:
+        """The cgroup's usage over the runner's rusage, where the cgroup knows it: it
         counts every process of the sandbox (also those nobody waited for, and a
         run killed before its worker could report)."""
+        cgroup = self._cgroup
+        if cgroup is None:
+            return
         cpu = cgroup.cpu_s()
         if cpu is not None and self._cpu_base is not None:
             outcome.cpu_s = max(outcome.cpu_s or 0.0, cpu - self._cpu_base)

@@ -564,6 +564,14 @@ class RunnerSandbox(Sandbox):
         """What `end` means, as this backend reads it (see `_outcome`)."""
         return await self._outcome(end)
 
+    def usage_from_now(self) -> None:
+        """A session's call starts now: what the backend measures itself (not
+        the runner's figures) counts from here for `measure`. No-op by default."""
+
+    def measure(self, outcome: RunOutcome) -> None:
+        """Put what the backend measured itself since `usage_from_now` (or the
+        start) into `outcome`. No-op by default: the runner's figures stand."""
+
     @abc.abstractmethod
     def _runner_spec(self) -> RunnerSpec:
         """How this sandbox's runner sees things, for the request."""

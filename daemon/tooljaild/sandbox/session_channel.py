@@ -34,13 +34,13 @@ The supervisor's frames (frame pipe), each on a line of its own:
     {"t": "artifact", "seq": n, <the runner's artifact fields>}
         one part of an artifact call n made (runner_channel), before its result.
     {"t": "result", "seq": n, <the runner's result fields>, "reset": bool,
-     "resets": int}
+     "resets": int, "usage": {"cpu_s", "memory_peak_bytes"}}
         call n is over: its output is all written, and (unless the session
         keeps processes) every process it started is dead. ``reset``: the
         interpreter was restarted during the call or while idle before it;
-        ``resets``: restarts so far.
+        ``resets``: restarts so far; ``usage``: what call n used (below).
     {"t": "result", "seq": n, "lost": {"code", "signal"}, "asked": bool,
-     "reset": true, "resets": int}
+     "reset": true, "resets": int, "usage": {...}}
         call n's interpreter died: killed by a reset the daemon asked for
         (``asked``), or by itself (os._exit, a signal, SIGXCPU, the OOM
         killer): read as a fresh sandbox's exit would be (`outcome_of`).
@@ -63,6 +63,14 @@ from it only a yield or the running call's result, bounded per line: so it
 can claim its own call's result, as it could by printing it. Frames are still
 checked as in a single call (`CallFrames`); one that breaks the protocol ends
 the session.
+
+Usage per call, not per session. The supervisor measures each call from its
+request to its result (runner/_session.py `_CallUsage`: the interpreter's CPU
+and resident peak, reset per call, read from outside it), also for a call a
+reset or the interpreter's death ended. Where the sandbox has a cgroup, the
+backend counts from `begin` too (`RunnerSandbox.usage_from_now`): its CPU
+figure counts every process of the session; its memory peak is used where it
+can be reset per call (cgroup v1), the supervisor's where it cannot (v2).
 
 Limits: the interpreter's rlimits are set once, at its start; the CPU limit
 per call is its soft RLIMIT_CPU moved to (CPU used so far + cpu_s) at each call
@@ -89,6 +97,7 @@ from tooljaild.sandbox.base import (
     Termination,
 )
 from tooljaild.sandbox.channels import Frame, FrameItem, Malformed
+from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import (
     MAX_FRAME_BYTES_PER_CALL,
     CallFrames,
@@ -253,6 +262,7 @@ class SessionSandbox:
         pipes.frames.limit(MAX_FRAME_BYTES_PER_CALL)
         pipes.stdout.attach(sink)
         pipes.stderr.attach(sink)
+        self._sandbox.usage_from_now()  # the call's usage is its own, not the session's
         body = {"kind": request.kind, **request.payload, "limits": request.limits.rlimits()}
         pipes.send(_line({"op": "call", "seq": call.seq, "request": body}))
         return self._until_end(call)
@@ -269,18 +279,23 @@ class SessionSandbox:
             frames.exit_frame = self._exit_frame
             return SessionCallEnd(await sandbox.outcome_of(frames), False, False)
         reset = result.get("reset") is True
+        interrupted = call.interrupted and not reset
         lost = result.get("lost")
-        if isinstance(lost, dict) and result.get("asked") is True:
+        if not isinstance(lost, dict):
+            return SessionCallEnd(await sandbox.outcome_of(frames), reset, interrupted)
+        if result.get("asked") is True:
             # Ended by a reset the daemon asked for: as a kill of a fresh sandbox.
             outcome = RunOutcome(
                 Termination.KILLED, signal=lost.get("signal"), yields=frames.yields
             )
-        elif isinstance(lost, dict):
+        else:
             frames.exit_frame = {"t": "exit", **lost}
             outcome = await sandbox.outcome_of(frames)
-        else:
-            outcome = await sandbox.outcome_of(frames)
-        return SessionCallEnd(outcome, reset, call.interrupted and not reset)
+        # What it used up to its end: the supervisor's figures (it made no result
+        # frame of its own), then the backend's own where it has them.
+        read_usage(outcome, result)
+        sandbox.measure(outcome)
+        return SessionCallEnd(outcome, reset, interrupted)
 
     def interrupt(self) -> None:
         """KeyboardInterrupt in the running call's code; a no-op when idle."""
