@@ -9,7 +9,9 @@ Writes, per call, each one short transaction committed before it returns:
 
 - `Journal.admitted` when the call is admitted, *before* it may start: a call the
   journal does not know about never ran, which is what makes a retry with the
-  same id safe after a crash;
+  same id safe after a crash. It records who made the call, so that a call
+  answered from the journal stays its owner's (the server checks, as for a
+  live call);
 - `Journal.running` when it reaches a sandbox;
 - `Journal.finished` with its final `ToolResult` JSON.
 
