@@ -633,6 +633,13 @@ class Daemon:
                 "is started, and calls made before are no longer known",
                 s.state_dir,
             )
+        if self.journal.migrated_from is not None:
+            log.info(
+                "the call journal was migrated in place from schema version %d; its calls "
+                "are kept, and those recorded before it have no owner (with identities, "
+                "only approvers see them)",
+                self.journal.migrated_from,
+            )
         for entry in lost:
             log.warning(
                 "call lost: the daemon stopped while it ran",

@@ -9,7 +9,9 @@ Writes, per call, each one short transaction committed before it returns:
 
 - `Journal.admitted` when the call is admitted, *before* it may start: a call the
   journal does not know about never ran, which is what makes a retry with the
-  same id safe after a crash;
+  same id safe after a crash. It records who made the call, so that a call
+  answered from the journal stays its owner's (the server checks, as for a
+  live call);
 - `Journal.running` when it reaches a sandbox;
 - `Journal.finished` with its final `ToolResult` JSON.
 
@@ -45,6 +47,10 @@ reset after each checkpoint and truncated back to `WAL_SIZE_LIMIT` bytes.
 
 The file itself (schema, opening and checking it, `JournalError` and its
 messages) is `tooljaild.journal_file`'s.
+
+Over 500 lines: one class over one table pair (calls and sessions), whose
+docstrings carry each write's contract, cost and failure; split further, a
+reader would follow one transaction across files.
 """
 
 from __future__ import annotations
@@ -104,15 +110,15 @@ LOST_WAITING_MESSAGE = (
 
 _ADMIT = """
     INSERT INTO calls (call_id, tool, fingerprint, state, created, timeout_s, idempotent,
-                       arguments_bytes, arguments)
+                       arguments_bytes, arguments, client)
     VALUES (:call_id, :tool, :fingerprint, 'queued', :created, :timeout_s, :idempotent,
-            :arguments_bytes, :arguments)
+            :arguments_bytes, :arguments, :client)
     ON CONFLICT (call_id) DO UPDATE SET
         tool = excluded.tool, fingerprint = excluded.fingerprint, state = 'queued',
         created = excluded.created, started = NULL, ended = NULL,
         timeout_s = excluded.timeout_s, idempotent = excluded.idempotent, sandbox_id = '',
         arguments_bytes = excluded.arguments_bytes, arguments = excluded.arguments,
-        result = NULL
+        result = NULL, client = excluded.client
     WHERE :replace AND calls.ended IS NOT NULL
 """
 _RUNNING = """
@@ -166,6 +172,10 @@ class JournalEntry:
     """The arguments JSON, cut to the journal's `max_argument_bytes`."""
     result_json: str | None
     """The final `ToolResult` as JSON; None while the call is unfinished."""
+    client: str = ""
+    """Who made the call (`Call.client`): the authenticated identity's name, or
+    without authentication the name the client claimed; "" for a call journaled
+    before schema version 3, which recorded nobody."""
 
     @property
     def arguments_truncated(self) -> bool:
@@ -208,6 +218,7 @@ class Journal:
         path: Path,
         *,
         created: bool,
+        migrated_from: int | None = None,
         max_age_s: float,
         max_rows: int,
         max_argument_bytes: int,
@@ -216,6 +227,8 @@ class Journal:
         self.path = path
         self.created = created
         """True when this `open` created the journal (first start, or an empty file)."""
+        self.migrated_from = migrated_from
+        """The schema version this `open` migrated the journal from; None: none was."""
         self.max_age_s = max_age_s
         self.max_rows = max_rows
         self.max_argument_bytes = max_argument_bytes
@@ -235,7 +248,9 @@ class Journal:
 
         An existing file is first checked through a read-only connection: its
         application id, schema version and columns, then `PRAGMA quick_check`,
-        which reads every page (~90 ms for 100,000 calls, 100 MB, on these VMs).
+        which reads every page (~90 ms for 100,000 calls, 100 MB, on these VMs);
+        one of an older schema version is then migrated in place, in one
+        transaction, keeping every row (`migrated_from` says from which).
         A file that is not a usable journal is reported and left exactly as it
         was (that connection may leave an empty `-wal` and a 32 KiB `-shm` file
         next to it, which SQLite recreates or ignores as needed). A write is then
@@ -266,7 +281,7 @@ class Journal:
         created = not path.exists() or check_existing(path)
         db = connect(path, "rwc" if created else "rw")
         try:
-            prepare(db, path, create=created)
+            migrated_from = prepare(db, path, create=created)
         except BaseException:
             db.close()
             raise
@@ -274,6 +289,7 @@ class Journal:
             db,
             path,
             created=created,
+            migrated_from=migrated_from,
             max_age_s=max_age_s,
             max_rows=max_rows,
             max_argument_bytes=max_argument_bytes,
@@ -300,6 +316,7 @@ class Journal:
         arguments_json: str,
         timeout_s: float,
         idempotent: bool,
+        client: str = "",
         created: float | None = None,
         replace: bool = False,
     ) -> None:
@@ -313,6 +330,8 @@ class Journal:
                 `max_argument_bytes` of it (cut at a character boundary).
             timeout_s: The call's timeout.
             idempotent: Whether the tool is idempotent.
+            client: Who made the call (see `JournalEntry.client`); a rerun
+                records its own.
             created: Wall-clock admission time; None means now.
             replace: Re-admit an id whose call is finished (an idempotent tool's
                 lost call run again): its recorded outcome is overwritten.
@@ -335,6 +354,7 @@ class Journal:
             "arguments_bytes": len(encoded),
             "arguments": kept,
             "replace": replace,
+            "client": client,
         }
         with self._errors(f"recording the admission of call {call_id!r}"):
             inserted = self._db.execute(_ADMIT, params).rowcount
@@ -555,7 +575,7 @@ class Journal:
 
 def _entry(row: tuple[Any, ...]) -> JournalEntry:
     (call_id, tool, fingerprint, state, created, started, ended) = row[:7]
-    (timeout_s, idempotent, sandbox_id, arguments_bytes, arguments, result) = row[7:]
+    (timeout_s, idempotent, sandbox_id, arguments_bytes, arguments, result, client) = row[7:]
     return JournalEntry(
         call_id=call_id,
         tool=tool,
@@ -570,6 +590,7 @@ def _entry(row: tuple[Any, ...]) -> JournalEntry:
         arguments_bytes=arguments_bytes,
         arguments_json=arguments,
         result_json=result,
+        client=client,
     )
 
 

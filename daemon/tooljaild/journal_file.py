@@ -20,7 +20,7 @@ from tooljail.errors import JournalUnavailableError
 
 APPLICATION_ID = 0x746A6A31
 """`PRAGMA application_id` of a tooljail journal ("tjj1"): marks the file as ours."""
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """`PRAGMA user_version` of the schema below; a journal of a newer version is refused,
 one of an older version is brought up to date (`MIGRATIONS`) when it is opened."""
 WAL_SIZE_LIMIT = 8 * 1024 * 1024
@@ -45,11 +45,20 @@ SESSIONS_SCHEMA = (
 """Schema version 2: sessions, so that a call naming one that died with the daemon
 learns why (decision 43)."""
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: SESSIONS_SCHEMA}
-"""From each older schema version, what brings it to the next one."""
+CLIENT_COLUMN = "ALTER TABLE calls ADD COLUMN client TEXT NOT NULL DEFAULT ''"
+"""Schema version 3: who made each call, so that a call answered from the journal is
+its owner's only, as a live one is (docs/decisions.md, "A journaled call keeps its
+owner"). Rows from before it get '': nobody's."""
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {1: SESSIONS_SCHEMA, 2: (CLIENT_COLUMN,)}
+"""From each older schema version, what brings it to the next one. `prepare` runs
+them all, and sets the new version, in the one transaction that proves a write
+works: a migration is done whole or not at all, and no row is lost."""
 
 # Small columns first: a scan that reads `ended` never walks the overflow pages
-# of large arguments or results stored after it.
+# of large arguments or results stored after it. `client` comes last all the
+# same: where ALTER TABLE puts it in a migrated journal, so every journal of one
+# version has the same columns in the same order (`_check_columns`).
 SCHEMA = (
     """CREATE TABLE calls (
         call_id TEXT NOT NULL PRIMARY KEY,
@@ -64,7 +73,8 @@ SCHEMA = (
         sandbox_id TEXT NOT NULL DEFAULT '',
         arguments_bytes INTEGER NOT NULL,
         arguments TEXT NOT NULL,
-        result TEXT
+        result TEXT,
+        client TEXT NOT NULL DEFAULT ''
     )""",
     # Finished calls in the order they ended: what `prune` removes first.
     "CREATE INDEX calls_by_end ON calls (ended) WHERE ended IS NOT NULL",
@@ -74,8 +84,11 @@ SCHEMA = (
 )
 COLUMNS = (
     "call_id, tool, fingerprint, state, created, started, ended, timeout_s, idempotent, "
-    "sandbox_id, arguments_bytes, arguments, result"
+    "sandbox_id, arguments_bytes, arguments, result, client"
 )
+"""The calls table's columns, in order, at `SCHEMA_VERSION`."""
+_COLUMNS_BEFORE_3 = COLUMNS.removesuffix(", client")
+"""The calls table's columns in schema versions 1 and 2 (before `client`)."""
 
 _REASON_BY_CODE: dict[int, Reason] = {
     sqlite3.SQLITE_CORRUPT: "corrupt",
@@ -166,7 +179,7 @@ def check_existing(path: Path) -> bool:
                 return True
             _check_identity(path, app_id, version)
             _check_pages(path, db)
-            _check_columns(path, db)
+            _check_columns(path, db, version)
             return False
     except sqlite3.Error as exc:
         raise journal_error(exc, path, "checking") from exc
@@ -198,15 +211,24 @@ def _check_pages(path: Path, db: sqlite3.Connection) -> None:
         raise _corrupt(path, "; ".join(problems))
 
 
-def _check_columns(path: Path, db: sqlite3.Connection) -> None:
-    expected = [c.strip() for c in COLUMNS.split(",")]
+def _check_columns(path: Path, db: sqlite3.Connection, version: int) -> None:
+    # What the calls table has at `version`: the migrations start from exactly that.
+    columns = COLUMNS if version >= 3 else _COLUMNS_BEFORE_3
+    expected = [c.strip() for c in columns.split(",")]
     found = [str(row[1]) for row in db.execute("PRAGMA table_info(calls)")]
     if found != expected:
         raise _corrupt(path, f"table 'calls' has columns {found}, expected {expected}")
 
 
-def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> None:
+def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> int | None:
     """Set up the writing connection, create the schema if asked, and prove a write works.
+
+    An existing journal of an older schema version is migrated (`MIGRATIONS`) in
+    the same transaction as that write.
+
+    Returns:
+        The schema version the journal was migrated from; None when it was
+        created, or already of `SCHEMA_VERSION`.
 
     Raises:
         JournalError: The file cannot be written or locked.
@@ -225,6 +247,7 @@ def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> None:
             )
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+        found: int | None = None
         with db:
             db.execute("BEGIN IMMEDIATE")
             if create:
@@ -232,6 +255,7 @@ def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> None:
                     db.execute(statement)
             else:
                 (version,) = db.execute("PRAGMA user_version").fetchone()
+                found = version if version != SCHEMA_VERSION else None
                 while version in MIGRATIONS:
                     for statement in MIGRATIONS[version]:
                         db.execute(statement)
@@ -241,6 +265,7 @@ def prepare(db: sqlite3.Connection, path: Path, *, create: bool) -> None:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except sqlite3.Error as exc:
         raise journal_error(exc, path, "opening") from exc
+    return found
 
 
 def _corrupt(path: Path, detail: str) -> JournalError:

@@ -44,6 +44,7 @@ from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.authenticator import Authenticator, AuthGate
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
+from tooljaild.calls.admission import unknown_call
 from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
@@ -108,17 +109,47 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, call_id: str, context: grpc.aio.ServicerContext, *, approvers_too: bool = False
     ) -> Call:
         """The call, if the caller may see it: an authenticated caller sees its own
-        calls only; another's is "not found", exactly as an id never used. With
-        `approvers_too`, an approver sees any call (to judge what it approves)."""
+        calls only, live or answered from the journal; another's is "not found",
+        in the very words said of an id never used. With `approvers_too`, an
+        approver sees any call (to judge what it approves).
+
+        Raises:
+            CallNotFoundError: No call of that id, or none the caller may see.
+        """
         call = self._manager.get(call_id)
         identity = self._identity(context)
-        if (
-            identity is not None
-            and not _owned_by(call, identity)
-            and not (approvers_too and identity.approver)
-        ):
-            raise CallNotFoundError(f"no call {call_id!r} is known to this daemon")
+        if identity is None or _owned_by(call, identity):
+            return call
+        seen = approvers_too and identity.approver
+        if not call.client:
+            # Only the daemon's log says why: telling the caller would tell it the id exists.
+            log.info(
+                "call %s predates the journal's record of owners: it is %s %s",
+                call_id,
+                "shown to approvers only, such as" if seen else "not shown to",
+                identity.name,
+            )
+        if not seen:
+            raise unknown_call(call_id)
         return call
+
+    def _refuse_anothers_id(self, call_id: str, identity: Identity) -> None:
+        """Refuse a call id that names another identity's call, live or journaled.
+
+        Checked before the manager sees the request: it would answer with that
+        call (same arguments), run it again in its owner's place (a lost call of
+        an idempotent tool), or name its tool (other arguments).
+
+        Raises:
+            CallIdConflictError: The id is another's (or a call's from before
+                calls had owners), whatever the arguments.
+        """
+        try:
+            call = self._manager.get(call_id)
+        except CallNotFoundError:
+            return
+        if not _owned_by(call, identity):
+            raise CallIdConflictError(f"the call id {call_id!r} is taken; use another (or none)")
 
     def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
         """The open session, if the caller may use it (as `_own_call`)."""
@@ -160,7 +191,10 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
             if identity is not None and request.session_id:
                 self._own_session(request.session_id, context)
-            call = self._manager.submit(
+            if identity is not None and request.call_id:
+                self._refuse_anothers_id(request.call_id, identity)
+            # No await from the check to the admission: the id cannot change hands between.
+            return self._manager.submit(
                 request.tool,
                 request.arguments_json,
                 request.call_id,
@@ -169,12 +203,6 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 session_id=request.session_id,
                 identity=identity,
             )
-            if identity is not None and not _owned_by(call, identity):
-                # The id is another identity's call: joining it would hand over its result.
-                raise CallIdConflictError(
-                    f"the call id {request.call_id!r} is taken; use another (or none)"
-                )
-            return call
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -371,11 +399,10 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
 
 
 def _owned_by(call: Call, identity: Identity) -> bool:
-    """Whether `identity` may see `call`. A call answered from the journal has
-    no owner (the journal does not record one): any identity that knows its id
-    may see it, as before identities (its id is the secret: 128 random bits
-    when the SDK makes it)."""
-    return call.client in (identity.name, "")
+    """Whether `call` is `identity`'s own, live or answered from the journal (which
+    records each call's client). A call journaled before it did (client "") is
+    nobody's: every identity treats it as another's (an identity's name is never "")."""
+    return call.client == identity.name
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:

@@ -543,18 +543,7 @@ def test_the_cost_of_the_three_writes_is_printed(path: Path, capsys: Any) -> Non
 # ---------------------------------------------------------------------- sessions
 
 
-def test_a_version_1_journal_is_brought_up_to_date_and_keeps_its_calls(path: Path) -> None:
-    make_journal(path, calls=2)
-    with contextlib.closing(sqlite3.connect(path)) as db, db:
-        db.execute("DROP TABLE sessions")  # what a journal of schema 1 is
-        db.execute("PRAGMA user_version = 1")
-    with Journal.open(path) as journal:
-        assert not journal.created
-        assert entry(journal, "c1").state is CallState.SUCCEEDED
-        journal.session_opened("s1", client="me", sandbox_id="sb", options_json="{}")
-        assert journal.get_session("s1") is not None
-    with contextlib.closing(sqlite3.connect(path)) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+# The migration from schema versions 1 and 2: tests/unit/test_journal_owners.py
 
 
 def test_sessions_open_at_a_crash_are_ended_for_the_restart(path: Path) -> None:

@@ -4,7 +4,8 @@
   clients in turn.
 - `Admission`: the bound on running and queued calls, and each client's share.
 - `known_call`: a request under an id already used is answered by that call,
-  refused (other arguments), or, for a lost call of an idempotent tool, run again.
+  refused (other arguments), or, for a lost call of an idempotent tool, run again;
+  `unknown_call`: what is said of an id that names no call the caller may see.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import contextlib
 import re
 from collections import Counter, OrderedDict, deque
 
-from tooljail._errors import CallIdConflictError, InvalidRequestError, OverloadedError
+from tooljail._errors import (
+    CallIdConflictError,
+    CallNotFoundError,
+    InvalidRequestError,
+    OverloadedError,
+)
 from tooljail._types import CallState
 from tooljaild.calls.call import Call
 from tooljaild.config import Settings
@@ -137,6 +143,16 @@ def check_call_id(call_id: str) -> None:
     """
     if not CALL_ID.match(call_id):
         raise InvalidRequestError("call_id must be 1 to 128 characters of A-Z a-z 0-9 . _ : -")
+
+
+def unknown_call(call_id: str) -> CallNotFoundError:
+    """What a caller hears of an id that names no call it may see: an id never
+    used, one forgotten, and (with authentication) another identity's all read
+    the same, so that the answer says nothing of whether the id exists."""
+    return CallNotFoundError(
+        f"no call {call_id!r} is known to this daemon (it may have been "
+        "forgotten: the journal keeps calls for a bounded time and number)"
+    )
 
 
 def known_call(existing: Call, tool: Tool, fingerprint: str) -> Call | None:

@@ -182,7 +182,16 @@ class Call:
     @classmethod
     def recorded(cls, entry: JournalEntry, tool: Tool, settings: Settings) -> Call:
         """A call this daemon knows only from the journal: over, with its result."""
-        call = cls(entry.call_id, tool, {}, entry.fingerprint, entry.timeout_s, settings, Limits())
+        call = cls(
+            entry.call_id,
+            tool,
+            {},
+            entry.fingerprint,
+            entry.timeout_s,
+            settings,
+            Limits(),
+            client=entry.client,  # its owner, as when it was live
+        )
         call.sandbox_id = entry.sandbox_id or ""
         call.state = entry.state
         result = entry.result()

@@ -35,7 +35,6 @@ from typing import Any, TypeVar, cast
 
 from tooljail._types import CallState, ToolInfo, ToolResult
 from tooljail.errors import (
-    CallNotFoundError,
     InvalidRequestError,
     SessionNotFoundError,
     ShuttingDownError,
@@ -45,7 +44,7 @@ from tooljail.errors import (
 from tooljaild.auth.policy import Identity
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
-from tooljaild.calls.admission import Admission, check_call_id, known_call
+from tooljaild.calls.admission import Admission, check_call_id, known_call, unknown_call
 from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.in_daemon_run import run_in_daemon
@@ -459,6 +458,7 @@ class CallManager:
             arguments_json=arguments_json,
             timeout_s=call.timeout_s,
             idempotent=call.tool.options.idempotent,
+            client=call.client,
             replace=rerun,
         )
 
@@ -486,10 +486,7 @@ class CallManager:
         """
         call = self._calls.get(call_id) or self._from_journal(call_id)
         if call is None:
-            raise CallNotFoundError(
-                f"no call {call_id!r} is known to this daemon (it may have been "
-                "forgotten: the journal keeps calls for a bounded time and number)"
-            )
+            raise unknown_call(call_id)
         return call
 
     async def cancel(self, call_id: str) -> CallState:
