@@ -37,6 +37,7 @@ POLICIES = {
     "ops": "approver = true",
     "other": "",
     "careful": f'approval = ["{TOOL}", "list_artifacts"]',
+    "lead": f'approver = true\napproval = ["{TOOL}"]',
 }
 TOKENS = {name: f"token-of-{name}" for name in POLICIES}
 
@@ -195,6 +196,26 @@ def test_only_an_approver_decides_and_only_on_a_waiting_call(
         ops.approve("mine")
     # Another identity, whose policy needs no approval, runs the tool at once.
     assert other.call(TOOL, {"code": "print(1)"}).ok
+
+
+def test_an_approver_cannot_approve_its_own_call(
+    served: ServedDaemon, clients: Callable[[str], Client]
+) -> None:
+    lead, ops = clients("lead"), clients("ops")
+    done: list[ToolResult] = []
+    caller = threading.Thread(
+        target=lambda: done.append(lead.call(TOOL, {"code": "print('ran')"}, call_id="own"))
+    )
+    caller.start()
+    try:
+        _waiting(ops, "own")
+        with pytest.raises(PermissionDeniedError, match="another approver must approve it"):
+            lead.approve("own")
+        assert _state(ops, "own") is CallState.AWAITING_APPROVAL
+        ops.approve("own")
+    finally:
+        caller.join(30)
+    assert done and done[0].ok, done
 
 
 def test_cli_approve_and_deny(

@@ -184,11 +184,19 @@ class Approvals:
         Raises:
             NotAwaitingApprovalError: The call does not wait for approval (it
                 was decided on already, or never needed it).
+            PermissionDeniedError: The approver made the call and approves it:
+                consent must come from someone else (denying one's own call,
+                like cancelling it, is allowed).
         """
         waiting = self._waiting.get(call.call_id)
         if waiting is None or waiting.done() or call.state is not CallState.AWAITING_APPROVAL:
             raise NotAwaitingApprovalError(
                 f"call {call.call_id!r} is not awaiting approval (it is {call.state.value})"
+            )
+        if decision.approve and decision.approver == call.client:
+            raise PermissionDeniedError(
+                f"call {call.call_id!r} is {decision.approver!r}'s own: another approver "
+                "must approve it (it may still be denied or cancelled)"
             )
         waiting.set_result(decision)
         if decision.approve:
