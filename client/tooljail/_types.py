@@ -172,6 +172,10 @@ class ToolResult(BaseModel):
     outputs directory, figures): read each with `Client.get_artifact`."""
     usage: Usage | None = None
     """What the call used; None when the daemon could not measure it."""
+    daemon_id: str = ""
+    """The daemon that holds the call (its `daemon_id` setting); "" from an old
+    daemon that does not say. Over many daemons, `get_call`, `attach`, `cancel`
+    and the call's artifacts go to this one."""
 
     @property
     def ok(self) -> bool:
@@ -238,6 +242,8 @@ class CallInfo(BaseModel):
     tool: str
     state: CallState
     result: ToolResult | None = None
+    daemon_id: str = ""
+    """The daemon that holds the call; "" from an old daemon that does not say."""
 
 
 class SessionState(enum.StrEnum):
@@ -271,3 +277,5 @@ class SessionInfo(BaseModel):
     queued: int = 0
     resets: int = 0
     """Times its interpreter was restarted (timeouts it did not survive, crashes)."""
+    daemon_id: str = ""
+    """The daemon that holds the session; "" from an old daemon that does not say."""
