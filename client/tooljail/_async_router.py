@@ -160,7 +160,7 @@ class AsyncRouter(RouterBase):
                 try:
                     return pinned, await self._attempts(pinned, send, retry=retry, fresh=False)
                 except TooljailError as error:
-                    raise self._pinned_error(route, pinned, error) from error
+                    return pinned, self._pinned_error(route, pinned, error, on_lost)
             if route.kind in (RouteKind.CALL, RouteKind.SESSION, RouteKind.ARTIFACT):
                 return await self._lookup(route, send, retry=retry)
             return await self._fresh(route, send, retry=retry)

@@ -187,7 +187,7 @@ class Router(RouterBase):
                 try:
                     return pinned, self._attempts(pinned, send, retry=retry, fresh=False)
                 except TooljailError as error:
-                    raise self._pinned_error(route, pinned, error) from error
+                    return pinned, self._pinned_error(route, pinned, error, on_lost)
             if route.kind in (RouteKind.CALL, RouteKind.SESSION, RouteKind.ARTIFACT):
                 return self._lookup(route, send, retry=retry)
             return self._fresh(route, send, retry=retry)

@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from tooljail._types import CallStatus, Effect, SessionInfo, ToolResult
-from tooljail._wire import error_from_rpc
+from tooljail._wire import error_from_rpc, result_to_proto
 from tooljail.errors import (
     InvalidRequestError,
     SessionEndedError,
@@ -300,11 +300,16 @@ class Daemon:
 
 
 @dataclass(frozen=True)
-class SessionPin:
-    """A session's daemon and that daemon's start time when the session opened."""
+class Pin:
+    """A call's or session's daemon, and when that daemon had started when the
+    id was pinned: a later start time means it restarted since."""
 
     daemon: Daemon
     started_unix: float
+
+    @property
+    def restarted(self) -> bool:
+        return bool(self.started_unix) and self.daemon.started_unix != self.started_unix
 
 
 @dataclass
@@ -315,8 +320,8 @@ class DaemonTable:
     """
 
     daemons: list[Daemon] = field(default_factory=list)
-    calls: Pins[str, Daemon] = field(default_factory=Pins)
-    sessions: Pins[str, SessionPin] = field(default_factory=Pins)
+    calls: Pins[str, Pin] = field(default_factory=Pins)
+    sessions: Pins[str, Pin] = field(default_factory=Pins)
     config_error: TooljailError | None = None
     """A duplicate daemon id seen by the health loop, raised at the next request."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -492,7 +497,7 @@ class RouterBase:
     def _map(self, daemon: Daemon, e: grpc.RpcError) -> TooljailError:
         if not self.routed:
             return self._client._map_rpc_error(e)  # type: ignore[no-any-return]
-        return map_rpc_error(e, f"{daemon.describe()} at {daemon.address}")
+        return map_rpc_error(e, daemon.address)
 
     def _verdict(
         self, daemon: Daemon, error: TooljailError, attempt: int, *, retry: bool, fresh: bool
@@ -537,24 +542,27 @@ class RouterBase:
             SessionEndedError: reason "daemon_lost", for a session whose daemon
                 was restarted since it opened.
         """
+        pin = self._pin_of(route)
+        if pin is None:
+            return None
+        if route.kind is RouteKind.SESSION and pin.restarted:
+            raise session_lost(route.key, pin.daemon, "was restarted")
+        return pin.daemon
+
+    def _pin_of(self, route: Route) -> Pin | None:
         if route.kind in (RouteKind.NEW_CALL, RouteKind.CALL):
             return self.table.calls.get(route.key)
         if route.kind is RouteKind.SESSION:
-            pin = self.table.sessions.get(route.key)
-            if pin is None:
-                return None
-            if pin.daemon.started_unix and pin.daemon.started_unix != pin.started_unix:
-                raise session_lost(route.key, pin.daemon, "was restarted")
-            return pin.daemon
+            return self.table.sessions.get(route.key)
         return None
 
     def pin(self, route: Route, daemon: Daemon) -> None:
         """Remembers that `route`'s id lives on `daemon` (calls and sessions; a new
         session is pinned by its client once the daemon has named it)."""
         if route.kind in (RouteKind.NEW_CALL, RouteKind.CALL):
-            self.table.calls.put(route.key, daemon)
+            self.table.calls.put(route.key, Pin(daemon, daemon.started_unix))
         elif route.kind is RouteKind.SESSION:
-            self.table.sessions.put(route.key, SessionPin(daemon, daemon.started_unix))
+            self.table.sessions.put(route.key, Pin(daemon, daemon.started_unix))
 
     def opened_session(self, daemon: Daemon, info: SessionInfo) -> SessionInfo:
         """A session just opened on `daemon`: pinned there, and named by it."""
@@ -563,15 +571,29 @@ class RouterBase:
         self.pin(Route(RouteKind.SESSION, info.session_id), daemon)
         return info if info.daemon_id else info.model_copy(update={"daemon_id": daemon.daemon_id})
 
-    def _pinned_error(self, route: Route, daemon: Daemon, error: TooljailError) -> TooljailError:
-        """What a pinned session's daemon answered, as the caller should see it:
-        a daemon that no longer knows the session (or says it restarted) lost it."""
+    def _pinned_error(
+        self, route: Route, daemon: Daemon, error: TooljailError, on_lost: Any
+    ) -> Any:
+        """What a pinned id's daemon answered with `error`, as the caller should
+        see it: a daemon that no longer knows a session (or says it restarted)
+        lost it; a daemon restarted since that no longer knows a call lost it.
+
+        Returns:
+            The LOST answer (`on_lost`) of a call its restarted daemon forgot.
+
+        Raises:
+            TooljailError: `error`, or `SessionEndedError` (reason "daemon_lost").
+        """
+        why = "was restarted and no longer holds it"
         if route.kind is RouteKind.SESSION and (
             error.code == "session_not_found"
             or (isinstance(error, SessionEndedError) and error.reason == "daemon_restart")
         ):
-            return session_lost(route.key, daemon, "was restarted and no longer holds it")
-        return error
+            raise session_lost(route.key, daemon, why) from error
+        pin = self._pin_of(route)
+        if error.code == "call_not_found" and on_lost and pin is not None and pin.restarted:
+            return on_lost(result_to_proto(lost_result(route.key, daemon, why)))
+        raise error
 
     def _gone(self, route: Route, gone: Gone, on_lost: Any) -> Any:
         """The answer when the daemon holding `route`'s id cannot be reached."""
@@ -579,8 +601,6 @@ class RouterBase:
         if route.kind is RouteKind.SESSION:
             raise session_lost(route.key, gone.daemon, why) from gone.error
         if on_lost is not None and route.kind in (RouteKind.NEW_CALL, RouteKind.CALL):
-            from tooljail._wire import result_to_proto
-
             return on_lost(result_to_proto(lost_result(route.key, gone.daemon, why)))
         raise gone.error
 
