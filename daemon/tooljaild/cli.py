@@ -52,6 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", type=Path, help="TOML config file (also $TOOLJAIL_CONFIG)")
     serve.add_argument("--listen", help="unix:///path/to.sock (default) or HOST:PORT")
     serve.add_argument(
+        "--daemon-id",
+        help="this daemon's name for clients (default: HOSTNAME:PORT or HOSTNAME:SOCKET)",
+    )
+    serve.add_argument(
         "--tools-dir",
         type=Path,
         action="append",
@@ -259,6 +263,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     overrides = dict(
         listen=args.listen,
+        daemon_id=args.daemon_id,
         tools_dirs=args.tools_dirs,
         files_dirs=args.files_dirs,
         state_dir=args.state_dir,

@@ -52,6 +52,12 @@ class Settings(BaseSettings, BackendSettings):
 
     listen: str = Field(default_factory=lambda: f"unix://{default_socket_path()}")
     """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
+    daemon_id: str = ""
+    """This daemon's name, which every result, call and session it sends carries
+    and a client routing over many daemons knows it by: stable across restarts,
+    unique among those daemons (1..128 printable characters, no whitespace).
+    Empty: "<hostname>:<port>" on TCP, "<hostname>:<socket path>" on a Unix
+    socket (in a Kubernetes pod the hostname is the pod's name)."""
     allow_insecure_tcp: bool = False
     """Serve TCP on a non-loopback address without TLS and authentication ([tls]
     with [auth] tokens_file or [tls] client_ca_file is the safe way)."""
@@ -126,6 +132,15 @@ class Settings(BaseSettings, BackendSettings):
         # Made absolute here, once: sandboxes see these directories at the same
         # path, but run with another working directory (their workspace).
         return [p.expanduser().absolute() for p in v]
+
+    @field_validator("daemon_id")
+    @classmethod
+    def _daemon_id(cls, v: str) -> str:
+        # Printable and without whitespace: it is shown in messages and logs, and a
+        # client compares it byte for byte.
+        if v and not (len(v) <= 128 and v.isprintable() and not any(c.isspace() for c in v)):
+            raise ValueError("daemon_id must be 1..128 printable characters, without whitespace")
+        return v
 
     @field_validator("log_level")
     @classmethod

@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sqlite3
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,7 +49,7 @@ from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.in_daemon import Services
 from tooljaild.journal import Journal, JournalError
-from tooljaild.listen import SocketPlan, is_loopback, prepare_socket
+from tooljaild.listen import SocketPlan, default_daemon_id, is_loopback, prepare_socket
 from tooljaild.loader import load_registry
 from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import Registry, Tool
@@ -209,8 +210,11 @@ class Daemon:
         self._pruning: asyncio.Task[None] | None = None
         """Expires artifacts past their age bound while serving (`prune_periodically`)."""
         self.journal: Journal | None = None
-        self.daemon_id = new_daemon_id()
-        """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers."""
+        self.run_id = new_daemon_id()
+        """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers
+        (not the `daemon_id` setting, which stays the same across runs)."""
+        self.started_unix = time.time()
+        """When this daemon started (GetDaemonInfo): a change tells a client it restarted."""
         self._table = backends
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
@@ -245,7 +249,7 @@ class Daemon:
         try:
             status("preparing the sandbox backends")
             self.sandboxes = await open_sandboxes(
-                s, state_dir=s.state_dir, daemon_id=self.daemon_id, table=self._table
+                s, state_dir=s.state_dir, daemon_id=self.run_id, table=self._table
             )
             self.pools = PoolSet(s, self.sandboxes.factory, self._table)
             await self._ready_default_backend()
@@ -405,6 +409,9 @@ class Daemon:
                 artifacts=self.artifacts,
                 authenticator=None if self._security is None else self._security.authenticator,
                 credentials=None if self._security is None else self._security.credentials,
+                daemon_id=s.daemon_id,
+                listen=s.listen,
+                started_unix=self.started_unix,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
@@ -436,11 +443,18 @@ class Daemon:
             extra={
                 "listen": s.listen,
                 "port": self.port,
+                "daemon_id": self.name,
                 "tools": len(registry.tools()),
                 "pool_size": s.pool_size,
             },
         )
         self.notifier.ready(self._serving_status())
+
+    @property
+    def name(self) -> str:
+        """The daemon_id it answers with (the setting, else the default of its
+        address; `create_server` names the servicer the same way)."""
+        return self.settings.daemon_id or default_daemon_id(self.settings.listen, self.port)
 
     def _serving_status(self) -> str:
         """The STATUS= line while serving."""
@@ -497,10 +511,15 @@ class Daemon:
         """Drain and stop. Every call in flight gets its result before this returns."""
         self.notifier.stopping()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
-        if self._health is not None:
-            await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
+        # New calls and sessions are refused from now, before health says
+        # NOT_SERVING: a client that sees either (GetDaemonInfo answers
+        # `draining`) sends nothing new here.
+        if self.manager is not None:
+            self.manager.draining = True
         if self.sessions is not None:
             self.sessions.draining = True
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         if self.manager is not None:
             await self.manager.drain(grace)
         if self.sessions is not None:

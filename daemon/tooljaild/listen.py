@@ -37,7 +37,13 @@ from tooljail._client import default_socket_path
 if TYPE_CHECKING:
     from tooljaild.daemon import DaemonError
 
-__all__ = ["SocketPlan", "is_loopback", "prepare_socket", "private_dir_problem"]
+__all__ = [
+    "SocketPlan",
+    "default_daemon_id",
+    "is_loopback",
+    "prepare_socket",
+    "private_dir_problem",
+]
 
 SOCKET_MODE = 0o660
 """The owner and its group may connect; nobody else."""
@@ -59,6 +65,20 @@ def is_loopback(listen: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def default_daemon_id(listen: str, port: int) -> str:
+    """The daemon's name when the `daemon_id` setting is empty.
+
+    "<hostname>:<port>" on TCP (`port`: the bound one, which port 0 picked),
+    "<hostname>:<socket path>" on a Unix socket: unique among daemons on one
+    host, and stable across restarts as long as the address is (in a Kubernetes
+    pod the hostname is the pod's name).
+    """
+    host = socket.gethostname()
+    if listen.startswith("unix:"):
+        return f"{host}:{listen.removeprefix('unix://').removeprefix('unix:')}"
+    return f"{host}:{port}"
 
 
 def private_dir_problem(directory: Path, uid: int) -> str | None:

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from typing import TypeVar
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from tooljail import __version__
 from tooljail._errors import (
     CallIdConflictError,
     CallNotFoundError,
@@ -44,6 +47,7 @@ from tooljaild.calls import Call, CallManager
 from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.errors import ErrorEdge, abort_with
+from tooljaild.listen import default_daemon_id
 from tooljaild.output import Event
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session, SessionOptions
@@ -52,9 +56,17 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ToolRunner"].full_name
 
+_Named = TypeVar("_Named", pb.Result, pb.CallInfo, pb.SessionInfo, pb.Started)
+
 
 class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
-    """tooljail.v1.ToolRunner over a CallManager."""
+    """tooljail.v1.ToolRunner over a CallManager.
+
+    Args:
+        daemon_id: The name every Result, CallInfo, SessionInfo and Started
+            carries, and GetDaemonInfo answers (`create_server` sets the default).
+        started_unix: When this daemon started (GetDaemonInfo); None: now.
+    """
 
     def __init__(
         self,
@@ -62,11 +74,24 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         sessions: SessionManager | None = None,
         artifacts: ArtifactStore | None = None,
         authenticator: Authenticator | None = None,
+        *,
+        daemon_id: str = "",
+        started_unix: float | None = None,
     ) -> None:
         self._manager = manager
         self._sessions = sessions
         self._artifacts = artifacts
         self._auth = authenticator or Authenticator(None, client_certificates=False)
+        self.daemon_id = daemon_id
+        self.started_unix = time.time() if started_unix is None else started_unix
+
+    def _named(self, message: _Named) -> _Named:
+        """`message`, naming this daemon: the one place every answer gets its daemon_id
+        (a client routing over many daemons pins the call or session to it)."""
+        message.daemon_id = self.daemon_id
+        if isinstance(message, pb.CallInfo) and message.HasField("result"):
+            message.result.daemon_id = self.daemon_id
+        return message
 
     def _identity(self, context: grpc.aio.ServicerContext) -> Identity | None:
         """The authenticated caller; None when the daemon has no authentication
@@ -164,15 +189,15 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         # Leaving this generator (client gone) does not stop the call: it runs
         # on, and GetCall answers for it.
         if await _ran(call, until=call.answered):
-            yield _started(call)
+            yield pb.CallEvent(started=self._named(_started(call)))
         async for event in call.stream(notice.seq + 1 if notice else 1):
             yield _output(event)
-        yield pb.CallEvent(result=result_to_proto(await call.answered.wait()))
+        yield pb.CallEvent(result=self._named(result_to_proto(await call.answered.wait())))
 
     async def Run(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> pb.Result:
         call = await self._submit(request, context)
         # A caller that goes away does not stop the call (as for Call).
-        return result_to_proto(await call.answered.wait())
+        return self._named(result_to_proto(await call.answered.wait()))
 
     async def Attach(
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext
@@ -182,18 +207,18 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         except TooljailError as exc:
             await abort_with(context, exc)
         if await _ran(call, until=call.ended):
-            yield _started(call)
+            yield pb.CallEvent(started=self._named(_started(call)))
         # To the call's real end: past a timeout its caller already heard, too.
         async for event in call.events.follow(max(1, request.from_seq)):
             yield _output(event)
-        yield pb.CallEvent(result=result_to_proto(await call.ended.wait()))
+        yield pb.CallEvent(result=self._named(result_to_proto(await call.ended.wait())))
 
     async def GetCall(
         self, request: pb.GetCallRequest, context: grpc.aio.ServicerContext
     ) -> pb.CallInfo:
         try:
             call = self._own_call(request.call_id, context, approvers_too=True)
-            return call_info_to_proto(call.info())
+            return self._named(call_info_to_proto(call.info()))
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -215,7 +240,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             )
         except TooljailError as exc:
             await abort_with(context, exc)
-        return call_info_to_proto(call.info())
+        return self._named(call_info_to_proto(call.info()))
 
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
@@ -235,14 +260,16 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             self._owner(context),
             max_sessions=None if identity is None else identity.max_sessions,
         )
-        return session_info_to_proto(session.info())
+        return self._named(session_info_to_proto(session.info()))
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
         if self._identity(context) is not None:
             self._own_session(request.session_id, context)
-        return session_info_to_proto(await self._session_manager().close(request.session_id))
+        return self._named(
+            session_info_to_proto(await self._session_manager().close(request.session_id))
+        )
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
@@ -251,7 +278,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         all_clients = request.all_clients and self._identity(context) is None
         client = None if all_clients else self._owner(context)
         infos = self._session_manager().list(client)
-        return pb.ListSessionsResponse(sessions=[session_info_to_proto(i) for i in infos])
+        return pb.ListSessionsResponse(
+            sessions=[self._named(session_info_to_proto(i)) for i in infos]
+        )
 
     async def UploadFile(
         self, requests: AsyncIterator[pb.FileChunk], context: grpc.aio.ServicerContext
@@ -322,6 +351,18 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         )
         return pb.ListArtifactsResponse(artifacts=[artifact_info_to_proto(i) for i in infos])
 
+    async def GetDaemonInfo(
+        self, request: pb.GetDaemonInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DaemonInfo:
+        return pb.DaemonInfo(
+            daemon_id=self.daemon_id,
+            version=__version__,
+            # Set the moment a drain begins, before health says NOT_SERVING
+            # (`Daemon.stop`): a client that asks never sends a call it would refuse.
+            draining=self._manager.draining,
+            started_unix=self.started_unix,
+        )
+
     async def DeleteArtifact(
         self, request: pb.DeleteArtifactRequest, context: grpc.aio.ServicerContext
     ) -> pb.DeleteArtifactResponse:
@@ -348,10 +389,8 @@ async def _ran(call: Call, until: Once[ToolResult]) -> bool:
     return call.running.done()
 
 
-def _started(call: Call) -> pb.CallEvent:
-    return pb.CallEvent(
-        started=pb.Started(call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name)
-    )
+def _started(call: Call) -> pb.Started:
+    return pb.Started(call_id=call.call_id, sandbox_id=call.sandbox_id, tool=call.tool.name)
 
 
 def _output(event: Event) -> pb.CallEvent:
@@ -389,6 +428,9 @@ def create_server(
     artifacts: ArtifactStore | None = None,
     authenticator: Authenticator | None = None,
     credentials: grpc.ServerCredentials | None = None,
+    daemon_id: str = "",
+    listen: str | None = None,
+    started_unix: float | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -402,6 +444,11 @@ def create_server(
             request it does not authenticate); None: nobody is asked.
         credentials: Serve TLS with these (`auth.authenticator.server_credentials`);
             None: plaintext.
+        daemon_id: The name this daemon answers with (setting `daemon_id`); empty:
+            `listen.default_daemon_id` of `listen` and the bound port.
+        listen: The address clients dial, for that default (the daemon binds a
+            Unix socket at a private name first); None: `address`.
+        started_unix: When the daemon started (GetDaemonInfo); None: now.
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -423,9 +470,10 @@ def create_server(
             ("grpc.so_reuseport", 0),
         ],
     )
-    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(
-        ToolRunnerServicer(manager, sessions, artifacts, authenticator), server
-    )  # type: ignore[no-untyped-call]
+    servicer = ToolRunnerServicer(
+        manager, sessions, artifacts, authenticator, started_unix=started_unix
+    )
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
@@ -442,4 +490,6 @@ def create_server(
         port = server.add_secure_port(address, credentials)
     if port == 0 and not address.startswith("unix"):
         raise RuntimeError(f"cannot listen on {address}")
+    # Named once bound: the default name holds the port port 0 picked.
+    servicer.daemon_id = daemon_id or default_daemon_id(listen or address, port)
     return server, port, health_servicer

@@ -66,3 +66,26 @@ def test_relative_tool_and_file_dirs_are_taken_from_the_working_directory(
     settings = load_settings(tools_dirs=["my_tools"], files_dirs=[Path("scripts")])
     assert settings.tools_dirs == [tmp_path / "my_tools"]
     assert settings.files_dirs == [tmp_path / "scripts"]
+
+
+def test_daemon_id_comes_from_the_file_the_environment_or_a_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert load_settings().daemon_id == ""  # empty: the default of the address
+    config = tmp_path / "config.toml"
+    config.write_text('daemon_id = "from-file"\n')
+    assert load_settings(config).daemon_id == "from-file"
+    monkeypatch.setenv("TOOLJAIL_DAEMON_ID", "node-7:7070")
+    assert load_settings(config).daemon_id == "node-7:7070"
+    assert load_settings(config, daemon_id="flag").daemon_id == "flag"
+
+
+@pytest.mark.parametrize("bad", ["two words", "tab\there", "x" * 129, "bell\a", "nl\n"])
+def test_a_daemon_id_with_whitespace_unprintable_or_too_long_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match=r"daemon_id: .*1\.\.128 printable characters"):
+        load_settings(daemon_id=bad)
+
+
+def test_a_daemon_id_of_128_printable_characters_is_fine() -> None:
+    name = "pod-é:" + "x" * 122
+    assert load_settings(daemon_id=name).daemon_id == name
