@@ -277,6 +277,14 @@ class _BaseClient:
         when the credentials ask for it, else plaintext (the default target is a
         Unix socket guarded by its file modes)."""
         options = self._channel_options()
+        if self._targets.routed:
+            # gRPC backs off reconnecting up to 2 minutes; a daemon restarted by a
+            # rollout must take calls again within a health interval or two.
+            options += [
+                ("grpc.initial_reconnect_backoff_ms", 250),
+                ("grpc.min_reconnect_backoff_ms", 250),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ]
         credentials = self._credentials.channel_credentials()
         if credentials is None:
             return module.insecure_channel(address, options=options)
