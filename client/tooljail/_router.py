@@ -19,15 +19,13 @@ from typing import Any, TypeVar
 import grpc
 
 from tooljail._client_base import _Progress
+from tooljail._router_base import Gone, RouterBase, Skip
 from tooljail._routing import (
     HEALTH_INTERVAL_S,
     INFO_TIMEOUT_S,
     Daemon,
-    Gone,
     Route,
     RouteKind,
-    RouterBase,
-    Skip,
     Targets,
     resolve_dns,
 )
