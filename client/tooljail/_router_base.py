@@ -103,7 +103,10 @@ class RouterBase:
             self._note_failure(daemon, error)
         if fresh and attempt == 0 and never_reached(error):
             return "skip"
-        if retry and self._client._should_retry(error, attempt):
+        # A request bound to its daemon (pinned, or asked of it by lookup) is
+        # retried before that daemon is called gone, even a read that one
+        # daemon alone would not retry: "lost" must mean the retries failed too.
+        if (retry or not fresh) and self._client._should_retry(error, attempt):
             return "retry"
         return "gone" if is_unavailable(error) else "raise"
 
