@@ -363,3 +363,22 @@ async def test_two_daemons_with_one_id_are_refused_by_name(fleet: Fleet) -> None
     async with AsyncClient(fleet.targets) as client:
         with pytest.raises(InvalidRequestError, match="daemon_id 'd0'"):
             await client.call("echo")
+
+
+async def test_async_client_skips_a_draining_daemon_and_loses_a_session_by_name(
+    fleet: Fleet,
+) -> None:
+    async with AsyncClient(fleet.targets, retries=1) as client:
+        await client.list_tools()
+        session = await client.session()
+        victim = session.daemon_id
+        fleet.daemons[victim].draining = True  # refused before the health task notices
+        results = await asyncio.gather(*(client.call("echo") for _ in range(30)))
+        assert all(r.ok and r.daemon_id != victim for r in results)
+        assert not fleet.daemons[victim].runs
+        await fleet.stop(victim)
+        with pytest.raises(SessionEndedError, match=f"'{victim}'") as caught:
+            await session.call("echo")
+        assert caught.value.reason == "daemon_lost"
+        assert (await session.close()).end_reason == "daemon_lost"
+        assert session.daemon_id == victim
