@@ -18,15 +18,13 @@ import grpc
 import grpc.aio
 
 from tooljail._client_base import _Progress
+from tooljail._router_base import Gone, RouterBase, Skip
 from tooljail._routing import (
     HEALTH_INTERVAL_S,
     INFO_TIMEOUT_S,
     Daemon,
-    Gone,
     Route,
     RouteKind,
-    RouterBase,
-    Skip,
     Targets,
     resolve_dns,
 )

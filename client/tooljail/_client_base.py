@@ -4,7 +4,12 @@ Everything that does no I/O lives in `_BaseClient`: target normalisation,
 argument checks, request building, event decoding, error mapping and the retry
 policy. `Client` (`tooljail._client`) and `AsyncClient`
 (`tooljail._async_client`) add only the methods that touch the channel, so a
-fix to the logic is made once for both.
+fix to the logic is made once for both. Where a request goes (one daemon or
+many) is `tooljail._routing`'s; here only which route each request names.
+
+Over 500 lines, on purpose: it is the one home of every check, builder and
+decoder the two clients share; the session and artifact ones are already in
+their own modules, and splitting the rest would split one class.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Generator
 from functools import partial
 from typing import Any, TypeVar
@@ -18,15 +19,13 @@ from typing import Any, TypeVar
 import grpc
 
 from tooljail._client_base import _Progress
+from tooljail._router_base import Gone, RouterBase, Skip
 from tooljail._routing import (
     HEALTH_INTERVAL_S,
     INFO_TIMEOUT_S,
     Daemon,
-    Gone,
     Route,
     RouteKind,
-    RouterBase,
-    Skip,
     Targets,
     resolve_dns,
 )
@@ -69,8 +68,13 @@ class Router(RouterBase):
             with self._start_lock:
                 if not self._started:
                     self.refresh()
+                    # The thread holds the router weakly: a client dropped without
+                    # close() is collected (its channels with it), and the thread ends.
                     self._thread = threading.Thread(
-                        target=self._health_loop, name="tooljail-daemon-health", daemon=True
+                        target=_health_loop,
+                        args=(weakref.ref(self), self._wake, self._closed),
+                        name="tooljail-daemon-health",
+                        daemon=True,
                     )
                     self._thread.start()
                     self._started = True
@@ -100,19 +104,6 @@ class Router(RouterBase):
             except grpc.RpcError as e:
                 answer = e
             self._note_info(daemon, answer)
-
-    def _health_loop(self) -> None:
-        while not self._closed.is_set():
-            self._wake.wait(HEALTH_INTERVAL_S)
-            self._wake.clear()
-            if self._closed.is_set():
-                return
-            try:
-                self.refresh()
-            except ValueError:
-                return  # a channel closed under us: the client is closing
-            # A burst of failures wakes us often; ask at most 5 times a second.
-            time.sleep(0.2)
 
     def _note_failure(self, daemon: Daemon, error: TooljailError) -> None:
         super()._note_failure(daemon, error)
@@ -340,3 +331,20 @@ class Router(RouterBase):
                 self.pin(route, daemon)
                 return daemon
         raise self.table.none_serving()
+
+
+def _health_loop(ref: weakref.ref[Router], wake: threading.Event, closed: threading.Event) -> None:
+    """Refreshes the router's table every `HEALTH_INTERVAL_S`, or when woken."""
+    while not closed.is_set():
+        wake.wait(HEALTH_INTERVAL_S)
+        wake.clear()
+        router = ref()
+        if router is None or closed.is_set():
+            return
+        try:
+            router.refresh()
+        except ValueError:
+            return  # a channel closed under us: the client is closing
+        del router
+        # A burst of failures wakes us often; ask at most 5 times a second.
+        time.sleep(0.2)

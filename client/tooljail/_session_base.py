@@ -221,6 +221,9 @@ class _SessionBase:
 
     def __init__(self, info: SessionInfo) -> None:
         self._info = info
+        # Kept apart from `info`: a close answered by the SDK (its daemon lost)
+        # names no daemon, and the session still belonged to this one.
+        self._daemon_id = info.daemon_id
 
     @property
     def id(self) -> str:
@@ -231,7 +234,7 @@ class _SessionBase:
     def daemon_id(self) -> str:
         """The daemon that holds the session: every call, upload, download and
         close goes there; "" only from an old daemon that does not say."""
-        return self._info.daemon_id
+        return self._info.daemon_id or self._daemon_id
 
     @property
     def info(self) -> SessionInfo:

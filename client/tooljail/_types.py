@@ -262,7 +262,8 @@ class SessionInfo(BaseModel):
     state: SessionState = SessionState.OPEN
     end_reason: str = ""
     """Why a closed session ended ("closed", "idle_ttl", "max_lifetime",
-    "sandbox_died", "shutdown", "daemon_restart"); "" while open."""
+    "sandbox_died", "shutdown", "daemon_restart"; "daemon_lost" from a client
+    over many daemons whose daemon was lost); "" while open."""
     sandbox_id: str = ""
     created_unix: float = 0.0
     last_used_unix: float = 0.0

@@ -28,6 +28,7 @@ from tooljail import (
     CallStatus,
     Client,
     Effect,
+    InvalidRequestError,
     SessionEndedError,
     SessionState,
 )
@@ -340,3 +341,44 @@ async def test_one_target_sends_no_daemon_info(fleet: Fleet) -> None:
     async with AsyncClient(fleet.targets[0]) as client:
         result = await client.call("echo")
     assert result.daemon_id == "d0" and calls == []
+
+
+async def test_a_dns_name_is_resolved_to_its_daemons() -> None:
+    daemon = MiniDaemon("by-name")
+    server = grpc.aio.server()
+    tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(daemon, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with AsyncClient(f"dns:///localhost:{port}") as client:
+            result = await client.call("echo")
+            assert client.target == f"dns:///localhost:{port}"
+        assert result.daemon_id == "by-name"
+    finally:
+        await server.stop(None)
+
+
+async def test_two_daemons_with_one_id_are_refused_by_name(fleet: Fleet) -> None:
+    fleet.daemons["d1"].daemon_id = "d0"
+    async with AsyncClient(fleet.targets) as client:
+        with pytest.raises(InvalidRequestError, match="daemon_id 'd0'"):
+            await client.call("echo")
+
+
+async def test_async_client_skips_a_draining_daemon_and_loses_a_session_by_name(
+    fleet: Fleet,
+) -> None:
+    async with AsyncClient(fleet.targets, retries=1) as client:
+        await client.list_tools()
+        session = await client.session()
+        victim = session.daemon_id
+        fleet.daemons[victim].draining = True  # refused before the health task notices
+        results = await asyncio.gather(*(client.call("echo") for _ in range(30)))
+        assert all(r.ok and r.daemon_id != victim for r in results)
+        assert not fleet.daemons[victim].runs
+        await fleet.stop(victim)
+        with pytest.raises(SessionEndedError, match=f"'{victim}'") as caught:
+            await session.call("echo")
+        assert caught.value.reason == "daemon_lost"
+        assert (await session.close()).end_reason == "daemon_lost"
+        assert session.daemon_id == victim
