@@ -88,3 +88,13 @@ def join_chunks(chunks: Iterable[pb.ArtifactChunk]) -> bytes:
 def decode_artifacts(resp: pb.ListArtifactsResponse) -> list[ArtifactInfo]:
     """The artifacts a ListArtifacts answer names, in its order (newest first)."""
     return [artifact_info_from_proto(m) for m in resp.artifacts]
+
+
+def merge_artifacts(answers: Iterable[pb.ListArtifactsResponse]) -> list[ArtifactInfo]:
+    """The artifacts of every daemon's answer in one list, newest first.
+
+    Raises:
+        TransportError: As `decode_artifacts`.
+    """
+    merged = [info for resp in answers for info in decode_artifacts(resp)]
+    return sorted(merged, key=lambda a: a.created_unix, reverse=True)

@@ -5,24 +5,22 @@ Only the methods that touch the channel are here; the rest is `_BaseClient`'s.
 
 from __future__ import annotations
 
-import asyncio
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from types import TracebackType
-from typing import Any, Self, TypeVar
-
-import grpc
-import grpc.aio
+from typing import Any, Self
 
 from tooljail._artifact_base import (
-    decode_artifacts,
     delete_artifact_request,
     get_artifact_request,
     join_chunks,
     list_artifacts_request,
+    merge_artifacts,
 )
+from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
-from tooljail._client_base import _BaseClient, _new_stub, _Progress
+from tooljail._client_base import _BaseClient
+from tooljail._routing import ANY, Route, RouteKind
 from tooljail._session_base import (
     close_session_request,
     create_session_request,
@@ -31,6 +29,7 @@ from tooljail._session_base import (
     decode_sessions,
     download_request,
     list_sessions_request,
+    session_closed_with_daemon,
     upload_messages,
 )
 from tooljail._types import (
@@ -43,17 +42,18 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
+from tooljail.errors import SessionEndedError
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = ["AsyncClient"]
 
-_T = TypeVar("_T")
-
 
 class AsyncClient(_BaseClient):
-    """An asyncio client of one tooljail daemon; the async twin of `Client`.
+    """An asyncio client of one tooljail daemon, or of many; the async twin of `Client`.
 
     Create it inside the event loop that uses it (gRPC binds the channel to it).
+    Over many daemons, the health checks run as a task of that loop, started
+    by the first request.
 
     Example:
         async with AsyncClient() as client:
@@ -61,7 +61,7 @@ class AsyncClient(_BaseClient):
                 ...
 
     Args:
-        target: As for `Client`.
+        target: As for `Client`: one daemon, a list of them, or a dns:/// name.
         timeout: As for `Client`: the deadline of each unary RPC; None means none.
         retries: As for `Client`.
         client_name: As for `Client`: the name this client goes by (unauthenticated).
@@ -76,7 +76,7 @@ class AsyncClient(_BaseClient):
 
     def __init__(
         self,
-        target: str | None = None,
+        target: str | list[str] | tuple[str, ...] | None = None,
         *,
         timeout: float | None = None,
         retries: int = 3,
@@ -90,8 +90,9 @@ class AsyncClient(_BaseClient):
             target, timeout=timeout, retries=retries, client_name=client_name, token=token,
             tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
         )  # fmt: skip
-        self._channel: grpc.aio.Channel = self._open_channel(grpc.aio)
-        self._stub = _new_stub(self._channel)
+        self._router = AsyncRouter(self, self._targets)
+        if not self._targets.routed:
+            self._channel, self._stub = self._router.table.daemons[0].channel_and_stub
 
     async def __aenter__(self) -> Self:
         return self
@@ -105,38 +106,22 @@ class AsyncClient(_BaseClient):
         await self.close()
 
     async def close(self) -> None:
-        """Closes the channel; RPCs still in flight are cancelled."""
-        await self._channel.close()
+        """Closes the channels; RPCs still in flight are cancelled."""
+        await self._router.close()
 
-    async def _retried(self, send: Callable[[], Awaitable[_T]], *, retry: bool = True) -> _T:
-        """`await send()`, the RPC, with its failure mapped. See `Client._retried`."""
-        attempt = 0
-        while True:
-            try:
-                return await send()
-            except grpc.RpcError as e:
-                error = self._map_rpc_error(e)
-                if not (retry and self._should_retry(error, attempt)):
-                    raise error from e
-            await asyncio.sleep(self._backoff_s(attempt))
-            attempt += 1
-
-    async def _unary(self, method: Callable[..., Any], request: Any, *, retry: bool = False) -> Any:
-        return await self._retried(
-            lambda: method(
-                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-            ),
-            retry=retry,
-        )
+    async def _unary(self, route: Route, method: str, request: Any, **options: Any) -> Any:
+        """`method` of the daemon `route` names. See `Client._unary`."""
+        options.setdefault("retry", False)
+        return await self._router.unary(route, self._sender(method, request), **options)
 
     async def list_tools(self) -> list[ToolInfo]:
         """The tools the daemon serves. See `Client.list_tools`."""
-        resp: pb.ListToolsResponse = await self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        resp: pb.ListToolsResponse = await self._unary(ANY, "ListTools", pb.ListToolsRequest())
         return self._decode_tools(resp)
 
     async def diagnostics(self) -> list[Diagnostic]:
         """The problems found while loading user tools. See `Client.diagnostics`."""
-        resp: pb.ListToolsResponse = await self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        resp: pb.ListToolsResponse = await self._unary(ANY, "ListTools", pb.ListToolsRequest())
         return self._decode_diagnostics(resp)
 
     async def openai_tools(self) -> list[dict[str, Any]]:
@@ -160,11 +145,12 @@ class AsyncClient(_BaseClient):
         request = self._build_call_request(
             tool, args, timeout=timeout, call_id=call_id, session_id=session_id
         )
-        return self._decode_result(
-            await self._retried(
-                lambda: self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
-            )
+        resp: pb.Result = await self._router.unary(
+            self._call_route(request),
+            lambda stub: stub.Run(request, wait_for_ready=False, metadata=self._metadata),
+            on_lost=lambda lost: lost,
         )
+        return self._decode_result(resp)
 
     def stream(
         self,
@@ -185,75 +171,50 @@ class AsyncClient(_BaseClient):
         request = self._build_call_request(
             tool, args, timeout=timeout, call_id=call_id, session_id=session_id
         )
-        return self._stream(request)
+        return self._router.follow(
+            self._call_route(request),
+            lambda stub: stub.Call(request, wait_for_ready=False, metadata=self._metadata),
+            request,
+        )
 
     def attach(
         self, call_id: str, *, from_seq: int = 0
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Follows a call the daemon knows. See `Client.attach`."""
         request = self._build_attach_request(call_id, from_seq)
-        return self._follow(
-            lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
+        return self._router.follow(
+            Route(RouteKind.CALL, request.call_id),
+            lambda stub: stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
             request,
         )
-
-    def _stream(self, request: pb.CallRequest) -> AsyncGenerator[Output | ToolResult, None]:
-        return self._follow(
-            lambda: self._stub.Call(request, wait_for_ready=False, metadata=self._metadata), request
-        )
-
-    async def _follow(
-        self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
-    ) -> AsyncGenerator[Output | ToolResult, None]:
-        """The events of one call; a dropped connection is resumed where it broke."""
-        progress = _Progress(request)
-        attempt = 0
-        rpc = start()
-        while True:
-            try:
-                async for event in rpc:
-                    if progress.result is not None:
-                        continue  # nothing may follow the Result (see Client._follow)
-                    item = progress.take(self._decode_event(event))
-                    if item is not None:
-                        yield item
-                break
-            except grpc.RpcError as e:
-                if progress.result is not None:
-                    break
-                error = self._map_rpc_error(e)
-                if not self._should_retry(error, attempt):
-                    raise error from e
-            finally:
-                if progress.result is None:
-                    rpc.cancel()
-            await asyncio.sleep(self._backoff_s(attempt))
-            attempt += 1
-            rpc = progress.resume(self._stub, start, self._metadata)
-        if progress.result is None:
-            raise self._no_result_error()
 
     async def get_call(self, call_id: str) -> CallInfo:
         """What the daemon knows of a call. See `Client.get_call`."""
         request = pb.GetCallRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CallInfo = await self._unary(self._stub.GetCall, request)
+        resp: pb.CallInfo = await self._unary(
+            Route(RouteKind.CALL, request.call_id), "GetCall", request, on_lost=self._lost_info
+        )
         return self._decode_call_info(resp)
 
     async def cancel(self, call_id: str) -> CallState:
         """Stops a queued or running call. See `Client.cancel`."""
         request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CancelResponse = await self._unary(self._stub.Cancel, request)
+        resp: pb.CancelResponse = await self._unary(
+            Route(RouteKind.CALL, request.call_id), "Cancel", request, on_lost=self._lost_cancel
+        )
         return self._decode_cancel(resp)
 
     async def approve(self, call_id: str) -> CallInfo:
         """Approves a call that waits for approval. See `Client.approve`."""
         request = self._build_approve_request(call_id, True, "")
-        return self._decode_call_info(await self._unary(self._stub.Approve, request))
+        route = self._approve_route(request)
+        return self._decode_call_info(await self._unary(route, "Approve", request))
 
     async def deny(self, call_id: str, reason: str = "") -> CallInfo:
         """Denies a call that waits for approval. See `Client.deny`."""
         request = self._build_approve_request(call_id, False, reason)
-        return self._decode_call_info(await self._unary(self._stub.Approve, request))
+        route = self._approve_route(request)
+        return self._decode_call_info(await self._unary(route, "Approve", request))
 
     # --- sessions and workspace files ---
 
@@ -288,19 +249,24 @@ class AsyncClient(_BaseClient):
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo:
         """The one CreateSession RPC, never retried (see `Client.session`)."""
-        return decode_session_info(await self._unary(self._stub.CreateSession, request))
+        daemon, resp = await self._router.unary_at(
+            Route(RouteKind.NEW_SESSION), self._sender("CreateSession", request), retry=False
+        )
+        return self._router.opened_session(daemon, decode_session_info(resp))
 
     async def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
         """The open sessions of this client, or of every client. See `Client.list_sessions`."""
-        resp: pb.ListSessionsResponse = await self._unary(
-            self._stub.ListSessions, list_sessions_request(all_clients), retry=True
-        )
-        return decode_sessions(resp)
+        send = self._sender("ListSessions", list_sessions_request(all_clients))
+        return [info for resp in await self._router.each(send) for info in decode_sessions(resp)]
 
     async def close_session(self, session_id: str) -> SessionInfo:
         """Ends a session. See `Client.close_session`."""
         request = close_session_request(session_id)
-        resp: pb.SessionInfo = await self._unary(self._stub.CloseSession, request, retry=True)
+        route = self._session_route(request)
+        try:
+            resp = await self._unary(route, "CloseSession", request, retry=True)
+        except SessionEndedError as e:
+            return session_closed_with_daemon(request.session_id, e)
         return decode_session_info(resp)
 
     async def upload_file(
@@ -308,13 +274,11 @@ class AsyncClient(_BaseClient):
     ) -> int:
         """Writes `data` to `path` in a session's workspace. See `Client.upload_file`."""
         make_chunks = upload_messages(session_id, path, data)
-        resp: pb.FileInfo = await self._retried(
-            lambda: self._stub.UploadFile(
-                make_chunks(),
-                timeout=self._timeout,
-                wait_for_ready=False,
-                metadata=self._metadata,
-            )
+        resp: pb.FileInfo = await self._router.unary(
+            Route(RouteKind.SESSION, session_id),
+            lambda stub: stub.UploadFile(
+                make_chunks(), timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            ),
         )
         return decode_file_info(resp)
 
@@ -322,13 +286,13 @@ class AsyncClient(_BaseClient):
         """The content of `path` in a session's workspace. See `Client.download_file`."""
         request = download_request(session_id, path)
 
-        async def gather() -> bytes:
-            rpc = self._stub.DownloadFile(
+        async def gather(stub: Any) -> bytes:
+            rpc = stub.DownloadFile(
                 request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
             )
             return b"".join([chunk.data async for chunk in rpc])
 
-        return await self._retried(gather)
+        return await self._router.unary(self._session_route(request), gather)
 
     # --- artifacts ---
 
@@ -336,25 +300,26 @@ class AsyncClient(_BaseClient):
         """The bytes of an artifact this client's calls made. See `Client.get_artifact`."""
         request = get_artifact_request(artifact_id)
 
-        async def gather() -> bytes:
-            rpc = self._stub.GetArtifact(
+        async def gather(stub: Any) -> bytes:
+            rpc = stub.GetArtifact(
                 request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
             )
             return join_chunks([chunk async for chunk in rpc])
 
-        return await self._retried(gather)
+        return await self._router.unary(Route(RouteKind.ARTIFACT, request.artifact_id), gather)
 
     async def list_artifacts(
         self, *, call_id: str | None = None, session_id: str | None = None
     ) -> list[ArtifactInfo]:
         """This client's kept artifacts, newest first. See `Client.list_artifacts`."""
         request = list_artifacts_request(call_id, session_id)
-        return decode_artifacts(await self._unary(self._stub.ListArtifacts, request, retry=True))
+        return merge_artifacts(await self._router.each(self._sender("ListArtifacts", request)))
 
     async def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's. See `Client.delete_artifact`."""
         request = delete_artifact_request(artifact_id)
+        route = Route(RouteKind.ARTIFACT, request.artifact_id)
         resp: pb.DeleteArtifactResponse = await self._unary(
-            self._stub.DeleteArtifact, request, retry=True
+            route, "DeleteArtifact", request, retry=True
         )
         return resp.deleted

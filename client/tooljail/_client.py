@@ -22,20 +22,16 @@ to; the logic is in `_BaseClient` and the `_*_base` modules.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from types import TracebackType
-from typing import Any, Self, TypeVar
-
-import grpc
-import grpc.aio
+from typing import Any, Self
 
 from tooljail._artifact_base import (
-    decode_artifacts,
     delete_artifact_request,
     get_artifact_request,
     join_chunks,
     list_artifacts_request,
+    merge_artifacts,
 )
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
@@ -43,11 +39,11 @@ from tooljail._client_base import (
     MAX_RECEIVE_MESSAGE_BYTES,
     TARGET_ENV,
     _BaseClient,
-    _new_stub,
-    _Progress,
     default_socket_path,
     default_target,
 )
+from tooljail._router import Router
+from tooljail._routing import ANY, Route, RouteKind
 from tooljail._session import Session
 from tooljail._session_base import (
     close_session_request,
@@ -57,6 +53,7 @@ from tooljail._session_base import (
     decode_sessions,
     download_request,
     list_sessions_request,
+    session_closed_with_daemon,
     upload_messages,
 )
 from tooljail._types import (
@@ -69,6 +66,7 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
+from tooljail.errors import SessionEndedError
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
@@ -81,19 +79,33 @@ __all__ = [
     "default_target",
 ]
 
-_T = TypeVar("_T")
-
 
 class Client(_BaseClient):
-    """A blocking client of one tooljail daemon.
+    """A blocking client of one tooljail daemon, or of many.
 
     Example:
         with Client() as client:
             result = client.call("execute_python_code", {"code": "print(1)"})
 
+    Over many daemons (`Client(["host-a:7070", "host-b:7070"])`, or
+    `Client("dns:///tooljail.ns.svc:7070")`), each new call goes to the daemon
+    that rendezvous hashing of its call id ranks first among those serving, so
+    calls spread evenly and a retry of the same id reaches the same daemon;
+    `result.daemon_id` names it, and `get_call`, `attach`, `cancel` and the
+    session's calls go there. A call whose daemon is gone comes back LOST
+    (effect UNKNOWN, its message naming the daemon and why), and a session's
+    next call raises `SessionEndedError` (reason "daemon_lost"): nothing is
+    silently run on another daemon. A draining daemon gets no new calls.
+    `list_tools` asks one daemon; `list_sessions` and `list_artifacts` merge
+    the answers of every daemon that answers.
+
     Args:
         target: The daemon: "unix:///path.sock", a bare socket path, or
-            "host:port". None means `default_target()`.
+            "host:port". None means `default_target()`. Many daemons: a list
+            (or tuple) of such targets, Unix and TCP mixed, or a
+            "dns:///name:port" target that the SDK resolves itself (every
+            address of the name is a daemon; resolved again every 2 s), e.g.
+            a Kubernetes headless Service. The credentials apply to each.
         timeout: The deadline in seconds of each unary RPC (`list_tools`,
             `get_call`, `cancel`, the session and file methods, ...), per try.
             None means no deadline. It does not bound `call`/`stream`, which
@@ -138,7 +150,7 @@ class Client(_BaseClient):
 
     def __init__(
         self,
-        target: str | None = None,
+        target: str | list[str] | tuple[str, ...] | None = None,
         *,
         timeout: float | None = None,
         retries: int = 3,
@@ -152,8 +164,9 @@ class Client(_BaseClient):
             target, timeout=timeout, retries=retries, client_name=client_name, token=token,
             tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
         )  # fmt: skip
-        self._channel: grpc.Channel = self._open_channel(grpc)
-        self._stub = _new_stub(self._channel)
+        self._router = Router(self, self._targets)
+        if not self._targets.routed:
+            self._channel, self._stub = self._router.table.daemons[0].channel_and_stub
 
     def __enter__(self) -> Self:
         return self
@@ -167,30 +180,14 @@ class Client(_BaseClient):
         self.close()
 
     def close(self) -> None:
-        """Closes the channel; RPCs still in flight fail. Calling it twice is fine."""
-        self._channel.close()
+        """Closes the channels; RPCs still in flight fail. Calling it twice is fine."""
+        self._router.close()
 
-    def _retried(self, send: Callable[[], _T], *, retry: bool = True) -> _T:
-        """`send()`, the RPC, with its failure mapped; sent again while the retry
-        policy (`_should_retry`) allows and `retry` is true, after a backoff."""
-        attempt = 0
-        while True:
-            try:
-                return send()
-            except grpc.RpcError as e:
-                error = self._map_rpc_error(e)
-                if not (retry and self._should_retry(error, attempt)):
-                    raise error from e
-            time.sleep(self._backoff_s(attempt))
-            attempt += 1
-
-    def _unary(self, method: Callable[..., Any], request: Any, *, retry: bool = False) -> Any:
-        return self._retried(
-            lambda: method(
-                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-            ),
-            retry=retry,
-        )
+    def _unary(self, route: Route, method: str, request: Any, **options: Any) -> Any:
+        """`method` of the daemon `route` names; `options` as `Router.unary`
+        (not retried unless `retry=True`)."""
+        options.setdefault("retry", False)
+        return self._router.unary(route, self._sender(method, request), **options)
 
     def list_tools(self) -> list[ToolInfo]:
         """The tools the daemon serves.
@@ -198,7 +195,7 @@ class Client(_BaseClient):
         Raises:
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        resp: pb.ListToolsResponse = self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        resp: pb.ListToolsResponse = self._unary(ANY, "ListTools", pb.ListToolsRequest())
         return self._decode_tools(resp)
 
     def diagnostics(self) -> list[Diagnostic]:
@@ -207,7 +204,7 @@ class Client(_BaseClient):
         Raises:
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        resp: pb.ListToolsResponse = self._unary(self._stub.ListTools, pb.ListToolsRequest())
+        resp: pb.ListToolsResponse = self._unary(ANY, "ListTools", pb.ListToolsRequest())
         return self._decode_diagnostics(resp)
 
     def openai_tools(self) -> list[dict[str, Any]]:
@@ -244,7 +241,8 @@ class Client(_BaseClient):
                 in a session waits for the session's calls before it.
 
         Returns:
-            The call's one final result.
+            The call's one final result; over many daemons, LOST (effect
+            UNKNOWN) when the daemon it was sent to is gone.
 
         Raises:
             TypeError: When an argument has the wrong type.
@@ -262,11 +260,12 @@ class Client(_BaseClient):
         request = self._build_call_request(
             tool, args, timeout=timeout, call_id=call_id, session_id=session_id
         )
-        return self._decode_result(
-            self._retried(
-                lambda: self._stub.Run(request, wait_for_ready=False, metadata=self._metadata)
-            )
+        resp: pb.Result = self._router.unary(
+            self._call_route(request),
+            lambda stub: stub.Run(request, wait_for_ready=False, metadata=self._metadata),
+            on_lost=lambda lost: lost,
         )
+        return self._decode_result(resp)
 
     def stream(
         self,
@@ -303,7 +302,11 @@ class Client(_BaseClient):
         request = self._build_call_request(
             tool, args, timeout=timeout, call_id=call_id, session_id=session_id
         )
-        return self._stream(request)
+        return self._router.follow(
+            self._call_route(request),
+            lambda stub: stub.Call(request, wait_for_ready=False, metadata=self._metadata),
+            request,
+        )
 
     def attach(
         self, call_id: str, *, from_seq: int = 0
@@ -320,51 +323,11 @@ class Client(_BaseClient):
             TooljailError: As for `stream`.
         """
         request = self._build_attach_request(call_id, from_seq)
-        return self._follow(
-            lambda: self._stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
+        return self._router.follow(
+            Route(RouteKind.CALL, request.call_id),
+            lambda stub: stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
             request,
         )
-
-    def _stream(self, request: pb.CallRequest) -> Generator[Output | ToolResult, None, None]:
-        return self._follow(
-            lambda: self._stub.Call(request, wait_for_ready=False, metadata=self._metadata), request
-        )
-
-    def _follow(
-        self, start: Callable[[], Any], request: pb.CallRequest | pb.AttachRequest
-    ) -> Generator[Output | ToolResult, None, None]:
-        """The events of one call; a dropped connection is resumed where it broke."""
-        progress = _Progress(request)
-        attempt = 0
-        rpc = start()
-        while True:
-            try:
-                for event in rpc:
-                    if progress.result is not None:
-                        # Nothing may follow the Result; read on only to reach the status.
-                        continue
-                    item = progress.take(self._decode_event(event))
-                    if item is not None:
-                        yield item
-                break
-            except grpc.RpcError as e:
-                # Once the result is in, the call's outcome is known: a failure while
-                # reading the final status changes nothing for the caller.
-                if progress.result is not None:
-                    break
-                error = self._map_rpc_error(e)
-                if not self._should_retry(error, attempt):
-                    raise error from e
-            finally:
-                # Left early (caller closed us, or an error): stop the RPC. Not after
-                # the result, so the daemon's handler finishes undisturbed.
-                if progress.result is None:
-                    rpc.cancel()
-            time.sleep(self._backoff_s(attempt))
-            attempt += 1
-            rpc = progress.resume(self._stub, start, self._metadata)
-        if progress.result is None:
-            raise self._no_result_error()
 
     def get_call(self, call_id: str) -> CallInfo:
         """What the daemon knows of a call: its state and, once ended, its result.
@@ -374,7 +337,9 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         request = pb.GetCallRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CallInfo = self._unary(self._stub.GetCall, request)
+        resp: pb.CallInfo = self._unary(
+            Route(RouteKind.CALL, request.call_id), "GetCall", request, on_lost=self._lost_info
+        )
         return self._decode_call_info(resp)
 
     def cancel(self, call_id: str) -> CallState:
@@ -389,7 +354,9 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CancelResponse = self._unary(self._stub.Cancel, request)
+        resp: pb.CancelResponse = self._unary(
+            Route(RouteKind.CALL, request.call_id), "Cancel", request, on_lost=self._lost_cancel
+        )
         return self._decode_cancel(resp)
 
     def approve(self, call_id: str) -> CallInfo:
@@ -406,16 +373,14 @@ class Client(_BaseClient):
             PermissionDeniedError: When this identity may not approve.
             TransportError: When the RPC fails.
         """
-        return self._decode_call_info(
-            self._unary(self._stub.Approve, self._build_approve_request(call_id, True, ""))
-        )
+        request = self._build_approve_request(call_id, True, "")
+        return self._decode_call_info(self._unary(self._approve_route(request), "Approve", request))
 
     def deny(self, call_id: str, reason: str = "") -> CallInfo:
         """Denies a call that waits for approval: it ends with effect none,
         its message carrying `reason` (for the model to act on). As `approve`."""
-        return self._decode_call_info(
-            self._unary(self._stub.Approve, self._build_approve_request(call_id, False, reason))
-        )
+        request = self._build_approve_request(call_id, False, reason)
+        return self._decode_call_info(self._unary(self._approve_route(request), "Approve", request))
 
     # --- sessions and workspace files ---
 
@@ -473,8 +438,10 @@ class Client(_BaseClient):
             workspace_bytes=workspace_bytes,
             keep_processes=keep_processes,
         )
-        info = decode_session_info(self._unary(self._stub.CreateSession, request))
-        return Session(self, info)
+        daemon, resp = self._router.unary_at(
+            Route(RouteKind.NEW_SESSION), self._sender("CreateSession", request), retry=False
+        )
+        return Session(self, self._router.opened_session(daemon, decode_session_info(resp)))
 
     def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
         """The open sessions of this client (its host and process), or of every client.
@@ -483,10 +450,10 @@ class Client(_BaseClient):
             TypeError: When `all_clients` is not a bool.
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        resp: pb.ListSessionsResponse = self._unary(
-            self._stub.ListSessions, list_sessions_request(all_clients), retry=True
+        answers = self._router.each(
+            self._sender("ListSessions", list_sessions_request(all_clients))
         )
-        return decode_sessions(resp)
+        return [info for resp in answers for info in decode_sessions(resp)]
 
     def close_session(self, session_id: str) -> SessionInfo:
         """Ends a session: its sandbox, interpreter and workspace are destroyed.
@@ -504,7 +471,10 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         request = close_session_request(session_id)
-        resp: pb.SessionInfo = self._unary(self._stub.CloseSession, request, retry=True)
+        try:
+            resp = self._unary(self._session_route(request), "CloseSession", request, retry=True)
+        except SessionEndedError as e:
+            return session_closed_with_daemon(request.session_id, e)
         return decode_session_info(resp)
 
     def upload_file(self, session_id: str, path: str, data: bytes | bytearray | memoryview) -> int:
@@ -534,13 +504,11 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         make_chunks = upload_messages(session_id, path, data)
-        resp: pb.FileInfo = self._retried(
-            lambda: self._stub.UploadFile(
-                make_chunks(),
-                timeout=self._timeout,
-                wait_for_ready=False,
-                metadata=self._metadata,
-            )
+        resp: pb.FileInfo = self._router.unary(
+            Route(RouteKind.SESSION, session_id),
+            lambda stub: stub.UploadFile(
+                make_chunks(), timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+            ),
         )
         return decode_file_info(resp)
 
@@ -560,13 +528,13 @@ class Client(_BaseClient):
         """
         request = download_request(session_id, path)
 
-        def gather() -> bytes:
-            rpc = self._stub.DownloadFile(
+        def gather(stub: Any) -> bytes:
+            rpc = stub.DownloadFile(
                 request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
             )
             return b"".join(chunk.data for chunk in rpc)
 
-        return self._retried(gather)
+        return self._router.unary(self._session_route(request), gather)
 
     # --- artifacts ---
 
@@ -587,12 +555,13 @@ class Client(_BaseClient):
             TransportError: When the RPC fails or the stream breaks off.
         """
         request = get_artifact_request(artifact_id)
-        return self._retried(
-            lambda: join_chunks(
-                self._stub.GetArtifact(
+        return self._router.unary(
+            Route(RouteKind.ARTIFACT, request.artifact_id),
+            lambda stub: join_chunks(
+                stub.GetArtifact(
                     request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
                 )
-            )
+            ),
         )
 
     def list_artifacts(
@@ -610,7 +579,7 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         request = list_artifacts_request(call_id, session_id)
-        return decode_artifacts(self._unary(self._stub.ListArtifacts, request, retry=True))
+        return merge_artifacts(self._router.each(self._sender("ListArtifacts", request)))
 
     def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's; reading it later says it was deleted.
@@ -627,7 +596,6 @@ class Client(_BaseClient):
             TransportError: When the RPC fails.
         """
         request = delete_artifact_request(artifact_id)
-        resp: pb.DeleteArtifactResponse = self._unary(
-            self._stub.DeleteArtifact, request, retry=True
-        )
+        route = Route(RouteKind.ARTIFACT, request.artifact_id)
+        resp: pb.DeleteArtifactResponse = self._unary(route, "DeleteArtifact", request, retry=True)
         return resp.deleted

@@ -4,7 +4,12 @@ Everything that does no I/O lives in `_BaseClient`: target normalisation,
 argument checks, request building, event decoding, error mapping and the retry
 policy. `Client` (`tooljail._client`) and `AsyncClient`
 (`tooljail._async_client`) add only the methods that touch the channel, so a
-fix to the logic is made once for both.
+fix to the logic is made once for both. Where a request goes (one daemon or
+many) is `tooljail._routing`'s; here only which route each request names.
+
+Over 500 lines, on purpose: it is the one home of every check, builder and
+decoder the two clients share; the session and artifact ones are already in
+their own modules, and splitting the rest would split one class.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import grpc
 import grpc.aio
 
 from tooljail._credentials import Credentials
+from tooljail._routing import Route, RouteKind, Targets, parse_targets
 from tooljail._session_base import check_session_id
 from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
 from tooljail._wire import (
@@ -110,12 +116,13 @@ class _BaseClient:
     """What `Client` and `AsyncClient` share: everything that does no I/O."""
 
     _target: str
+    _targets: Targets
     _timeout: float | None
     _retries: int
 
     def __init__(
         self,
-        target: str | None = None,
+        target: str | list[str] | tuple[str, ...] | None = None,
         *,
         timeout: float | None = None,
         retries: int = 3,
@@ -125,7 +132,10 @@ class _BaseClient:
         tls_cert_file: str | os.PathLike[str] | None = None,
         tls_key_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._target = self._normalize_target(default_target() if target is None else target)
+        self._targets = parse_targets(
+            default_target() if target is None else target, self._normalize_target
+        )
+        self._target = self._targets.display
         self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
         if isinstance(retries, bool) or not isinstance(retries, int):
             raise TypeError(f"retries must be an int, got {retries!r}")
@@ -207,7 +217,8 @@ class _BaseClient:
 
     @property
     def target(self) -> str:
-        """The gRPC target this client dials, normalised (e.g. "unix:///run/x.sock")."""
+        """The gRPC target this client dials, normalised (e.g. "unix:///run/x.sock");
+        over many daemons, their addresses joined by "," or the dns:/// name."""
         return self._target
 
     @property
@@ -266,14 +277,28 @@ class _BaseClient:
             )
         return t
 
-    def _open_channel(self, module: Any) -> Any:
-        """A channel of `module` (grpc or grpc.aio) to the target: TLS when the
-        credentials ask for it, else plaintext (the default target is a Unix
-        socket guarded by its file modes)."""
+    def _open_channel(self, module: Any, address: str) -> Any:
+        """A channel of `module` (grpc or grpc.aio) to one daemon's address: TLS
+        when the credentials ask for it, else plaintext (the default target is a
+        Unix socket guarded by its file modes)."""
+        options = self._channel_options()
+        if self._targets.routed:
+            # gRPC backs off reconnecting up to 2 minutes; a daemon restarted by a
+            # rollout must take calls again within a health interval or two.
+            options += [
+                ("grpc.initial_reconnect_backoff_ms", 250),
+                ("grpc.min_reconnect_backoff_ms", 250),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ]
         credentials = self._credentials.channel_credentials()
         if credentials is None:
-            return module.insecure_channel(self._target, options=self._channel_options())
-        return module.secure_channel(self._target, credentials, options=self._channel_options())
+            return module.insecure_channel(address, options=options)
+        if self._targets.dns_name:
+            # Dialled by the IP the SDK resolved; the certificate names the dns name.
+            options.append(
+                ("grpc.ssl_target_name_override", self._targets.dns_name.rpartition(":")[0])
+            )
+        return module.secure_channel(address, credentials, options=options)
 
     @staticmethod
     def _channel_options() -> list[tuple[str, Any]]:
@@ -385,6 +410,46 @@ class _BaseClient:
             from_seq=self._check_seq(from_seq),
         )
 
+    # --- routing ---
+
+    def _sender(self, method: str, request: Any) -> Callable[[Any], Any]:
+        """One try of unary `method` with `request`, given a daemon's stub."""
+        return lambda stub: getattr(stub, method)(
+            request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
+        )
+
+    @staticmethod
+    def _call_route(request: pb.CallRequest) -> Route:
+        """A call goes to its session's daemon, else to its call id's."""
+        if request.session_id:
+            return Route(RouteKind.SESSION, request.session_id)
+        return Route(RouteKind.NEW_CALL, request.call_id)
+
+    @staticmethod
+    def _approve_route(request: pb.ApproveRequest) -> Route:
+        return Route(RouteKind.CALL, request.call_id)
+
+    @staticmethod
+    def _session_route(request: Any) -> Route:
+        """The daemon of the session a request names (`session_id`)."""
+        return Route(RouteKind.SESSION, request.session_id)
+
+    @staticmethod
+    def _lost_info(result: pb.Result) -> pb.CallInfo:
+        """What `get_call` answers for a call whose daemon is gone."""
+        return pb.CallInfo(
+            call_id=result.call_id,
+            state=pb.CALL_STATE_LOST,
+            has_result=True,
+            result=result,
+            daemon_id=result.daemon_id,
+        )
+
+    @staticmethod
+    def _lost_cancel(result: pb.Result) -> pb.CancelResponse:
+        """What `cancel` answers for a call whose daemon is gone."""
+        return pb.CancelResponse(state=pb.CALL_STATE_LOST)
+
     # --- decoding ---
 
     @staticmethod
@@ -488,6 +553,11 @@ class _Progress:
         )
         self._seen = False
         self.result: ToolResult | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing of the call came back yet (not even `Started`)."""
+        return not self._seen
 
     def take(self, item: Output | ToolResult | None) -> Output | ToolResult | None:
         """Note an event; return it unless it is one the caller already has."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 
-from tooljail._types import SessionInfo
+from tooljail._types import SessionInfo, SessionState
 from tooljail._wire import session_info_from_proto
 from tooljail.errors import InvalidPathError, InvalidRequestError, TooljailError, TransportError
 from tooljail.v1 import tooljail_pb2 as pb
@@ -194,6 +194,18 @@ def decode_session_info(m: pb.SessionInfo) -> SessionInfo:
         raise TransportError(f"the daemon sent a message this SDK cannot read: {e}") from e
 
 
+def session_closed_with_daemon(session_id: str, error: TooljailError) -> SessionInfo:
+    """What closing a session answers when its daemon lost it: closed, reason
+    "daemon_lost" (closing an ended session is not an error).
+
+    Raises:
+        TooljailError: `error` itself, when it is not a loss with the daemon.
+    """
+    if getattr(error, "reason", "") != "daemon_lost":
+        raise error
+    return SessionInfo(session_id=session_id, state=SessionState.CLOSED, end_reason="daemon_lost")
+
+
 def decode_sessions(resp: pb.ListSessionsResponse) -> list[SessionInfo]:
     """The sessions of a `ListSessions` answer. Raises as `decode_session_info`."""
     return [decode_session_info(m) for m in resp.sessions]
@@ -209,11 +221,20 @@ class _SessionBase:
 
     def __init__(self, info: SessionInfo) -> None:
         self._info = info
+        # Kept apart from `info`: a close answered by the SDK (its daemon lost)
+        # names no daemon, and the session still belonged to this one.
+        self._daemon_id = info.daemon_id
 
     @property
     def id(self) -> str:
         """The session's id: name it in `call(..., session_id=...)` from any client."""
         return self._info.session_id
+
+    @property
+    def daemon_id(self) -> str:
+        """The daemon that holds the session: every call, upload, download and
+        close goes there; "" only from an old daemon that does not say."""
+        return self._info.daemon_id or self._daemon_id
 
     @property
     def info(self) -> SessionInfo:

@@ -187,6 +187,10 @@ class ToolResult(BaseModel):
     outputs directory, figures): read each with `Client.get_artifact`."""
     usage: Usage | None = None
     """What the call used; None when the daemon could not measure it."""
+    daemon_id: str = ""
+    """The daemon that holds the call (its `daemon_id` setting); "" from an old
+    daemon that does not say. Over many daemons, `get_call`, `attach`, `cancel`
+    and the call's artifacts go to this one."""
 
     @property
     def ok(self) -> bool:
@@ -253,6 +257,8 @@ class CallInfo(BaseModel):
     tool: str
     state: CallState
     result: ToolResult | None = None
+    daemon_id: str = ""
+    """The daemon that holds the call; "" from an old daemon that does not say."""
 
 
 class SessionState(enum.StrEnum):
@@ -271,7 +277,8 @@ class SessionInfo(BaseModel):
     state: SessionState = SessionState.OPEN
     end_reason: str = ""
     """Why a closed session ended ("closed", "idle_ttl", "max_lifetime",
-    "sandbox_died", "shutdown", "daemon_restart"); "" while open."""
+    "sandbox_died", "shutdown", "daemon_restart"; "daemon_lost" from a client
+    over many daemons whose daemon was lost); "" while open."""
     sandbox_id: str = ""
     created_unix: float = 0.0
     last_used_unix: float = 0.0
@@ -286,3 +293,5 @@ class SessionInfo(BaseModel):
     queued: int = 0
     resets: int = 0
     """Times its interpreter was restarted (timeouts it did not survive, crashes)."""
+    daemon_id: str = ""
+    """The daemon that holds the session; "" from an old daemon that does not say."""

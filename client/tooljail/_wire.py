@@ -236,6 +236,7 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         session_id=r.session_id,
         session_reset=r.session_reset,
         artifacts=[artifact_ref_to_proto(a) for a in r.artifacts],
+        daemon_id=r.daemon_id,
     )
     if r.usage is not None:
         m.usage.CopyFrom(pb.Usage(**r.usage.model_dump()))
@@ -289,6 +290,7 @@ def result_from_proto(m: pb.Result) -> ToolResult:
             if m.HasField("usage")
             else None
         ),
+        daemon_id=m.daemon_id,
     )
 
 
@@ -373,6 +375,7 @@ def call_info_to_proto(c: CallInfo) -> pb.CallInfo:
         tool=c.tool,
         state=call_state_to_proto(c.state),
         has_result=c.result is not None,
+        daemon_id=c.daemon_id,
     )
     if c.result is not None:
         m.result.CopyFrom(result_to_proto(c.result))
@@ -393,6 +396,7 @@ def call_info_from_proto(m: pb.CallInfo) -> CallInfo:
         tool=m.tool,
         state=call_state_from_proto(m.state),
         result=result_from_proto(m.result) if m.has_result else None,
+        daemon_id=m.daemon_id,
     )
 
 
@@ -546,6 +550,7 @@ _SESSION_FIELDS = (
     "calls",
     "queued",
     "resets",
+    "daemon_id",
 )
 
 

@@ -202,7 +202,9 @@ class SessionEndedError(TooljailError):
             idle TTL), "max_lifetime", "sandbox_died" (its sandbox ended under
             it), "shutdown" (the daemon stopped) or "daemon_restart" (the
             daemon was restarted, or killed, while it was open); "" when the
-            daemon did not say.
+            daemon did not say. Over many daemons the SDK itself says
+            "daemon_lost" when the session's daemon is unreachable or was
+            restarted, naming it in the message.
     """
 
     code = "session_ended"

@@ -48,6 +48,7 @@ from tooljaild.auth.transport import ListenerSecurity, SecurityConfigError, list
 from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
+from tooljaild.drain import LINGER_MAX_S, Refusals
 from tooljaild.in_daemon import Services
 from tooljaild.journal import Journal, JournalError
 from tooljaild.listen import SocketPlan, default_daemon_id, is_loopback, prepare_socket
@@ -216,6 +217,8 @@ class Daemon:
         (not the `daemon_id` setting, which stays the same across runs)."""
         self.started_unix = time.time()
         """When this daemon started (GetDaemonInfo): a change tells a client it restarted."""
+        self._refusals = Refusals()
+        """New work refused while draining: `stop` listens on while it comes (`tooljaild.drain`)."""
         self._table = backends
         self._server: grpc.aio.Server | None = None
         self._health: object | None = None
@@ -416,6 +419,7 @@ class Daemon:
                 daemon_id=s.daemon_id,
                 listen=s.listen,
                 started_unix=self.started_unix,
+                refusals=self._refusals,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
@@ -516,6 +520,7 @@ class Daemon:
         """Drain and stop. Every call in flight gets its result before this returns."""
         self.notifier.stopping()
         grace = self.settings.shutdown_grace_s if grace_s is None else grace_s
+        began = time.monotonic()
         # New calls and sessions are refused from now, before health says
         # NOT_SERVING: a client that sees either (GetDaemonInfo answers
         # `draining`) sends nothing new here.
@@ -527,6 +532,9 @@ class Daemon:
             await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         if self.manager is not None:
             await self.manager.drain(grace)
+        # Listen on while clients still send new work (refused): each hears it
+        # drains before the listener goes (`tooljaild.drain`).
+        await self._refusals.quiet(min(LINGER_MAX_S, grace - (time.monotonic() - began)))
         if self.sessions is not None:
             await self.sessions.stop()
         if self._server is not None:

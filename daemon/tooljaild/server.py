@@ -2,6 +2,9 @@
 
 Nothing here decides anything about calls; errors are mapped once, in
 `tooljaild.errors`.
+
+Over 500 lines: one short handler per method of the service, and the few
+helpers they share; split, the servicer would be split from itself.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -25,6 +28,7 @@ from tooljail._errors import (
     InvalidRequestError,
     PermissionDeniedError,
     SessionNotFoundError,
+    ShuttingDownError,
     TooljailError,
 )
 from tooljail._types import ToolResult
@@ -47,6 +51,7 @@ from tooljaild.calls import Call, CallManager
 from tooljaild.calls.admission import unknown_call
 from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
+from tooljaild.drain import Refusals
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.listen import default_daemon_id
 from tooljaild.output import Event
@@ -67,6 +72,8 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         daemon_id: The name every Result, CallInfo, SessionInfo and Started
             carries, and GetDaemonInfo answers (`create_server` sets the default).
         started_unix: When this daemon started (GetDaemonInfo); None: now.
+        refusals: Told of each call or session refused because the daemon drains
+            (`tooljaild.drain`); None: a fresh one nobody reads.
     """
 
     def __init__(
@@ -78,6 +85,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         *,
         daemon_id: str = "",
         started_unix: float | None = None,
+        refusals: Refusals | None = None,
     ) -> None:
         self._manager = manager
         self._sessions = sessions
@@ -85,6 +93,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self._auth = authenticator or Authenticator(None, client_certificates=False)
         self.daemon_id = daemon_id
         self.started_unix = time.time() if started_unix is None else started_unix
+        self._refusals = refusals or Refusals()
 
     def _named(self, message: _Named) -> _Named:
         """`message`, naming this daemon: the one place every answer gets its daemon_id
@@ -104,6 +113,13 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         authenticated (what it declares is then ignored), else `client_of`."""
         identity = self._identity(context)
         return client_of(context) if identity is None else identity.name
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, exc: TooljailError) -> NoReturn:
+        """End the RPC with `exc`, noting a refusal because the daemon drains: the
+        daemon stops listening once such refusals stop (`tooljaild.drain`)."""
+        if isinstance(exc, ShuttingDownError):
+            self._refusals.note()
+        await abort_with(context, exc)
 
     def _own_call(
         self, call_id: str, context: grpc.aio.ServicerContext, *, approvers_too: bool = False
@@ -204,7 +220,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 identity=identity,
             )
         except TooljailError as exc:
-            await abort_with(context, exc)
+            await self._refuse(context, exc)
 
     async def Call(
         self, request: pb.CallRequest, context: grpc.aio.ServicerContext
@@ -283,11 +299,14 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             keep_processes=request.keep_processes,
         )
         identity = self._identity(context)
-        session = await self._session_manager().create(
-            options,
-            self._owner(context),
-            max_sessions=None if identity is None else identity.max_sessions,
-        )
+        try:
+            session = await self._session_manager().create(
+                options,
+                self._owner(context),
+                max_sessions=None if identity is None else identity.max_sessions,
+            )
+        except TooljailError as exc:
+            await self._refuse(context, exc)
         return self._named(session_info_to_proto(session.info()))
 
     async def CloseSession(
@@ -458,6 +477,7 @@ def create_server(
     daemon_id: str = "",
     listen: str | None = None,
     started_unix: float | None = None,
+    refusals: Refusals | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -476,6 +496,7 @@ def create_server(
         listen: The address clients dial, for that default (the daemon binds a
             Unix socket at a private name first); None: `address`.
         started_unix: When the daemon started (GetDaemonInfo); None: now.
+        refusals: Told of each call or session refused because the daemon drains.
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -498,7 +519,7 @@ def create_server(
         ],
     )
     servicer = ToolRunnerServicer(
-        manager, sessions, artifacts, authenticator, started_unix=started_unix
+        manager, sessions, artifacts, authenticator, started_unix=started_unix, refusals=refusals
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     health_servicer = health.aio.HealthServicer()

@@ -205,3 +205,31 @@ def test_a_draining_daemon_refuses_new_work_and_answers_for_what_it_holds(
         assert json.loads(result.data_json)["stdout"] == "done\n"
     assert len(results) == 1
     assert daemon.process.wait(30) == 0
+
+
+def test_a_draining_daemon_listens_on_while_clients_still_send_new_work(
+    start_daemon: Callable[..., RunningDaemon], channel_to: Callable[[str], grpc.Channel]
+) -> None:
+    # Its one call ends ~1 s into the drain. Had the daemon stopped listening
+    # then, a call arriving at that moment could be answered CANCELLED (did it
+    # run?) instead of a refusal its client can send elsewhere.
+    daemon = start_daemon("--daemon-id", "epsilon")
+    stub = _stub(channel_to(daemon.target))
+    short = '{"code": "import time; time.sleep(1)"}'
+    running = stub.Call(
+        pb.CallRequest(tool="execute_python_code", arguments_json=short), timeout=30
+    )
+    assert next(running).HasField("started")
+    daemon.process.send_signal(signal.SIGTERM)
+    wait_for(
+        lambda: stub.GetDaemonInfo(pb.GetDaemonInfoRequest(), timeout=5).draining, 10, interval=0.02
+    )
+    new_call = pb.CallRequest(tool="execute_python_code", arguments_json=PRINT)
+    until = time.monotonic() + 3.0
+    while time.monotonic() < until:  # a client that has not heard, sending on
+        assert isinstance(_refused(lambda: stub.Run(new_call, timeout=10)), ShuttingDownError)
+        time.sleep(0.2)
+    assert [e.result.status for e in running if e.HasField("result")] == [pb.STATUS_SUCCESS]
+    stopped = time.monotonic()
+    assert daemon.process.wait(30) == 0  # once the refusals stop: within a quiet second or so
+    assert time.monotonic() - stopped < 10
