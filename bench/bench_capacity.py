@@ -94,28 +94,87 @@ def timed_tooljail_caller(target: str, sink: list[float]) -> Caller:
     return make
 
 
-def measure_level(target: str, bare: list[str], c: int, m: int, rounds: int) -> dict[str, Any]:
-    """M calls at concurrency C through tooljail and through a bare interpreter, alternated."""
+def tree_cpu(pid: int) -> float:
+    """CPU seconds used by `pid` and every process under it, and by the children
+    they reaped (a used sandbox's time is in its reaper's once it is gone)."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def reaped_cpu() -> float:
+    """CPU seconds of this process's reaped children (the bare interpreters)."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def metered(run: Callable[[int], float], sink: list[float], extra: Callable[[], float]) -> Any:
+    """`run`, adding the CPU seconds this process (and `extra`) used in it to `sink`."""
+
+    def go(k: int) -> float:
+        c0 = time.process_time() + extra()
+        out = run(k)
+        sink[0] += time.process_time() + extra() - c0
+        return out
+
+    return go
+
+
+def measure_level(d: Daemon, bare: list[str], c: int, m: int, rounds: int) -> dict[str, Any]:
+    """M calls at concurrency C through tooljail and through a bare interpreter, alternated.
+
+    Beside the wall-time rates, the CPU each call costs: for tooljail the
+    daemon's process tree (daemon, zygote, sandboxes, the pool's refills) over
+    the whole level plus this process (the clients) in tooljail's blocks; for
+    the baseline the interpreters it reaped plus this process in its blocks.
+    CPU per call hardly moves with the machine's load, where wall time does.
+    """
     load = loadavg()
     latencies: list[float] = []
+    client_cpu, bare_cpu = [0.0], [0.0]
+    daemon_cpu = tree_cpu(d.process.pid)
     res = alternating(
         {
-            "t": (lambda k: concurrent_run(timed_tooljail_caller(target, latencies), k, c), m),
+            "t": (
+                metered(
+                    lambda k: concurrent_run(timed_tooljail_caller(d.target, latencies), k, c),
+                    client_cpu,
+                    lambda: 0.0,
+                ),
+                m,
+            ),
             "b": (
-                lambda k: concurrent_run(shared_caller(partial(command_call, bare)), k, c),
+                metered(
+                    lambda k: concurrent_run(shared_caller(partial(command_call, bare)), k, c),
+                    bare_cpu,
+                    reaped_cpu,
+                ),
                 m,
             ),
         },
         rounds,
     )
+    settle()  # the pool's last refills are tooljail's CPU too
+    daemon_cpu = tree_cpu(d.process.pid) - daemon_cpu
     rate, bare_rate = m / sum(res["t"]), m / sum(res["b"])
     ms = sorted(x * 1000 for x in latencies)
+    cpu_ms = (daemon_cpu + client_cpu[0]) / m * 1000
     return {
         "concurrency": c,
         "calls": m,
         "calls_per_s": rate,
         "bare_calls_per_s": bare_rate,
         "ratio_to_bare": rate / bare_rate,
+        "cpu_ms_per_call": cpu_ms,
+        "daemon_cpu_ms_per_call": daemon_cpu / m * 1000,
+        "client_cpu_ms_per_call": client_cpu[0] / m * 1000,
+        "bare_cpu_ms_per_call": bare_cpu[0] / m * 1000,
+        "calls_per_core_s": 1000 / cpu_ms,
+        "bare_calls_per_core_s": m / bare_cpu[0],
         "mean_ms": sum(ms) / len(ms),
         "p50_ms": percentile(ms, 50),
         "p90_ms": percentile(ms, 90),
@@ -250,14 +309,22 @@ def print_report(got: dict[str, Any], out: Any) -> None:
     )
     say(f"pool size {got['pool_size']}; baseline: {got['bare_python']} -c print(1) per call")
     say()
-    say("  C | tooljail/s | per core/s | p50 ms | p90 ms | p99 ms | bare py/s | ratio | load 1m")
+    say(
+        "  C | tooljail/s | p50 ms | p90 ms | p99 ms | bare py/s | ratio | CPU ms/call "
+        "| per core-s | bare per core-s | load 1m"
+    )
     for r in got["throughput"]:
         say(
-            f"{r['concurrency']:3d} | {r['calls_per_s']:10.0f} | "
-            f"{r['calls_per_s'] / got['cpus']:10.0f} | {r['p50_ms']:6.1f} | {r['p90_ms']:6.1f} | "
-            f"{r['p99_ms']:6.1f} | {r['bare_calls_per_s']:9.0f} | {r['ratio_to_bare']:5.2f} | "
+            f"{r['concurrency']:3d} | {r['calls_per_s']:10.0f} | {r['p50_ms']:6.1f} | "
+            f"{r['p90_ms']:6.1f} | {r['p99_ms']:6.1f} | {r['bare_calls_per_s']:9.0f} | "
+            f"{r['ratio_to_bare']:5.2f} | {r['cpu_ms_per_call']:11.2f} | "
+            f"{r['calls_per_core_s']:10.0f} | {r['bare_calls_per_core_s']:15.0f} | "
             f"{r['loadavg_before'][0]:7.2f}"
         )
+    say(
+        "(CPU ms/call: daemon, zygote, sandboxes and the clients; per core-s: calls one "
+        "core carries when the CPU is the limit)"
+    )
     mem = got["memory"]
     say()
     say(
@@ -316,7 +383,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         concurrent_run(timed_tooljail_caller(d.target, []), 16, 8)
         got["throughput"] = []
         for c in args.levels:
-            row = measure_level(d.target, [bare], c, args.m, args.r)
+            row = measure_level(d, [bare], c, args.m, args.r)
             got["throughput"].append(row)
             print(
                 f"C={c}: {row['calls_per_s']:.0f} calls/s, p50 {row['p50_ms']:.1f} ms",

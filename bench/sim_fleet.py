@@ -398,8 +398,11 @@ def newest_measurement() -> str | None:
     return found[-1] if found else None
 
 
-def measured_service(path: str, concurrency: int | None) -> tuple[list[float], int, int]:
-    """(service-time samples in s, servers, cores of the measured host) from bench_capacity's JSON.
+def measured_service(
+    path: str, concurrency: int | None
+) -> tuple[list[float], int, int, float | None]:
+    """From bench_capacity's JSON: (service-time samples in s, their concurrency,
+    cores of the measured host, CPU seconds one call cost there or None).
 
     Args:
         path: The JSON `bench_capacity.py` wrote.
@@ -416,7 +419,13 @@ def measured_service(path: str, concurrency: int | None) -> tuple[list[float], i
         if not matching:
             raise SystemExit(f"{path} has no measurement at concurrency {concurrency}")
         row = matching[0]
-    return [ms / 1000 for ms in row["samples_ms"]], int(row["concurrency"]), int(data["cpus"])
+    cpu_ms = row.get("cpu_ms_per_call")
+    return (
+        [ms / 1000 for ms in row["samples_ms"]],
+        int(row["concurrency"]),
+        int(data["cpus"]),
+        None if cpu_ms is None else cpu_ms / 1000,
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -427,6 +436,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--concurrency", type=int, help="the measured concurrency to model (default: best rate)"
     )
     ap.add_argument("--service-ms", type=float, help="a constant service time instead")
+    ap.add_argument(
+        "--node-rate",
+        type=float,
+        help="scale the service times so that a busy node serves this many calls/s "
+        "(e.g. its CPU-bound rate, when the measured one was taken on a loaded host)",
+    )
     ap.add_argument("--servers", type=int, help="servers per node (default: the concurrency)")
     ap.add_argument(
         "--cores", type=int, help="cores per node; scales the servers from the measured host's"
@@ -463,19 +478,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.service_ms is not None:
         # A constant service time: one server per core, each call busy for it.
         samples, concurrency, cpus = [args.service_ms / 1000], 8, 8
+        call_cpu_s: float | None = None
         source = f"constant {args.service_ms:g} ms"
     else:
         path = args.measured or newest_measurement()
         if path is None:
             print("no measurement: run bench/bench_capacity.py, or give --service-ms")
             return 2
-        samples, concurrency, cpus = measured_service(path, args.concurrency)
+        samples, concurrency, cpus, call_cpu_s = measured_service(path, args.concurrency)
         source = f"{len(samples)} samples at concurrency {concurrency}, {os.path.basename(path)}"
     mean = sum(samples) / len(samples)
+    if args.node_rate:
+        # The measured shape at another scale: concurrency / mean = the rate asked for.
+        scale = concurrency / args.node_rate / mean
+        samples, mean = [x * scale for x in samples], mean * scale
+        source += f", scaled x{scale:.3f} to {args.node_rate:g} calls/s per node"
     if args.sizing_table:
-        # concurrency / mean service time is the measured rate of a node of `cpus`
-        # cores (Little's law), so one call costs cpus / rate core-seconds.
-        call_core_s = mean * cpus / concurrency
+        # The CPU one call cost, as measured; else from the rate: concurrency / mean
+        # service time is the rate of a node of `cpus` cores (Little's law), so
+        # one call costs cpus / rate core-seconds.
+        call_core_s = call_cpu_s or mean * cpus / concurrency
         cores = [int(c) for c in args.sizing_table.split(",")]
         print(sizing_table(call_core_s, cores, target_util=args.target_util))
         return 0
