@@ -95,6 +95,7 @@ class Load:
         poisson: Poisson arrivals; False: evenly spaced (for tests).
         retry_after_s: A refused call comes back this much later to the same
             node (its call id hashes there); None: it is not retried.
+        retries: How many times a refused call comes back at most.
     """
 
     base_rate: float
@@ -105,6 +106,7 @@ class Load:
     interval_s: float = 10.0
     poisson: bool = True
     retry_after_s: float | None = None
+    retries: int = 3
 
     def rate(self, t: float) -> float:
         """The offered rate at time `t`."""
@@ -147,6 +149,8 @@ class Outcome:
     done: int = 0
     in_flight: int = 0
     retries_pending: int = 0
+    gave_up: int = 0
+    """Calls refused on their last allowed try."""
     min_held_at_refusal: int | None = None
     """The fewest calls a node held when it refused one (the bound, if admission is right)."""
     max_held: int = 0
@@ -199,7 +203,7 @@ def simulate(fleet: Fleet, load: Load, draw: Draw, mean_service_s: float, seed: 
     out.intervals = [Interval(i * width, load.rate(i * width)) for i in range(rows)]
     free = [[0.0] * fleet.servers for _ in range(fleet.nodes)]  # heaps: when each server frees
     held = [[] for _ in range(fleet.nodes)]  # heaps: end times of admitted calls not yet ended
-    retries: list[tuple[float, int, int]] = []  # (time, sequence, node)
+    retries: list[tuple[float, int, int, int]] = []  # (time, sequence, node, tries so far)
     seq = 0
 
     def next_fresh(t: float) -> float:
@@ -213,9 +217,9 @@ def simulate(fleet: Fleet, load: Load, draw: Draw, mean_service_s: float, seed: 
     fresh = next_fresh(0.0)
     while True:
         if retries and retries[0][0] <= fresh:
-            t, _, node = heapq.heappop(retries)
+            t, _, node, tries = heapq.heappop(retries)
         else:
-            t, node = fresh, int(rng.random() * fleet.nodes)
+            t, node, tries = fresh, int(rng.random() * fleet.nodes), 0
             fresh = next_fresh(t)
         if t >= load.duration_s:
             break
@@ -231,9 +235,11 @@ def simulate(fleet: Fleet, load: Load, draw: Draw, mean_service_s: float, seed: 
             row.refused += 1
             low = out.min_held_at_refusal
             out.min_held_at_refusal = len(calls) if low is None else min(low, len(calls))
-            if load.retry_after_s is not None:
+            if load.retry_after_s is not None and tries < load.retries:
                 seq += 1
-                heapq.heappush(retries, (t + load.retry_after_s, seq, node))
+                heapq.heappush(retries, (t + load.retry_after_s, seq, node, tries + 1))
+            elif tries:
+                out.gave_up += 1
             continue
         start = max(t, heapq.heappop(free[node]))
         end = start + draw(rng)
@@ -335,6 +341,7 @@ def summary(out: Outcome, target_util: float) -> dict[str, Any]:
         "done": out.done,
         "in_flight": out.in_flight,
         "retries_pending": out.retries_pending,
+        "gave_up": out.gave_up,
         "max_held_per_node": out.max_held,
         "wait_p50_ms": percentile(out.waits, 50) * 1000,
         "wait_p99_ms": percentile(out.waits, 99) * 1000,
@@ -357,11 +364,12 @@ def print_report(s: dict[str, Any], source: str) -> None:
         f"{s['mean_service_ms']:.1f} ms ({source})"
     )
     retry = load["retry_after_s"]
+    retry_text = f"after {retry:g} s, same node, {load['retries']} at most" if retry else "none"
     print(
         f"capacity {s['capacity_per_s']:,.0f} calls/s; base {load['base_rate']:,.0f} calls/s "
         f"({s['base_utilization']:.0%} of it); burst x{load['burst']:g} for "
         f"{load['burst_s']:g} s from t={load['burst_at_s']:g} s; retries: "
-        f"{f'after {retry:g} s, same node' if retry else 'none'}"
+        f"{retry_text}"
     )
     print()
     print("    t s | offered/s |  arrived |  util | wait p50 ms | wait p99 ms | refused | refused")
@@ -374,7 +382,8 @@ def print_report(s: dict[str, Any], source: str) -> None:
     print()
     print(
         f"total: {s['arrived']:,} arrived = {s['done']:,} done + {s['refused']:,} refused "
-        f"({s['refused_pct']:.1f}%) + {s['in_flight']:,} in flight; queue wait p50 "
+        f"({s['refused_pct']:.1f}%) + {s['in_flight']:,} in flight; {s['gave_up']:,} calls "
+        f"refused on their last try; queue wait p50 "
         f"{s['wait_p50_ms']:.1f} ms, p99 {s['wait_p99_ms']:.1f} ms; most calls one node "
         f"held: {s['max_held_per_node']}"
     )
@@ -460,7 +469,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--duration", type=float, default=180.0)
     ap.add_argument("--interval", type=float, default=10.0)
     ap.add_argument(
-        "--retry", action="store_true", help=f"refused calls retry after {RETRY_AFTER_S:g} s"
+        "--retry",
+        type=int,
+        default=0,
+        metavar="N",
+        help=f"a refused call comes back after {RETRY_AFTER_S:g} s, at most N times",
     )
     ap.add_argument("--target-util", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=1)
@@ -512,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         burst_s=args.burst_s,
         interval_s=args.interval,
         retry_after_s=RETRY_AFTER_S if args.retry else None,
+        retries=args.retry,
     )
     s = summary(simulate(fleet, load, empirical(samples), mean, args.seed), args.target_util)
     if args.json:

@@ -83,6 +83,7 @@ def test_every_call_is_accounted_for(sim: ModuleType, retry: float | None) -> No
         burst_s=5.0,
         interval_s=5.0,
         retry_after_s=retry,
+        retries=2,
     )
     out = sim.simulate(fleet, load, sim.empirical([0.01, 0.02, 0.09]), 0.04, seed=3)
     assert out.refused > 0
@@ -92,6 +93,10 @@ def test_every_call_is_accounted_for(sim: ModuleType, retry: float | None) -> No
     assert len(out.waits) == out.arrived - out.refused
     # Refusals fall in the burst (and the queues it leaves), not before it.
     assert sum(r.refused for r in out.intervals if r.start < 10.0) == 0
+    if retry is None:
+        assert out.gave_up == 0
+    else:  # each refused call comes back at most twice; some are refused all three times
+        assert 0 < out.gave_up * 3 <= out.refused
 
 
 def test_same_seed_same_run(sim: ModuleType) -> None:
