@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -22,13 +23,18 @@ SIM_PATH = Path(__file__).resolve().parents[2] / "bench" / "sim_fleet.py"
 
 
 @pytest.fixture(scope="module")
-def sim() -> ModuleType:
+def sim() -> Iterator[ModuleType]:
+    """The model as a module (registered while these tests run: its dataclasses
+    look their module up by name)."""
     spec = importlib.util.spec_from_file_location("sim_fleet", SIM_PATH)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["sim_fleet"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
 
 
 def one_server(sim: ModuleType, rate: float, service_s: float, bound: int, **load: object):  # type: ignore[no-untyped-def]
