@@ -13,6 +13,11 @@ socket, started and stopped as bench_calls.py does, with its helpers):
   p50/p90/p99). The baseline, in alternating blocks of the same run: a fresh
   bare interpreter per call (`subprocess.run([python, "-c", "print(1)"])`, the
   interpreter the sandboxes run) at the same C.
+- **CPU per call**: CPU time of the daemon's whole process tree over each
+  level (the pool's refills included) plus the clients' (this process, in
+  tooljail's blocks), per call; the same for the baseline (the interpreters it
+  reaped). On a loaded host wall-time rates fall with the CPU share the bench
+  gets; CPU per call, and so calls per core-second, moves much less.
 - **memory**: PSS (proportional set size: each shared page divided among the
   processes that map it; psutil's `memory_full_info`, from /proc/PID/smaps) of
   the daemon's whole process tree (daemon, zygote, sandboxes), with USS and RSS

@@ -1,5 +1,9 @@
 """A fleet of tooljail daemons on paper: queueing and refusals under a burst.
 
+(Over 500 lines because the model, its inputs and its report stay one file: a
+script that runs with the standard library alone, from any checkout, as
+docs/scaling.md asks its readers to run it.)
+
     .venv/bin/python bench/sim_fleet.py                       # 100 nodes, measured service times
     .venv/bin/python bench/sim_fleet.py --base-util 0.08      # a fleet sized for the burst
     .venv/bin/python bench/sim_fleet.py --json                # the figures as JSON on stdout
