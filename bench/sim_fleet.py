@@ -206,7 +206,7 @@ def simulate(fleet: Fleet, load: Load, draw: Draw, mean_service_s: float, seed: 
     rows = max(1, math.ceil(load.duration_s / width))
     out.intervals = [Interval(i * width, load.rate(i * width)) for i in range(rows)]
     free = [[0.0] * fleet.servers for _ in range(fleet.nodes)]  # heaps: when each server frees
-    held = [[] for _ in range(fleet.nodes)]  # heaps: end times of admitted calls not yet ended
+    held: list[list[float]] = [[] for _ in range(fleet.nodes)]  # heaps: end times, admitted calls
     retries: list[tuple[float, int, int, int]] = []  # (time, sequence, node, tries so far)
     seq = 0
 
