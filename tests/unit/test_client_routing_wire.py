@@ -382,3 +382,16 @@ async def test_async_client_skips_a_draining_daemon_and_loses_a_session_by_name(
         assert caught.value.reason == "daemon_lost"
         assert (await session.close()).end_reason == "daemon_lost"
         assert session.daemon_id == victim
+
+
+async def test_a_call_its_restarted_daemon_forgot_is_lost_by_name(fleet: Fleet) -> None:
+    async with AsyncClient(fleet.targets) as client:
+        result = await client.call("echo")
+        holder = result.daemon_id
+        await fleet.stop(holder)
+        await fleet.start(holder)  # back with the same id, a new start time, no journal
+        await client._router.refresh()  # what the health task does every 2 s
+        info = await client.get_call(result.call_id)
+        assert info.state is CallState.LOST and info.result is not None
+        assert f"daemon '{holder}'" in info.result.message
+        assert "restarted" in info.result.message
