@@ -162,6 +162,9 @@ def test_a_draining_daemon_refuses_new_work_and_answers_for_what_it_holds(
                                       call_id="slow"), timeout=60)  # fmt: skip
     events: list[pb.CallEvent] = [next(stream)]
     assert events[0].HasField("started")
+    doomed = stub.Call(pb.CallRequest(tool="execute_python_code", arguments_json=SLOW,
+                                      call_id="doomed"), timeout=60)  # fmt: skip
+    assert next(doomed).HasField("started")
     # The rest of the stream is read on while the daemon drains: it must end in the result.
     reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
     reader.start()
@@ -181,6 +184,9 @@ def test_a_draining_daemon_refuses_new_work_and_answers_for_what_it_holds(
     # What it holds: the running call (asked, attached, retried by its id), the session.
     info = stub.GetCall(pb.GetCallRequest(call_id="slow"), timeout=10)
     assert (info.state, info.daemon_id) == (pb.CALL_STATE_RUNNING, "delta")
+    cancelled = stub.Cancel(pb.CancelRequest(call_id="doomed"), timeout=10)
+    assert cancelled.state == pb.CALL_STATE_CANCELLED
+    assert [e.result.status for e in doomed if e.HasField("result")] == [pb.STATUS_CANCELLED]
     sessions = stub.ListSessions(pb.ListSessionsRequest(), timeout=10).sessions
     assert [s.session_id for s in sessions] == [session.session_id]
     written = stub.UploadFile(
