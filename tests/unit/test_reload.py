@@ -160,22 +160,24 @@ def _identity(name: str, token: str, **policy: object) -> str:
 
 
 class _Context:
-    """What `Authenticator.identify` reads of a request: its metadata."""
+    """What `Authenticator.identify` reads of a request: its token, or its
+    verified client certificate's common name."""
 
-    def __init__(self, token: str) -> None:
-        self._metadata = (("authorization", f"Bearer {token}"),)
+    def __init__(self, token: str | None, cn: str | None) -> None:
+        self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+        self._auth = {} if cn is None else {"x509_common_name": [cn.encode()]}
 
     def invocation_metadata(self) -> Any:
         return self._metadata
 
     def auth_context(self) -> Any:
-        return {}
+        return self._auth
 
 
-def who(auth: Authenticator, token: str) -> Identity | None:
-    """The identity `auth` gives a request with `token`; None: refused."""
+def who(auth: Authenticator, token: str | None, cn: str | None = None) -> Identity | None:
+    """The identity `auth` gives a request with `token` (or certificate `cn`); None: refused."""
     try:
-        return auth.identify(_Context(token))  # type: ignore[arg-type]
+        return auth.identify(_Context(token, cn))  # type: ignore[arg-type]
     except UnauthenticatedError:
         return None
 
@@ -187,7 +189,7 @@ class Served:
         self.tokens = tmp_path / "tokens.toml"
         self.tokens.write_text(text)
         self.settings = settings(auth={"tokens_file": self.tokens})
-        self.auth = Authenticator(load_identities(self.tokens), client_certificates=False)
+        self.auth = Authenticator(load_identities(self.tokens), client_certificates=True)
         self.security = ListenerSecurity(self.auth, None, SocketPermissions())
         self.daemon = Recorder(self.settings, Registry())
 
@@ -201,9 +203,12 @@ class Served:
 async def test_a_reload_reads_the_tokens_file_again_and_new_requests_see_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    served = Served(tmp_path, _identity("x", TOKEN_X) + _identity("keep", "k", max_sessions=1))
+    bot = "[identities.bot]\n"  # no token: a client certificate's CN names it
+    served = Served(
+        tmp_path, _identity("x", TOKEN_X) + _identity("keep", "k", max_sessions=1) + bot
+    )
     x = who(served.auth, TOKEN_X)
-    assert x is not None and x.name == "x"
+    assert x is not None and x.name == "x" and who(served.auth, None, cn="bot") is not None
     served.tokens.write_text(
         _identity("y", TOKEN_Y, tools='["execute_python_code"]', max_concurrent_calls=2)
         + _identity("keep", "k", max_sessions=3)
@@ -216,10 +221,11 @@ async def test_a_reload_reads_the_tokens_file_again_and_new_requests_see_it(
     assert y.may_use("execute_python_code") and not y.may_use("read_file")
     keep = who(served.auth, "k")
     assert keep is not None and keep.max_sessions == 3  # its new limit, for its next session
+    assert who(served.auth, None, cn="bot") is None  # its certificate names nobody now
     assert x.name == "x"  # what was identified before keeps its identity object
     done = next(r for r in caplog.records if r.getMessage() == "reload: done")
     assert done.identities_added == ["y"]  # type: ignore[attr-defined]
-    assert done.identities_removed == ["x"]  # type: ignore[attr-defined]
+    assert done.identities_removed == ["bot", "x"]  # type: ignore[attr-defined]
     assert done.identities_changed == ["keep"]  # type: ignore[attr-defined]
     assert _sha(TOKEN_Y) not in caplog.text and TOKEN_Y not in caplog.text
 
