@@ -1,7 +1,8 @@
 """`systemctl reload` re-reads the tokens file, through a real `tooljail serve`.
 
 The operator's story: identity x is revoked and y added while x has a call
-running; after SIGHUP x is refused and y served, and x's call runs to its end.
+running; after SIGHUP x is refused and y served under its policy (its tools,
+its limit), and x's call runs to its end.
 Then a broken tokens file and another SIGHUP: y still works, the STATUS line
 and the log say the file was kept, and nothing secret reaches the log.
 """
@@ -18,12 +19,13 @@ import pytest
 from tests.conftest import spawn_daemon
 from tests.integration.test_systemd_daemon import Systemd, systemd  # noqa: F401 (a fixture)
 from tooljail import CallState, Client
-from tooljail.errors import CallNotFoundError, UnauthenticatedError
+from tooljail.errors import CallNotFoundError, OverloadedError, UnauthenticatedError
 from tooljail.testing import wait_for
 
 TOKEN_X, TOKEN_Y = "token-of-x-reloaded", "token-of-y-reloaded"
 PRINT_1 = {"code": "print(1)"}
 SLOW = {"code": "import time; time.sleep(4); print('finished')"}
+BRIEF = {"code": "import time; time.sleep(2)"}
 
 
 def _sha(token: str) -> str:
@@ -69,7 +71,7 @@ def test_a_reload_revokes_and_adds_identities_and_keeps_them_on_a_broken_file(
             _write_tokens(
                 tokens,
                 f'[identities.y]\ntoken_sha256 = "{_sha(TOKEN_Y)}"\n'
-                'tools = ["execute_python_code"]\n',
+                'tools = ["execute_python_code"]\nmax_concurrent_calls = 1\n',
             )
             process.send_signal(signal.SIGHUP)
             systemd.next("RELOADING")
@@ -79,9 +81,15 @@ def test_a_reload_revokes_and_adds_identities_and_keeps_them_on_a_broken_file(
             for refused in (x.list_tools, lambda: x.call("execute_python_code", PRINT_1)):
                 with pytest.raises(UnauthenticatedError):
                     refused()
-            with Client(target, token=TOKEN_Y, retries=0) as y:
+            with Client(target, token=TOKEN_Y, retries=0) as y, ThreadPoolExecutor(1) as more:
                 assert [t.name for t in y.list_tools()] == ["execute_python_code"]
                 assert y.call("execute_python_code", PRINT_1).data["stdout"] == "1\n"
+                # Its limit of one call at a time holds from its next admission.
+                first = more.submit(y.call, "execute_python_code", BRIEF, call_id="y-first")
+                wait_for(lambda: _running(y, "y-first"), 30)
+                with pytest.raises(OverloadedError):
+                    y.call("execute_python_code", PRINT_1)
+                assert first.result(timeout=30).ok
 
             # Admitted under x, x's call runs to its end.
             result = running.result(timeout=30)
