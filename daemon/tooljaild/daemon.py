@@ -200,6 +200,7 @@ class Daemon:
             load_tools=self._load_tools,
             apply=self._apply,
             registry=self._registry,
+            security=lambda: self._security,
         )
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[bool]] = set()
@@ -468,7 +469,10 @@ class Daemon:
     def _serving_status(self) -> str:
         """The STATUS= line while serving."""
         tools = 0 if self.manager is None else len(self.manager.registry.tools())
-        return f"serving {tools} tools on {self.settings.listen}"
+        status = f"serving {tools} tools on {self.settings.listen}"
+        if self._reloader.kept:  # until a reload uses them all: `systemctl status` shows it
+            status += f"; the last reload kept {', '.join(self._reloader.kept)} (see the log)"
+        return status
 
     def _registry(self) -> Registry:
         assert self.manager is not None

@@ -1,13 +1,19 @@
-"""SIGHUP's reload, without a daemon: what applies live, what waits for a restart."""
+"""SIGHUP's reload, without a daemon: what applies live, what waits for a restart,
+and the tokens file read again (its identities swapped, or kept when it is bad)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tooljail.errors import TooljailError
+from tooljail.errors import TooljailError, UnauthenticatedError
+from tooljaild.auth.authenticator import Authenticator
+from tooljaild.auth.policy import Identity, load_identities
+from tooljaild.auth.transport import ListenerSecurity, SocketPermissions, tls_digest
 from tooljaild.config import Settings
 from tooljaild.registry import Registry, Tool
 from tooljaild.reload import LIVE_SETTINGS, Reloader, compare
@@ -63,7 +69,12 @@ def tool(name: str) -> Tool:
     return Tool(name=name, input_schema={"type": "object"}, source="user")
 
 
-def reloader(daemon: Recorder, read: Settings | Exception, tools: Registry | Exception) -> Reloader:
+def reloader(
+    daemon: Recorder,
+    read: Settings | Exception,
+    tools: Registry | Exception,
+    security: ListenerSecurity | None = None,
+) -> Reloader:
     def read_settings() -> Settings:
         if isinstance(read, Exception):
             raise read
@@ -80,6 +91,7 @@ def reloader(daemon: Recorder, read: Settings | Exception, tools: Registry | Exc
         load_tools=load_tools,
         apply=daemon.apply,
         registry=lambda: daemon.registry,
+        security=lambda: security,
     )
 
 
@@ -130,3 +142,174 @@ async def test_tools_that_cannot_be_loaded_keep_the_served_ones(
     assert daemon.registry is served
     assert daemon.settings.log_level == "ERROR"  # the settings still apply
     assert "tools kept" in caplog.text
+
+
+# ---------------------------------------------------------------- the tokens file
+
+TOKEN_X, TOKEN_Y = "token-of-x-4f1c", "token-of-y-9a2e"
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _identity(name: str, token: str, **policy: object) -> str:
+    lines = [f"[identities.{name}]", f'token_sha256 = "{_sha(token)}"']
+    lines += [f"{key} = {value}" for key, value in policy.items()]
+    return "\n".join(lines) + "\n"
+
+
+class _Context:
+    """What `Authenticator.identify` reads of a request: its token, or its
+    verified client certificate's common name."""
+
+    def __init__(self, token: str | None, cn: str | None) -> None:
+        self._metadata = () if token is None else (("authorization", f"Bearer {token}"),)
+        self._auth = {} if cn is None else {"x509_common_name": [cn.encode()]}
+
+    def invocation_metadata(self) -> Any:
+        return self._metadata
+
+    def auth_context(self) -> Any:
+        return self._auth
+
+
+def who(auth: Authenticator, token: str | None, cn: str | None = None) -> Identity | None:
+    """The identity `auth` gives a request with `token` (or certificate `cn`); None: refused."""
+    try:
+        return auth.identify(_Context(token, cn))  # type: ignore[arg-type]
+    except UnauthenticatedError:
+        return None
+
+
+class Served:
+    """A daemon's side of a reload with a tokens file, as it was at start."""
+
+    def __init__(self, tmp_path: Path, text: str) -> None:
+        self.tokens = tmp_path / "tokens.toml"
+        self.tokens.write_text(text)
+        self.settings = settings(auth={"tokens_file": self.tokens})
+        self.auth = Authenticator(load_identities(self.tokens), client_certificates=True)
+        self.security = ListenerSecurity(self.auth, None, SocketPermissions())
+        self.daemon = Recorder(self.settings, Registry())
+
+    async def reload(self, read: Settings | None = None) -> bool:
+        r = reloader(self.daemon, read or self.settings, Registry(), self.security)
+        ok = await r.reload()
+        assert r.kept == (() if ok else ("the tokens file",))
+        return ok
+
+
+async def test_a_reload_reads_the_tokens_file_again_and_new_requests_see_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bot = "[identities.bot]\n"  # no token: a client certificate's CN names it
+    served = Served(
+        tmp_path, _identity("x", TOKEN_X) + _identity("keep", "k", max_sessions=1) + bot
+    )
+    x = who(served.auth, TOKEN_X)
+    assert x is not None and x.name == "x" and who(served.auth, None, cn="bot") is not None
+    served.tokens.write_text(
+        _identity("y", TOKEN_Y, tools='["execute_python_code"]', max_concurrent_calls=2)
+        + _identity("keep", "k", max_sessions=3)
+    )
+    with caplog.at_level(logging.INFO, logger="tooljaild.reload"):
+        assert await served.reload()
+    assert who(served.auth, TOKEN_X) is None  # revoked: refused from now on
+    y = who(served.auth, TOKEN_Y)
+    assert y is not None and y.name == "y" and y.max_concurrent_calls == 2
+    assert y.may_use("execute_python_code") and not y.may_use("read_file")
+    keep = who(served.auth, "k")
+    assert keep is not None and keep.max_sessions == 3  # its new limit, for its next session
+    assert who(served.auth, None, cn="bot") is None  # its certificate names nobody now
+    assert x.name == "x"  # what was identified before keeps its identity object
+    done = next(r for r in caplog.records if r.getMessage() == "reload: done")
+    assert done.identities_added == ["y"]  # type: ignore[attr-defined]
+    assert done.identities_removed == ["bot", "x"]  # type: ignore[attr-defined]
+    assert done.identities_changed == ["keep"]  # type: ignore[attr-defined]
+    assert _sha(TOKEN_Y) not in caplog.text and TOKEN_Y not in caplog.text
+
+
+BAD_FILES: dict[str, str | bytes | None] = {
+    "missing": None,
+    "unreadable": "a directory",
+    "not TOML": f'[identities.y]\ntoken_sha256 = "{_sha(TOKEN_Y)}"\ntools = [\n',
+    "a bad hash": f'[identities.y]\ntoken_sha256 = "{TOKEN_Y}"\n',
+    "a bad policy": _identity("y", TOKEN_Y, max_concurrent_calls=0),
+    "an unknown key": _identity("y", TOKEN_Y) + f'token = "{TOKEN_Y}"\n',
+    "a shared token": _identity("y", TOKEN_X) + _identity("z", TOKEN_X),
+    "not UTF-8": b"[identities.y]\ntoken_sha256 = '\xff" + TOKEN_Y.encode() + b"'\n",
+}
+
+
+@pytest.mark.parametrize("bad", BAD_FILES, ids=list(BAD_FILES))
+async def test_a_bad_tokens_file_keeps_the_identities_in_force_and_says_why_without_secrets(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, bad: str
+) -> None:
+    served = Served(tmp_path, _identity("x", TOKEN_X))
+    text = BAD_FILES[bad]
+    served.tokens.unlink()
+    if text == "a directory":
+        served.tokens.mkdir()  # root reads any file: a directory is what it cannot read
+    elif isinstance(text, bytes):
+        served.tokens.write_bytes(text)
+    elif text is not None:
+        served.tokens.write_text(text)
+    with caplog.at_level(logging.INFO, logger="tooljaild.reload"):
+        assert not await served.reload()
+    x = who(served.auth, TOKEN_X)
+    assert x is not None and x.name == "x"  # the old identities serve on
+    assert who(served.auth, TOKEN_Y) is None
+    error = next(r for r in caplog.records if r.levelno == logging.ERROR)
+    assert "identities kept" in error.getMessage()
+    assert str(served.tokens) in error.getMessage()
+    for secret in (TOKEN_X, TOKEN_Y, _sha(TOKEN_X), _sha(TOKEN_Y)):
+        assert secret not in caplog.text
+    assert any(r.getMessage() == "reload: done" for r in caplog.records)  # the rest goes on
+
+
+async def test_the_path_or_turning_tokens_on_or_off_waits_for_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    served = Served(tmp_path, _identity("x", TOKEN_X))
+    elsewhere = tmp_path / "other.toml"
+    elsewhere.write_text(_identity("y", TOKEN_Y))
+    served.tokens.write_text(_identity("x", TOKEN_X) + _identity("z", "z"))
+    for tokens_file in (elsewhere, None):
+        caplog.clear()
+        assert await served.reload(settings(auth={"tokens_file": tokens_file}))
+        assert "auth.tokens_file" in caplog.text and "restart" in caplog.text
+        # The file in force is read again: its new identity is served, the other file's not.
+        assert served.daemon.settings.auth.tokens_file == served.tokens
+        assert who(served.auth, "z") is not None and who(served.auth, TOKEN_Y) is None
+    # A daemon started without tokens never turns them on at a reload: it stays open.
+    open_daemon = Recorder(settings(), Registry())
+    auth = Authenticator(None, client_certificates=False)
+    security = ListenerSecurity(auth, None, SocketPermissions())
+    read = settings(auth={"tokens_file": elsewhere})
+    assert await reloader(open_daemon, read, Registry(), security).reload()
+    assert not auth.required and open_daemon.settings.auth.tokens_file is None
+    with pytest.raises(ValueError, match="restart"):
+        auth.replace_identities(load_identities(elsewhere))
+
+
+async def test_replaced_tls_files_are_named_as_needing_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
+    cert.write_text("cert 1")
+    key.write_text("key 1")
+    running = settings(tls={"cert_file": cert, "key_file": key})
+    digest = tls_digest(running.tls)
+    auth = Authenticator(None, client_certificates=False)
+    security = ListenerSecurity(auth, None, SocketPermissions(), digest)
+    daemon = Recorder(running, Registry())
+    assert await reloader(daemon, running, Registry(), security).reload()
+    assert "[tls]" not in caplog.text  # the same files: nothing to say
+    cert.write_text("cert 2")  # a rotation
+    assert await reloader(daemon, running, Registry(), security).reload()
+    assert "[tls] files changed on disk" in caplog.text
+    key.unlink()
+    caplog.clear()
+    assert await reloader(daemon, running, Registry(), security).reload()
+    assert str(key) in caplog.text and "a restart would fail" in caplog.text

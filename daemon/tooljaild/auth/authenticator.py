@@ -17,6 +17,11 @@ Anything else is `UnauthenticatedError` with one fixed message: it says
 neither whether the token or certificate was close, nor which identities,
 tools or state the daemon has.
 
+The identities are the tokens file's as last read: a reload (SIGHUP) puts a
+new reading in place with `replace_identities`, and every request identified
+from then on sees it. Calls already admitted keep the identity they were
+admitted with: it was read once, at their admission.
+
 `AuthGate` applies it to every method of the tool service (and reflection,
 which would describe the daemon) before the method runs; gRPC health checks
 stay open, for probes. Methods that need the identity (fairness, ownership,
@@ -34,7 +39,14 @@ import grpc
 import grpc.aio
 
 from tooljail._errors import UnauthenticatedError
-from tooljaild.auth.policy import NAME, Identities, Identity, load_identities
+from tooljaild.auth.policy import (
+    NAME,
+    Identities,
+    Identity,
+    IdentityChanges,
+    changes,
+    load_identities,
+)
 from tooljaild.auth.settings import AuthSettings, TlsSettings
 from tooljaild.errors import abort_with
 
@@ -83,6 +95,26 @@ class Authenticator:
     @property
     def identities(self) -> Identities | None:
         return self._identities
+
+    def replace_identities(self, identities: Identities) -> IdentityChanges:
+        """Identify every request from now on against `identities` (a reload's
+        new reading of the tokens file).
+
+        One attribute is rebound on the event loop's thread, so a request is
+        identified against the old reading or the new one, never a mix.
+
+        Returns:
+            Which identities were added, removed or altered, by name.
+
+        Raises:
+            ValueError: This authenticator was built without a tokens file:
+                turning tokens on needs a restart (the gate is built at start).
+        """
+        if self._identities is None:
+            raise ValueError("no tokens file was configured at start: a restart turns tokens on")
+        changed = changes(self._identities, identities)
+        self._identities = identities
+        return changed
 
     def identify(self, context: grpc.aio.ServicerContext) -> Identity | None:
         """The identity of the request on `context`.

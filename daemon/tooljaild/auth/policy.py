@@ -18,6 +18,9 @@
 A token is never stored: only its SHA-256 (hex), compared in constant time.
 An identity's name replaces the caller's self-declared client name for
 fairness and owns its calls, sessions and artifacts.
+
+The file is read at start and again on each reload (SIGHUP): `changes` says
+which identities a new reading adds, removes or alters, by name only.
 """
 
 from __future__ import annotations
@@ -115,18 +118,45 @@ class Identities:
         return found
 
 
+@dataclass(frozen=True)
+class IdentityChanges:
+    """Which identities a new reading of the tokens file adds, removes or alters.
+
+    Only names: a token hash is never logged (a changed token shows as `changed`).
+    """
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+
+
+def changes(old: Identities, new: Identities) -> IdentityChanges:
+    """What differs from `old` to `new`, by identity name (each sorted)."""
+    before, after = old.by_name, new.by_name
+    return IdentityChanges(
+        added=tuple(sorted(after.keys() - before.keys())),
+        removed=tuple(sorted(before.keys() - after.keys())),
+        changed=tuple(sorted(n for n in before.keys() & after.keys() if before[n] != after[n])),
+    )
+
+
 def load_identities(path: Path) -> Identities:
     """Reads a tokens file.
 
     Raises:
         PolicyError: When it cannot be read or is not a valid tokens file: the
-            message names the file and the entry at fault.
+            message names the file and the entry at fault, and never holds a
+            token or a hash (it goes to the log on a reload).
     """
     try:
         raw = tomllib.loads(path.read_text())
     except OSError as e:
         raise PolicyError(f"cannot read the tokens file {path}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
+    except UnicodeDecodeError as e:  # its text quotes the bytes: only where they are
+        raise PolicyError(
+            f"the tokens file {path} is not UTF-8 text (byte {e.start} is not)"
+        ) from None
+    except tomllib.TOMLDecodeError as e:  # its text says where, never what
         raise PolicyError(f"the tokens file {path} is not valid TOML: {e}") from None
     try:
         parsed = _TokensFile.model_validate(raw)

@@ -16,19 +16,28 @@ class AuthSettings(BaseModel):
     """A TOML file of identities (`[identities.NAME]` with `token_sha256`, `tools`,
     `approval`, `approver`, limits; see tooljaild.auth.policy). Set: every request
     needs a valid token (or a client certificate naming an identity); None: no
-    tokens, the socket's permissions are the boundary."""
+    tokens, the socket's permissions are the boundary. A reload (SIGHUP) reads
+    the file again: its identities apply to every new request (a bad file keeps
+    the old ones, and the log says why). Changing this path, or setting or
+    removing it, needs a restart."""
     approval_timeout_s: float = Field(default=300.0, gt=0)
     """How long a call that needs approval waits for a decision before it ends,
-    with effect none."""
+    with effect none. Needs a restart to change."""
 
 
 class TlsSettings(BaseModel):
-    """`[tls]`: serve TCP with TLS, and optionally require client certificates."""
+    """`[tls]`: serve TCP with TLS, and optionally require client certificates.
+
+    The files are read at start: replaced certificates (a rotation) are served
+    after a restart; a reload (SIGHUP) logs that they changed and need one.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     cert_file: Path | None = None
-    """The server's certificate chain (PEM). With `key_file`: TCP is served with TLS."""
+    """The server's certificate chain (PEM). With `key_file`: TCP is served with TLS.
+    The `[tls]` files are read at start: replaced ones are served after a restart
+    (a reload logs that they changed)."""
     key_file: Path | None = None
     """The server's private key (PEM)."""
     client_ca_file: Path | None = None

@@ -2,12 +2,16 @@
 
 `listener_security(settings)` is read once, before anything is bound: a tokens
 file or a certificate that cannot be used stops the daemon with a sentence,
-instead of a listener that refuses everyone.
+instead of a listener that refuses everyone. A reload (SIGHUP) re-reads the
+tokens file into its authenticator, and compares `tls_digest` with the files
+on disk to say that replaced certificates need a restart (the server's
+credentials are built once, with the listener).
 """
 
 from __future__ import annotations
 
 import grp
+import hashlib
 import pwd
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -17,6 +21,7 @@ import grpc
 from tooljail.errors import TooljailError
 from tooljaild.auth.authenticator import Authenticator, server_credentials
 from tooljaild.auth.policy import PolicyError
+from tooljaild.auth.settings import TlsSettings
 
 if TYPE_CHECKING:
     from tooljaild.config import Settings
@@ -27,6 +32,7 @@ __all__ = [
     "SocketPermissions",
     "listener_security",
     "socket_permissions",
+    "tls_digest",
 ]
 
 
@@ -51,11 +57,14 @@ class ListenerSecurity:
         authenticator: Decides each request's identity.
         credentials: The server's TLS credentials; None: plaintext.
         socket: The Unix socket's owner, group and mode (unused on TCP).
+        tls_digest: `tls_digest` of the `[tls]` files the credentials were
+            made from; None: no TLS.
     """
 
     authenticator: Authenticator
     credentials: grpc.ServerCredentials | None
     socket: SocketPermissions
+    tls_digest: str | None = None
 
 
 def socket_permissions(owner: str | None, group: str | None, mode: str) -> SocketPermissions:
@@ -99,13 +108,32 @@ def listener_security(settings: Settings) -> ListenerSecurity:
         authenticator = Authenticator.from_settings(settings.auth, settings.tls)
     except PolicyError as exc:
         raise SecurityConfigError(str(exc)) from None
-    credentials = None
+    credentials, digest = None, None
     if settings.tls.enabled:
         try:
+            # The digest first: a file replaced between the two reads makes a
+            # reload say "restart" once too often, never once too few.
+            digest = tls_digest(settings.tls)
             credentials = server_credentials(settings.tls)
         except OSError as exc:
             raise SecurityConfigError(
                 f"[tls]: cannot read {exc.filename}: {exc.strerror or exc}"
             ) from None
     socket = socket_permissions(settings.socket_owner, settings.socket_group, settings.socket_mode)
-    return ListenerSecurity(authenticator, credentials, socket)
+    return ListenerSecurity(authenticator, credentials, socket, digest)
+
+
+def tls_digest(tls: TlsSettings) -> str | None:
+    """One SHA-256 over the contents of the `[tls]` files; None without TLS.
+
+    Raises:
+        OSError: A file cannot be read.
+    """
+    if not tls.enabled:
+        return None
+    digest = hashlib.sha256()
+    for path in (tls.cert_file, tls.key_file, tls.client_ca_file):
+        # The length first: no two different sets of files hash alike by shifting bytes.
+        data = b"" if path is None else path.read_bytes()
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
