@@ -27,6 +27,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from tooljail._types import CallState, ToolInfo, ToolResult
@@ -65,6 +66,25 @@ PRUNE_EVERY = 1000
 """Finished calls between two prunings of the journal (by age and row count)."""
 KEPT_EVENT_LOGS = 64
 """Finished calls whose output chunks stay readable; older ones keep only their result."""
+
+
+@dataclass(frozen=True)
+class _CheckedRequest:
+    """A request `submit` has checked and will admit: what each path makes its call of."""
+
+    call_id: str
+    """The id the caller gave; "": a new one is made."""
+    tool: Tool
+    arguments: dict[str, Any]
+    arguments_json: str
+    """The arguments as sent, for the journal."""
+    fingerprint: str
+    timeout_s: float
+    client: str
+    rerun: bool
+    """The id is taken over by a rerun of a lost call of an idempotent tool."""
+    gated: bool
+    """The caller's policy makes it wait for an approver first."""
 
 
 def _counting_refusals(submit: _Submit) -> _Submit:
@@ -204,28 +224,15 @@ class CallManager:
         if known is not None:
             return known
         gated = identity is not None and identity.needs_approval(tool.name)
+        request = _CheckedRequest(
+            call_id, tool, arguments, arguments_json, fingerprint, timeout, client, rerun, gated
+        )
         builtin = builtin_run(tool)
         if builtin is not None and builtin.in_daemon is not None:
-            return self._submit_in_daemon(
-                builtin.in_daemon, session_id, call_id, tool, arguments, fingerprint, timeout,
-                client, arguments_json, rerun, gated=gated,
-            )  # fmt: skip
+            return self._submit_in_daemon(builtin.in_daemon, session_id, request)
         if session_id:
-            return self._submit_in_session(
-                session_id,
-                call_id,
-                tool,
-                arguments,
-                fingerprint,
-                timeout,
-                client,
-                arguments_json,
-                rerun,
-                gated=gated,
-            )
-        call = self._admit(
-            call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
-        )
+            return self._submit_in_session(session_id, request)
+        call = self._admit(request)
         self._journal_admitted(call, arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
@@ -242,36 +249,29 @@ class CallManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _admitted_here(
-        self,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        limits: Limits,
-        session_id: str,
-        arguments_json: str,
-        rerun: bool,
-        gated: bool,
-    ) -> Call:
-        """A call outside the daemon's slots (in a session, or in the daemon), made,
-        journaled and remembered; `gated`: it waits for approval."""
-        call = Call(
-            call_id or uuid.uuid4().hex,
-            tool,
-            arguments,
-            fingerprint,
-            timeout,
+    def _new_call(self, request: _CheckedRequest, limits: Limits) -> Call:
+        """The call `request` asks for, under its id or a new one."""
+        return Call(
+            request.call_id or uuid.uuid4().hex,
+            request.tool,
+            request.arguments,
+            request.fingerprint,
+            request.timeout_s,
             self._settings,
             limits,
-            client,
+            request.client,
             self._services.artifacts,
         )
-        call.session_id = session_id
-        self._journal_admitted(call, arguments_json, rerun)
-        if gated:
+
+    def _admitted_here(
+        self, request: _CheckedRequest, limits: Limits, session: Session | None
+    ) -> Call:
+        """A call outside the daemon's slots (in `session`, or in the daemon), made,
+        journaled and remembered; held for approval if `request` is gated."""
+        call = self._new_call(request, limits)
+        call.session_id = session.id if session else ""
+        self._journal_admitted(call, request.arguments_json, request.rerun)
+        if request.gated:
             self.approvals.hold(call)
         self._calls[call.call_id] = call
         return call
@@ -287,37 +287,22 @@ class CallManager:
             raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
         return self._sessions.get(session_id)
 
-    def _submit_in_session(
-        self,
-        session_id: str,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        arguments_json: str,
-        rerun: bool,
-        *,
-        gated: bool = False,
-    ) -> Call:
+    def _submit_in_session(self, session_id: str, request: _CheckedRequest) -> Call:
         """Admit a call into its session's line (see `submit`)."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         session = self._session_named(session_id)
+        tool = request.tool
         misfit = self._session_misfit(tool)
         if misfit is not None:
             raise InvalidRequestError(
                 f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
             )
         session.check_room()
-        call = self._admitted_here(
-            call_id, tool, arguments, fingerprint, timeout, client,
-            session.terms.limits, session.id, arguments_json, rerun, gated,
-        )  # fmt: skip
+        call = self._admitted_here(request, session.terms.limits, session)
         started = None
         # The request is in the sandbox before this returns (unless it awaits approval).
-        if not gated and session.try_take_turn():
+        if not request.gated and session.try_take_turn():
             try:
                 started = start_in_session(call, session, self._running)
             except SandboxError:
@@ -326,29 +311,21 @@ class CallManager:
         return call
 
     def _submit_in_daemon(
-        self,
-        handler: Handler,
-        session_id: str,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        arguments_json: str,
-        rerun: bool,
-        *,
-        gated: bool = False,
+        self, handler: Handler, session_id: str, request: _CheckedRequest
     ) -> Call:
         """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         session = self._session_named(session_id) if session_id else None
-        call = self._admitted_here(
-            call_id, tool, arguments, fingerprint, timeout, client,
-            self._settings.limits, session.id if session else "", arguments_json, rerun, gated,
-        )  # fmt: skip
-        work = DaemonCall(call.call_id, tool.name, arguments, client, session, self._services)
+        call = self._admitted_here(request, self._settings.limits, session)
+        work = DaemonCall(
+            call.call_id,
+            request.tool.name,
+            request.arguments,
+            request.client,
+            session,
+            self._services,
+        )
         self._spawn(call, self._run_in_daemon(call, handler, work))
         return call
 
@@ -403,16 +380,8 @@ class CallManager:
         self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
         return None, True
 
-    def _admit(
-        self,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout_s: float,
-        client: str,
-    ) -> Call:
-        """A new call, if the daemon takes it.
+    def _admit(self, request: _CheckedRequest) -> Call:
+        """A new call in a fresh sandbox, if the daemon takes it.
 
         Raises:
             ShuttingDownError: The daemon is draining.
@@ -420,19 +389,8 @@ class CallManager:
         """
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
-        self._admission.check_room(client)
-        limits = terms.limits_for(tool, self._settings)
-        return Call(
-            call_id,
-            tool,
-            arguments,
-            fingerprint,
-            timeout_s,
-            self._settings,
-            limits,
-            client,
-            self._services.artifacts,
-        )
+        self._admission.check_room(request.client)
+        return self._new_call(request, terms.limits_for(request.tool, self._settings))
 
     def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
         if self._journal is None:
