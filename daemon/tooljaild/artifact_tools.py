@@ -11,7 +11,7 @@ Each reads the store as the calling client (`DaemonCall.client`): another
 client's id is "not found", like an id never made; a gone one says why. Every
 answer is bounded in lines and bytes, with a note of what is left and how to
 read on, like the workspace's read_file and grep (whose limits and line
-helpers these share: `runner._workspace`). A binary artifact (a plot) is
+helpers these share: `runner._workspace_read`). A binary artifact (a plot) is
 described, never dumped.
 
 Memory: an artifact is read from its file by seeking and in bounded lines,
@@ -38,20 +38,20 @@ from tooljail._types import ArtifactInfo
 from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError, TooljailError
 from tooljaild.in_daemon import DaemonCall, Handler, ToolFailure
 from tooljaild.registry import Tool
-from tooljaild.runner._workspace import (
+from tooljaild.runner._workspace_paths import counted
+from tooljaild.runner._workspace_read import (
     DEFAULT_LIMIT,
     MAX_LINE_CHARS,
     MAX_MATCH_CHARS,
     MAX_MATCHES,
     MAX_READ_BYTES,
     SNIFF_BYTES,
-    _bounded_lines,
-    _cut_line,
-    _guess_type,
-    _is_binary,
-    _lines_left,
-    _n,
-    _numbered,
+    bounded_lines,
+    cut_line,
+    guess_type,
+    is_binary,
+    lines_left,
+    numbered,
     page,
 )
 
@@ -164,27 +164,27 @@ def _binary(info: ArtifactInfo, f: IO[bytes]) -> dict[str, Any] | None:
     """A description of the artifact if it is no text (an image: never dumped), else None."""
     head = f.read(SNIFF_BYTES)
     f.seek(0)
-    binary = _is_binary(head)
+    binary = is_binary(head)
     media = info.mime_type.startswith(("image/", "audio/", "video/"))
     if not binary and (not media or info.mime_type == "image/svg+xml"):
         return None  # SVG is text a model can read
-    kind = _guess_type(head) if binary else info.mime_type
+    kind = guess_type(head) if binary else info.mime_type
     return {
         "binary": True,
         "type": kind,
         "note": f"Not shown: this artifact is {kind} ({info.mime_type}, "
-        f"{_n(info.size_bytes, 'byte')}), not text. Its owner can fetch it whole with "
+        f"{counted(info.size_bytes, 'byte')}), not text. Its owner can fetch it whole with "
         "the SDK's get_artifact or `tooljail artifacts get`, or pass it to upload_file.",
     }
 
 
 def _lines_of(f: IO[bytes], stop: threading.Event) -> Iterator[tuple[str, int]]:
     """Each line of `f` as text (cut at `MAX_LINE_CHARS`, marked) and its bytes in the file."""
-    for raw, skipped in _bounded_lines(f):
+    for raw, skipped in bounded_lines(f):
         if stop.is_set():
             raise _Stopped("the call was stopped")
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
-        yield _cut_line(text, MAX_LINE_CHARS, skipped), len(raw) + skipped
+        yield cut_line(text, MAX_LINE_CHARS, skipped), len(raw) + skipped
 
 
 def _int(call: DaemonCall, key: str, default: int) -> int:
@@ -223,7 +223,7 @@ async def read_artifact(call: DaemonCall) -> dict[str, Any]:
                     break
             else:
                 return _page(offset, shown, seen, limit, cut_bytes)
-            return _page(offset, shown, seen + cut_bytes + _lines_left(f), limit, cut_bytes)
+            return _page(offset, shown, seen + cut_bytes + lines_left(f), limit, cut_bytes)
 
     return {**_head(info), **await _in_thread(call, read)}
 
@@ -259,21 +259,21 @@ async def tail_artifact(call: DaemonCall) -> dict[str, Any]:
         shown: list[str] = []
         used = 0
         for raw in reversed(pieces):
-            line = _cut_line(raw.decode("utf-8", "replace").rstrip("\r"), MAX_LINE_CHARS)
+            line = cut_line(raw.decode("utf-8", "replace").rstrip("\r"), MAX_LINE_CHARS)
             used += len(line.encode("utf-8", "replace")) + 8
             if used > MAX_READ_BYTES and shown:
                 break
             shown.append(line)
         shown.reverse()
         first = total - len(shown) + 1
-        tail: dict[str, Any] = {"content": _numbered(first, shown), "total_lines": total}
+        tail: dict[str, Any] = {"content": numbered(first, shown), "total_lines": total}
         if not shown:
             tail["note"] = "The artifact is empty."
             return tail
         tail["lines"] = f"{first}-{total}"
         if first > 1:
             tail["note"] = (
-                f"Showing the last {_n(len(shown), 'line')} of {total}"
+                f"Showing the last {counted(len(shown), 'line')} of {total}"
                 + (" (the byte cap)" if len(shown) < min(want, total) else "")
                 + f"; read_artifact with offset={max(0, first - 1 - DEFAULT_LIMIT)} reads "
                 "the lines before them."
@@ -340,7 +340,7 @@ async def search_artifact(call: DaemonCall) -> dict[str, Any]:
                 if regex.search(line):
                     found += 1
                     if len(matches) < MAX_MATCHES:
-                        matches.append(f"{number}:{_cut_line(line, MAX_MATCH_CHARS)}")
+                        matches.append(f"{number}:{cut_line(line, MAX_MATCH_CHARS)}")
         answer: dict[str, Any] = {
             "pattern": pattern,
             "matches": "\n".join(matches),
@@ -353,7 +353,7 @@ async def search_artifact(call: DaemonCall) -> dict[str, Any]:
                 "pattern, or read_artifact with offset=<line - 1> around a match to see more."
             )
         elif not found:
-            answer["note"] = f"No line of {_n(number, 'line')} matches."
+            answer["note"] = f"No line of {counted(number, 'line')} matches."
         return answer
 
     return {**_head(info), **await _in_thread(call, search)}

@@ -9,7 +9,9 @@ engine) answers.
 
 Over 500 lines, on purpose: the parser and one short handler per command, each
 read top to bottom; the work is elsewhere (`daemon`, `doctor`, `images`, the
-SDK), so a module per command would add only imports. Handlers import lazily:
+SDK). Commands with a family of actions or options of their own have a module
+each (`cli_sessions`, `cli_artifacts`, `cli_approvals`, `cli_mcp`), which adds
+its parsers and runs them. Handlers import lazily:
 `tooljail call` must not pay for the daemon's modules, and `pip install tooljail`
 (no extras) has only the SDK's dependencies: at module level this imports the
 standard library, the SDK and modules of tooljaild that import nothing more.
@@ -25,11 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli_credentials import (
-    add_credential_options,
-    credential_arguments,
-    export_credentials,
-)
+from tooljaild.cli_credentials import add_credential_options, credential_arguments
 from tooljaild.extras import MissingExtraError, require_extra
 from tooljaild.sandbox.kinds import KINDS
 
@@ -142,25 +140,14 @@ def _parser() -> argparse.ArgumentParser:
     target(cancel)
     cancel.add_argument("call_id")
 
-    approve = sub.add_parser("approve", help="let a call awaiting approval run")
-    target(approve)
-    approve.add_argument("call_id")
-    deny = sub.add_parser("deny", help="refuse a call awaiting approval (it does not run)")
-    target(deny)
-    deny.add_argument("call_id")
-    deny.add_argument("--reason", default="", help="why: the model that made the call sees it")
+    # Here, not at the top: these modules import this one's helpers.
+    from tooljaild import cli_approvals, cli_artifacts, cli_mcp, cli_sessions
 
-    from tooljaild import cli_artifacts, cli_sessions  # here: they import this module's helpers
-
+    cli_approvals.add_parsers(sub, target)
     cli_sessions.add_parser(sub, target)
     cli_artifacts.add_parser(sub, target)
     cli_artifacts.client_option(call)
-
-    mcp = sub.add_parser("mcp", help="serve the daemon's tools as an MCP server (stdio or HTTP)")
-    target(mcp)
-    mcp.add_argument("--listen", metavar="HOST:PORT", help="serve streamable HTTP at /mcp here")
-    mcp.add_argument("--stateful", action="store_true", help="one tooljail session per MCP client")
-    mcp.add_argument("--tools", help="the tools to serve, comma-separated (default: all)")
+    cli_mcp.add_parser(sub, target)
 
     doctor = sub.add_parser("doctor", help="report what this host provides for sandboxes")
     doctor.add_argument("--json", action="store_true", help="print JSON")
@@ -201,20 +188,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from tooljaild import cli_approvals, cli_artifacts, cli_mcp, cli_sessions  # _parser's
+
     handler = {
         "serve": _serve,
         "tools": _tools,
         "call": _call,
         "get": _get,
         "cancel": _cancel,
-        "approve": _decide,
-        "deny": _decide,
-        "sessions": _sessions,
-        "artifacts": _artifacts,
+        "approve": cli_approvals.run,
+        "deny": cli_approvals.run,
+        "sessions": cli_sessions.run,
+        "artifacts": cli_artifacts.run,
         "doctor": _doctor,
         "images": _images,
         "demo": _demo,
-        "mcp": _mcp,
+        "mcp": cli_mcp.run,
     }[args.command]
     try:
         if args.command in _DAEMON_COMMANDS or (args.command == "tools" and args.check):
@@ -507,34 +496,6 @@ def _cancel(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _decide(args: argparse.Namespace) -> int:
-    """`tooljail approve|deny CALL_ID`: prints the call's state afterwards."""
-    from tooljail import TooljailError
-
-    try:
-        with _client(args) as client:
-            if args.command == "approve":
-                info = client.approve(args.call_id)
-            else:
-                info = client.deny(args.call_id, args.reason)
-    except TooljailError as exc:
-        return _refused(exc)
-    print(info.state.value)
-    return EXIT_OK
-
-
-def _sessions(args: argparse.Namespace) -> int:
-    from tooljaild import cli_sessions
-
-    return cli_sessions.run(args)
-
-
-def _artifacts(args: argparse.Namespace) -> int:
-    from tooljaild import cli_artifacts
-
-    return cli_artifacts.run(args)
-
-
 # ---------------------------------------------------------------------- doctor, demo
 
 
@@ -675,36 +636,6 @@ def _demo(args: argparse.Namespace) -> int:
                 daemon.wait(30)
             except subprocess.TimeoutExpired:
                 daemon.kill()
-
-
-# ---------------------------------------------------------------------- mcp
-
-
-def _mcp(args: argparse.Namespace) -> int:
-    """`mcp`: the daemon's tools to MCP clients (tooljail.integrations.mcp_server)."""
-    from tooljail import TooljailError
-
-    try:
-        from tooljail.integrations import mcp_server
-    except ImportError as exc:  # the `mcp` extra is not installed: the message names it
-        print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    names = [n.strip() for n in args.tools.split(",") if n.strip()] if args.tools else None
-    export_credentials(args)  # the bridge's clients are made inside mcp_server
-
-    def ready(url: str) -> None:  # stderr: over stdio, stdout is the MCP client's
-        print(f"tooljail: serving MCP over streamable HTTP at {url}", file=sys.stderr, flush=True)
-
-    try:
-        mcp_server.main(
-            args.target, listen=args.listen, names=names, stateful=args.stateful, on_ready=ready
-        )
-    except TooljailError as exc:
-        return _refused(exc)
-    except (ValueError, OSError) as exc:
-        print(f"tooljail: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    return EXIT_OK
 
 
 if __name__ == "__main__":

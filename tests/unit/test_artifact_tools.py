@@ -23,7 +23,7 @@ from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore, Origin
 from tooljaild.config import Settings
 from tooljaild.in_daemon import DaemonCall, Services, ToolFailure
-from tooljaild.runner._workspace import MAX_READ_BYTES
+from tooljaild.runner._workspace_read import MAX_READ_BYTES
 
 OWNER = "agent-a"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tooljaild.runner import _workspace
+from tooljaild.runner import _workspace, _workspace_read, _workspace_write
 from tooljaild.runner._workspace import WorkspaceError
 
 
@@ -194,7 +194,7 @@ def test_read_file_cuts_long_lines_with_a_mark(root: Path) -> None:
 def test_read_file_caps_the_bytes_it_returns(root: Path) -> None:
     (root / "f.txt").write_text(("y" * 1000 + "\n") * 1000)  # ~1 MB in 1000 lines
     got = run(root, "read_file", path="f.txt")
-    assert len(got["content"].encode()) <= _workspace.MAX_READ_BYTES
+    assert len(got["content"].encode()) <= _workspace_read.MAX_READ_BYTES
     last = int(got["lines"].split("-")[1])
     assert 200 < last < 1000
     assert "256 KiB cap" in got["note"] and f"offset={last}" in got["note"]
@@ -229,7 +229,7 @@ def test_binary_files_are_described_not_dumped(root: Path, data: bytes, kind: st
 
 
 def test_utf8_cut_at_the_sniff_boundary_is_still_text(root: Path) -> None:
-    text = "a" * (_workspace.SNIFF_BYTES - 1) + "é\n"
+    text = "a" * (_workspace_read.SNIFF_BYTES - 1) + "é\n"
     (root / "t.txt").write_text(text)
     assert "binary" not in run(root, "read_file", path="t.txt")
 
@@ -310,7 +310,7 @@ def test_a_full_disk_is_workspace_full(
         raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
 
     (root / "f.txt").write_text("old")
-    monkeypatch.setattr(_workspace.os, "write", full)
+    monkeypatch.setattr(_workspace_write.os, "write", full)
     fails(root, "write_file", "WorkspaceFullError", path="f.txt", content="new")
     assert (root / "f.txt").read_text() == "old"
     assert [p.name for p in root.iterdir()] == ["f.txt"]  # the temporary file is gone
@@ -390,11 +390,13 @@ def test_ls_lists_sorted_entries(root: Path) -> None:
 
 
 def test_ls_is_bounded(root: Path) -> None:
-    for i in range(_workspace.MAX_ENTRIES + 5):
+    for i in range(_workspace_read.MAX_ENTRIES + 5):
         (root / f"f{i:05}").touch()
     got = run(root, "ls")
-    assert len(got["entries"]) == _workspace.MAX_ENTRIES
-    assert f"Showing {_workspace.MAX_ENTRIES} of {_workspace.MAX_ENTRIES + 5}" in got["note"]
+    assert len(got["entries"]) == _workspace_read.MAX_ENTRIES
+    assert (
+        f"Showing {_workspace_read.MAX_ENTRIES} of {_workspace_read.MAX_ENTRIES + 5}" in got["note"]
+    )
 
 
 def test_delete_file(root: Path) -> None:
@@ -470,10 +472,10 @@ def test_glob_patterns(root: Path) -> None:
 
 
 def test_glob_is_bounded(root: Path) -> None:
-    for i in range(_workspace.MAX_ENTRIES + 1):
+    for i in range(_workspace_read.MAX_ENTRIES + 1):
         (root / f"{i:05}.txt").touch()
     got = run(root, "glob", pattern="*.txt")
-    assert len(got["matches"]) == _workspace.MAX_ENTRIES and "Showing the first" in got["note"]
+    assert len(got["matches"]) == _workspace_read.MAX_ENTRIES and "Showing the first" in got["note"]
 
 
 def test_grep_finds_lines_and_skips_binary_files(root: Path) -> None:
@@ -510,9 +512,9 @@ def test_grep_refuses_a_bad_regex_clearly(root: Path) -> None:
 def test_grep_is_bounded(root: Path) -> None:
     (root / "many.txt").write_text("hit " + "z" * 900 + "\n" + "hit\n" * 300)
     got = run(root, "grep", pattern="hit")
-    assert len(got["matches"]) == _workspace.MAX_MATCHES
+    assert len(got["matches"]) == _workspace_read.MAX_MATCHES
     assert got["matches"][0].endswith("... [line cut: 404 more bytes]")
-    assert f"Showing the first {_workspace.MAX_MATCHES} of 301" in got["note"]
+    assert f"Showing the first {_workspace_read.MAX_MATCHES} of 301" in got["note"]
 
 
 # --------------------------------------------------------------------------- files API

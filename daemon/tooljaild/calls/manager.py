@@ -4,19 +4,16 @@ It knows nothing of gRPC. A call goes QUEUED -> RUNNING -> one final state; its
 output goes to an `EventLog` that any number of readers follow; its caller gets
 exactly one result (`calls.results` decides what each ending means).
 
-One start path serves both cases: `submit` starts a call at once when a slot
-and a ready sandbox are free (`_start_now`), else the call's task waits for
-them (`_start_later`); both end in `_start`, and the call's task sees every
-started call to its end (`_supervise`). A call naming a session goes to its
+A call in a fresh sandbox is started and seen to its end by `calls.fresh_run`
+(at once in `submit` when a slot and a ready sandbox are free, else in the
+call's task, `_run`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
 built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
 `calls.in_daemon_run`). On each path, a call whose caller's policy needs an
 approver for its tool first waits for one (`calls.approvals`), in its task.
 
 It is over 500 lines because admission, the journal's records and the end of a
-call are shared by those three paths; the fresh path's running (`_start_now`,
-`_start_later`, `_supervise`) is the one still here, and would be the next to
-move to a module of its own.
+call are shared by those three paths, and each path's task is here.
 """
 
 from __future__ import annotations
@@ -47,13 +44,14 @@ from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Admission, check_call_id, known_call, unknown_call
 from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.call import Call, StopReason
+from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.config import Settings
 from tooljaild.in_daemon import DaemonCall, Handler, Services
 from tooljaild.journal import Journal, JournalError
 from tooljaild.registry import Registry, Tool
-from tooljaild.sandbox.base import Limits, RunOutcome, Sandbox, SandboxError
+from tooljaild.sandbox.base import Limits, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
@@ -70,13 +68,22 @@ KEPT_EVENT_LOGS = 64
 
 
 @dataclass(frozen=True)
-class _Run:
-    """A started call: its sandbox (from `pool`) holds its request, and `outcome`
-    waits for the run's end. A run also holds one of the manager's slots."""
+class _CheckedRequest:
+    """A request `submit` has checked and will admit: what each path makes its call of."""
 
-    pool: SandboxPool
-    sandbox: Sandbox
-    outcome: Coroutine[Any, Any, RunOutcome]
+    call_id: str
+    """The id the caller gave; "": a new one is made."""
+    tool: Tool
+    arguments: dict[str, Any]
+    arguments_json: str
+    """The arguments as sent, for the journal."""
+    fingerprint: str
+    timeout_s: float
+    client: str
+    rerun: bool
+    """The id is taken over by a rerun of a lost call of an idempotent tool."""
+    gated: bool
+    """The caller's policy makes it wait for an approver first."""
 
 
 def _counting_refusals(submit: _Submit) -> _Submit:
@@ -124,7 +131,7 @@ class CallManager:
         self._calls: OrderedDict[str, Call] = OrderedDict()
         self._with_events: OrderedDict[str, Call] = OrderedDict()
         self._admission = Admission(settings)
-        self._slots = self._admission.slots
+        self._fresh = FreshRunner(self._admission.slots, self._running, self._end)
         self._tasks: set[asyncio.Task[None]] = set()
         self._journal = journal
         self._sessions = sessions
@@ -216,33 +223,20 @@ class CallManager:
         if known is not None:
             return known
         gated = identity is not None and identity.needs_approval(tool.name)
+        request = _CheckedRequest(
+            call_id, tool, arguments, arguments_json, fingerprint, timeout, client, rerun, gated
+        )
         builtin = builtin_run(tool)
         if builtin is not None and builtin.in_daemon is not None:
-            return self._submit_in_daemon(
-                builtin.in_daemon, session_id, call_id, tool, arguments, fingerprint, timeout,
-                client, arguments_json, rerun, gated=gated,
-            )  # fmt: skip
+            return self._submit_in_daemon(builtin.in_daemon, session_id, request)
         if session_id:
-            return self._submit_in_session(
-                session_id,
-                call_id,
-                tool,
-                arguments,
-                fingerprint,
-                timeout,
-                client,
-                arguments_json,
-                rerun,
-                gated=gated,
-            )
-        call = self._admit(
-            call_id or uuid.uuid4().hex, tool, arguments, fingerprint, timeout, client
-        )
+            return self._submit_in_session(session_id, request)
+        call = self._admit(request)
         self._journal_admitted(call, arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
             self.approvals.hold(call)
-        run = None if gated else self._start_now(call, pool)
+        run = None if gated else self._fresh.start_now(call, pool)
         self._calls[call.call_id] = call
         self._admission.admit(client)
         self._spawn(call, self._run(call, pool, run))
@@ -254,36 +248,29 @@ class CallManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _admitted_here(
-        self,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        limits: Limits,
-        session_id: str,
-        arguments_json: str,
-        rerun: bool,
-        gated: bool,
-    ) -> Call:
-        """A call outside the daemon's slots (in a session, or in the daemon), made,
-        journaled and remembered; `gated`: it waits for approval."""
-        call = Call(
-            call_id or uuid.uuid4().hex,
-            tool,
-            arguments,
-            fingerprint,
-            timeout,
+    def _new_call(self, request: _CheckedRequest, limits: Limits) -> Call:
+        """The call `request` asks for, under its id or a new one."""
+        return Call(
+            request.call_id or uuid.uuid4().hex,
+            request.tool,
+            request.arguments,
+            request.fingerprint,
+            request.timeout_s,
             self._settings,
             limits,
-            client,
+            request.client,
             self._services.artifacts,
         )
-        call.session_id = session_id
-        self._journal_admitted(call, arguments_json, rerun)
-        if gated:
+
+    def _admitted_here(
+        self, request: _CheckedRequest, limits: Limits, session: Session | None
+    ) -> Call:
+        """A call outside the daemon's slots (in `session`, or in the daemon), made,
+        journaled and remembered; held for approval if `request` is gated."""
+        call = self._new_call(request, limits)
+        call.session_id = session.id if session else ""
+        self._journal_admitted(call, request.arguments_json, request.rerun)
+        if request.gated:
             self.approvals.hold(call)
         self._calls[call.call_id] = call
         return call
@@ -299,37 +286,22 @@ class CallManager:
             raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
         return self._sessions.get(session_id)
 
-    def _submit_in_session(
-        self,
-        session_id: str,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        arguments_json: str,
-        rerun: bool,
-        *,
-        gated: bool = False,
-    ) -> Call:
+    def _submit_in_session(self, session_id: str, request: _CheckedRequest) -> Call:
         """Admit a call into its session's line (see `submit`)."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         session = self._session_named(session_id)
+        tool = request.tool
         misfit = self._session_misfit(tool)
         if misfit is not None:
             raise InvalidRequestError(
                 f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
             )
         session.check_room()
-        call = self._admitted_here(
-            call_id, tool, arguments, fingerprint, timeout, client,
-            session.terms.limits, session.id, arguments_json, rerun, gated,
-        )  # fmt: skip
+        call = self._admitted_here(request, session.terms.limits, session)
         started = None
         # The request is in the sandbox before this returns (unless it awaits approval).
-        if not gated and session.try_take_turn():
+        if not request.gated and session.try_take_turn():
             try:
                 started = start_in_session(call, session, self._running)
             except SandboxError:
@@ -338,29 +310,21 @@ class CallManager:
         return call
 
     def _submit_in_daemon(
-        self,
-        handler: Handler,
-        session_id: str,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout: float,
-        client: str,
-        arguments_json: str,
-        rerun: bool,
-        *,
-        gated: bool = False,
+        self, handler: Handler, session_id: str, request: _CheckedRequest
     ) -> Call:
         """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
         session = self._session_named(session_id) if session_id else None
-        call = self._admitted_here(
-            call_id, tool, arguments, fingerprint, timeout, client,
-            self._settings.limits, session.id if session else "", arguments_json, rerun, gated,
-        )  # fmt: skip
-        work = DaemonCall(call.call_id, tool.name, arguments, client, session, self._services)
+        call = self._admitted_here(request, self._settings.limits, session)
+        work = DaemonCall(
+            call.call_id,
+            request.tool.name,
+            request.arguments,
+            request.client,
+            session,
+            self._services,
+        )
         self._spawn(call, self._run_in_daemon(call, handler, work))
         return call
 
@@ -415,16 +379,8 @@ class CallManager:
         self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
         return None, True
 
-    def _admit(
-        self,
-        call_id: str,
-        tool: Tool,
-        arguments: dict[str, Any],
-        fingerprint: str,
-        timeout_s: float,
-        client: str,
-    ) -> Call:
-        """A new call, if the daemon takes it.
+    def _admit(self, request: _CheckedRequest) -> Call:
+        """A new call in a fresh sandbox, if the daemon takes it.
 
         Raises:
             ShuttingDownError: The daemon is draining.
@@ -432,19 +388,8 @@ class CallManager:
         """
         if self.draining:
             raise ShuttingDownError("the daemon is shutting down and takes no new calls")
-        self._admission.check_room(client)
-        limits = terms.limits_for(tool, self._settings)
-        return Call(
-            call_id,
-            tool,
-            arguments,
-            fingerprint,
-            timeout_s,
-            self._settings,
-            limits,
-            client,
-            self._services.artifacts,
-        )
+        self._admission.check_room(request.client)
+        return self._new_call(request, terms.limits_for(request.tool, self._settings))
 
     def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
         if self._journal is None:
@@ -537,77 +482,6 @@ class CallManager:
 
     # ------------------------------------------------------------------ running
 
-    def _start_now(self, call: Call, pool: SandboxPool) -> _Run | None:
-        """Start the call before `submit` returns, when nothing has to wait.
-
-        With a free slot and a ready sandbox, the request goes into the
-        sandbox's pipe right here: the tool starts while the RPC handler is
-        still answering, a task switch earlier than from the call's own task.
-        None (nothing held) when something has to wait: the call's task starts it.
-        """
-        if not self._slots.try_take():
-            return None
-        sandbox = pool.try_acquire()
-        if sandbox is None:
-            self._slots.give()
-            return None
-        try:
-            return self._start(call, pool, sandbox)
-        except SandboxError:
-            # Broke down while it waited: the call's own task gets another.
-            self._slots.give()
-            return None
-
-    async def _start_later(self, call: Call, pool: SandboxPool) -> _Run | None:
-        """Wait for a slot, then for a sandbox, and start the call; None when it
-        ended without running (stopped while queued; no sandbox to be had)."""
-        if not await self._wait_for_slot(call):
-            self._end(call, results.not_run(call, results.NOT_STARTED))
-            return None
-        try:
-            if call.stop_reason is not None:  # stopped as its slot came
-                self._end(call, results.not_run(call, results.NOT_STARTED))
-            else:
-                try:
-                    sandbox = await pool.acquire()
-                except SandboxError as exc:
-                    self._end(call, results.sandbox_failed(call, str(exc)))
-                else:
-                    return self._start(call, pool, sandbox)
-        except BaseException:
-            self._slots.give()
-            raise
-        self._slots.give()
-        return None
-
-    async def _wait_for_slot(self, call: Call) -> bool:
-        """Take a slot, queued in the call's client's turn; False if the call is
-        stopped first."""
-        if self._slots.try_take():
-            return True
-        slot = asyncio.ensure_future(self._slots.take(call.client))
-        either: set[asyncio.Future[Any]] = {slot, call.stop_requested.wait()}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if slot.done():
-            return True
-        slot.cancel()  # a slot handed over meanwhile passes on (see `Slots.take`)
-        return False
-
-    def _start(self, call: Call, pool: SandboxPool, sandbox: Sandbox) -> _Run:
-        """Send the call's request into `sandbox` and mark the call running.
-
-        Raises:
-            SandboxError: The sandbox broke down (it is given back to `pool`).
-        """
-        request = call.with_artifacts(terms.run_request(call.tool, call.arguments, call.limits))
-        try:
-            outcome = sandbox.begin(request, call.sink)
-        except BaseException:
-            pool.release(sandbox)
-            raise
-        self._running(call, sandbox.id)
-        return _Run(pool, sandbox, outcome)
-
     def _running(self, call: Call, sandbox_id: str) -> None:
         """Mark the call running in `sandbox_id` (its request is on the way there)."""
         call.state = CallState.RUNNING
@@ -620,15 +494,15 @@ class CallManager:
             except JournalError as exc:  # the call runs on; its end says it, or it is lost
                 log.error("cannot journal call %s as running: %s", call.call_id, exc)
 
-    async def _run(self, call: Call, pool: SandboxPool, run: _Run | None) -> None:
+    async def _run(self, call: Call, pool: SandboxPool, run: Run | None) -> None:
         """The call's task: start it unless `submit` did, see it through, let go."""
         try:
             if run is None:
                 if not await self._approved(call):
                     return
-                run = await self._start_later(call, pool)
+                run = await self._fresh.start_later(call, pool)
             if run is not None:
-                await self._supervise(call, run)
+                await self._fresh.supervise(call, run)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
@@ -642,49 +516,6 @@ class CallManager:
         call.events.close()
         call.compact()
         self._forget_old()
-
-    async def _supervise(self, call: Call, run: _Run) -> None:
-        """Wait for a started call's end; its timeout or a stop kills its sandbox.
-        Gives the run's sandbox and slot back."""
-        loop = asyncio.get_running_loop()
-        killing: asyncio.Future[None] | None = None
-        timers: list[asyncio.TimerHandle] = []
-
-        # The run is awaited right here; a timeout or a stop kills the sandbox
-        # from a callback, and the run then ends with the tree.
-        def kill() -> None:
-            nonlocal killing
-            if killing is None:
-                killing = asyncio.ensure_future(run.sandbox.kill())
-
-        def on_timeout() -> None:
-            kill_after = call.tool.options.kill_after_s
-            if kill_after > call.timeout_s and call.stop_reason is None:
-                # The caller hears "timeout, still running" now; the call runs on
-                # detached until kill_after_s, and GetCall tells its real end.
-                call.answer(results.timed_out(call, still_running=True))
-                timers.append(
-                    loop.call_later(
-                        kill_after - call.timeout_s, call.request_stop, StopReason.HARD_TIMEOUT
-                    )
-                )
-            else:
-                call.request_stop(StopReason.TIMEOUT)
-
-        try:
-            timers.append(loop.call_later(call.timeout_s, on_timeout))
-            call.kill_with(kill)
-            outcome = await run.outcome
-            if killing is not None:
-                await killing
-            call.kill_with(None)
-            self._end(call, results.result_of(call, outcome, call.stop_reason))
-        finally:
-            call.kill_with(None)
-            for timer in timers:
-                timer.cancel()
-            run.pool.release(run.sandbox)
-            self._slots.give()
 
     # ------------------------------------------------------------------ the end
 

@@ -366,6 +366,9 @@ def install_runner(state_dir: Path) -> Path:
         RUNNER_PATH.with_name("_zygote.py"),
         RUNNER_PATH.with_name("_session.py"),
         RUNNER_PATH.with_name("_workspace.py"),
+        RUNNER_PATH.with_name("_workspace_paths.py"),
+        RUNNER_PATH.with_name("_workspace_read.py"),
+        RUNNER_PATH.with_name("_workspace_write.py"),
         RUNNER_PATH.with_name("_artifacts.py"),
         RUNNER_PATH.with_name("_tooljail_mpl.py"),
         Path(tooljail._tooldef.__file__),
@@ -378,7 +381,13 @@ def install_runner(state_dir: Path) -> Path:
     # A session's modules are imported when it starts, not with every sandbox:
     # compiled once here instead of at each session (~8 ms each on a small VM).
     # Only an interpreter of the daemon's version uses these; others compile.
-    for name in ("_session.py", "_workspace.py", "_artifacts.py"):
+    workspace = (
+        "_workspace.py",
+        "_workspace_paths.py",
+        "_workspace_read.py",
+        "_workspace_write.py",
+    )
+    for name in ("_session.py", *workspace, "_artifacts.py"):
         with contextlib.suppress(OSError):  # then each session compiles it, as before
             py_compile.compile(str(target / name), quiet=2)
     return target
