@@ -265,6 +265,35 @@ def pyagenity_python(omnicore_python: str) -> str:
     return omnicore_python
 
 
+_DOCKER_PROBLEM: list[str | None] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `docker` skips, saying why, where no engine (or image) is there.
+
+    Checked once per run, before the test's own fixtures start a daemon on the
+    docker backend, so no docker test can fail for the engine's absence alone
+    (in CI, the skip is then failed by `pytest_runtest_makereport` below).
+    """
+    marker = item.get_closest_marker("docker")
+    if marker is None:
+        return
+    if not _DOCKER_PROBLEM:
+        from tests.conformance.conftest import docker_problem
+        from tooljaild.sandbox.docker_engine import EngineUnavailableError, connect_client
+
+        try:
+            connect_client(timeout=3.0).close()
+        except EngineUnavailableError as exc:
+            _DOCKER_PROBLEM.extend([str(exc), str(exc)])
+        else:
+            _DOCKER_PROBLEM.extend([None, docker_problem()])
+    # `docker(needs_image=False)`: the test builds the sandbox image itself.
+    problem = _DOCKER_PROBLEM[1 if marker.kwargs.get("needs_image", True) else 0]
+    if problem is not None:
+        pytest.skip(problem)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     """In CI a skipped test is a failure: CI must provide what every test needs.

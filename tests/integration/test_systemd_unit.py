@@ -72,9 +72,18 @@ def _image() -> str:
             debootstrap, "--variant=minbase", f"--include={PACKAGES}", "bookworm",
             str(work / "root"), "http://deb.debian.org/debian", timeout=900,
         )  # fmt: skip
-        tar = subprocess.Popen(["tar", "-C", str(work / "root"), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "import", "-", IMAGE], stdin=tar.stdout, check=True, timeout=300)
-        tar.wait(60)
+        # The pipe is ours to close (warnings are errors, and an unclosed one is
+        # a ResourceWarning), and tar's own exit code counts as docker's does.
+        with subprocess.Popen(
+            ["tar", "-C", str(work / "root"), "-c", "."], stdout=subprocess.PIPE
+        ) as tar:
+            assert tar.stdout is not None
+            subprocess.run(
+                ["docker", "import", "-", IMAGE], stdin=tar.stdout, check=True, timeout=300
+            )
+            tar.stdout.close()
+            if tar.wait(60) != 0:
+                raise AssertionError(f"tar of the systemd root exited {tar.returncode}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return IMAGE
