@@ -391,6 +391,7 @@ class Daemon:
             self.pools.session_sandbox,
             self.journal,
             open_timeout_s=s.sandbox.start_timeout_s,
+            spool_dir=s.state_dir / "spool",
         )
         self.sessions.start()
         self.manager = CallManager(

@@ -47,6 +47,7 @@ from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.authenticator import Authenticator, AuthGate
 from tooljaild.auth.policy import Identity
+from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import Call, CallManager
 from tooljaild.calls.admission import unknown_call
 from tooljaild.calls.approvals import waiting_notice
@@ -55,7 +56,14 @@ from tooljaild.drain import Refusals
 from tooljaild.errors import ErrorEdge, abort_with
 from tooljaild.listen import default_daemon_id
 from tooljaild.output import Event
+from tooljaild.registry import Tool
 from tooljaild.sessions.manager import SessionManager
+from tooljaild.sessions.policy import (
+    DOWNLOAD_TOOL,
+    UPLOAD_TOOL,
+    check_file_rpc,
+    check_may_open_session,
+)
 from tooljaild.sessions.session import Session, SessionOptions
 
 log = logging.getLogger(__name__)
@@ -289,6 +297,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
+        # A session is a sandbox to run tools in: the identity must be allowed one.
+        check_may_open_session(
+            self._identity(context),
+            (t.name for t in self._manager.registry.tools() if _runs_in_a_sandbox(t)),
+        )
         options = SessionOptions(
             idle_ttl_s=request.idle_ttl_s,
             max_lifetime_s=request.max_lifetime_s,
@@ -332,40 +345,71 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def UploadFile(
         self, requests: AsyncIterator[pb.FileChunk], context: grpc.aio.ServicerContext
     ) -> pb.FileInfo:
+        # An upload is write_file's work (`sessions.policy`); it holds a place
+        # (`sessions.transfers`) from before its first chunk, and its chunks go to a
+        # spool file as they come: nothing of it waits in memory for the session.
         sessions = self._session_manager()
-        first = await anext(requests, None)
-        if first is None:
-            raise InvalidRequestError("an upload needs a first chunk naming the session and path")
-        session = self._own_session(first.session_id, context)
-        path = first.path
-
-        async def chunks() -> AsyncIterator[bytes]:
-            yield first.data
-            async for chunk in requests:
-                if (chunk.session_id and chunk.session_id != first.session_id) or (
-                    chunk.path and chunk.path != path
-                ):
+        check_file_rpc(self._identity(context), "UploadFile", UPLOAD_TOOL)
+        idle_s = sessions.settings.transfer_idle_timeout_s
+        with sessions.transfers.held(self._owner(context)) as place:
+            async with asyncio.timeout(idle_s) as idle:
+                first = await _next_chunk(requests, idle, idle_s)
+                if first is None:
                     raise InvalidRequestError(
-                        "every chunk of an upload goes to the session and path of its "
-                        "first chunk (later chunks may leave them empty)"
+                        "an upload needs a first chunk naming the session and path"
                     )
-                yield chunk.data
-
-        written, size = await sessions.upload(session, path, chunks())
+                session = self._own_session(first.session_id, context)
+                place.bind(session.id)
+                path = first.path
+                spool = sessions.transfers.spool(
+                    max_bytes=session.terms.limits.workspace_bytes, path=path
+                )
+                try:
+                    await spool.add(first.data)
+                    while (chunk := await _next_chunk(requests, idle, idle_s)) is not None:
+                        if (chunk.session_id and chunk.session_id != first.session_id) or (
+                            chunk.path and chunk.path != path
+                        ):
+                            raise InvalidRequestError(
+                                "every chunk of an upload goes to the session and path of "
+                                "its first chunk (later chunks may leave them empty)"
+                            )
+                        await spool.add(chunk.data)
+                    idle.reschedule(None)  # the stream is read: the rest is ours to do
+                    written, size = await sessions.upload(session, path, spool)
+                finally:
+                    spool.close()
         return pb.FileInfo(path=written, size_bytes=size)
 
     async def DownloadFile(
         self, request: pb.DownloadFileRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.FileChunk]:
+        # A download is read_file's work; it holds a place, and a client that reads
+        # nothing for the idle timeout loses it: each chunk is written with
+        # `context.write` under that timeout (a `yield` could wait forever).
         sessions = self._session_manager()
-        session = self._own_session(request.session_id, context)
-        first = True
-        async for data in sessions.download(session, request.path):
-            if first:
-                yield pb.FileChunk(session_id=session.id, path=request.path, data=data)
-                first = False
-            else:
-                yield pb.FileChunk(data=data)
+        check_file_rpc(self._identity(context), "DownloadFile", DOWNLOAD_TOOL)
+        idle_s = sessions.settings.transfer_idle_timeout_s
+        with sessions.transfers.held(self._owner(context)) as place:
+            session = self._own_session(request.session_id, context)
+            place.bind(session.id)
+            first = True
+            async for data in sessions.download(session, request.path):
+                if first:
+                    chunk = pb.FileChunk(session_id=session.id, path=request.path, data=data)
+                    first = False
+                else:
+                    chunk = pb.FileChunk(data=data)
+                try:
+                    await asyncio.wait_for(context.write(chunk), idle_s)
+                except TimeoutError:
+                    raise InvalidRequestError(
+                        f"the download of {request.path!r} was ended: its client read "
+                        f"nothing for {idle_s:g}s ([sessions] transfer_idle_timeout_s); "
+                        "read the stream as it comes"
+                    ) from None
+        return
+        yield  # an async generator (the error edge wraps one), which writes its own chunks
 
     # The artifact methods answer for the caller's own artifacts only (`client_of`):
     # another client's id is "not found", exactly as an id never made.
@@ -433,6 +477,33 @@ async def _ran(call: Call, until: Once[ToolResult]) -> bool:
     if not (call.running.done() or until.done()):
         await asyncio.wait((call.running.wait(), until.wait()), return_when=asyncio.FIRST_COMPLETED)
     return call.running.done()
+
+
+async def _next_chunk(
+    requests: AsyncIterator[pb.FileChunk], idle: asyncio.Timeout, idle_s: float
+) -> pb.FileChunk | None:
+    """The upload's next chunk (None at its end), within `idle_s` of the last one.
+
+    Raises:
+        InvalidRequestError: No chunk came for `idle_s` (the stream is given up).
+    """
+    idle.reschedule(asyncio.get_running_loop().time() + idle_s)
+    try:
+        return await anext(requests, None)
+    except asyncio.CancelledError:
+        if idle.expired():
+            raise InvalidRequestError(
+                f"the upload sent no chunk for {idle_s:g}s ([sessions] "
+                "transfer_idle_timeout_s) and was ended; nothing was written. Send the "
+                "file's chunks without pausing."
+            ) from None
+        raise
+
+
+def _runs_in_a_sandbox(tool: Tool) -> bool:
+    """Whether `tool` runs in a sandbox (so in a session), not in the daemon."""
+    run = builtin_run(tool)
+    return run is None or run.kind != "daemon"
 
 
 def _started(call: Call) -> pb.Started:

@@ -23,10 +23,12 @@ import base64
 import contextlib
 import logging
 import re
+import tempfile
 import time
 import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from tooljail._types import SessionInfo, SessionState
@@ -47,6 +49,7 @@ from tooljaild.sandbox.base import Limits, RunRequest, Sandbox, SandboxError, Te
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
 from tooljaild.sessions.settings import SessionSettings
+from tooljaild.sessions.transfers import Spool, Transfers
 
 __all__ = ["FILE_CHUNK_BYTES", "SessionManager"]
 
@@ -78,6 +81,8 @@ class SessionManager:
         sandbox_for: A started, unused sandbox with these limits (from the warm pool
             when they are the pool's).
         journal: Where sessions are recorded; None: nowhere (tests).
+        spool_dir: Where uploads wait on disk (private to the daemon); None: a
+            fresh private directory under the system's temporary one.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class SessionManager:
         journal: Journal | None = None,
         *,
         open_timeout_s: float = 30.0,
+        spool_dir: Path | None = None,
     ) -> None:
         self._settings = settings
         self._limits = limits
@@ -100,6 +106,10 @@ class SessionManager:
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self.draining = False
+        if spool_dir is None:
+            spool_dir = Path(tempfile.mkdtemp(prefix="tooljail-spool-"))
+        self.transfers = Transfers(settings, spool_dir)
+        """The files API's places and spool (`sessions.transfers`)."""
 
     @property
     def settings(self) -> SessionSettings:
@@ -124,6 +134,7 @@ class SessionManager:
                         "sessions lost in a restart",
                         extra={"sessions": len(lost), "ids": [r.session_id for r in lost][:20]},
                     )
+        self.transfers.start()
         if self._reaper is None:
             self._reaper = asyncio.create_task(self._reap(), name="session-reaper")
 
@@ -389,23 +400,28 @@ class SessionManager:
         message = error.message if error is not None else f"the operation {op!r} failed"
         raise _FILE_ERRORS.get(kind, InvalidRequestError)(message)
 
-    async def upload(self, session: Session, path: str, chunks: Any) -> tuple[str, int]:
-        """Write a file into the session's workspace from `chunks` (an async iterator
-        of bytes), replacing it as a whole at the end: nothing is left half-written.
+    async def upload(self, session: Session, path: str, spool: Spool) -> tuple[str, int]:
+        """Write the file `spool` holds (all of an upload's bytes, already on disk)
+        into the session's workspace, replacing it as a whole at the end: nothing
+        is left half-written. Each piece takes the session's turn on its own.
 
         Returns:
             The path as the workspace names it, and its size.
         """
         upload_id = uuid.uuid4().hex
-        first, pending = True, b""
+        first, done = True, dict[str, Any]()
         try:
-            async for data in chunks:
-                pending += data
-                while len(pending) >= FILE_CHUNK_BYTES:
-                    piece, pending = pending[:FILE_CHUNK_BYTES], pending[FILE_CHUNK_BYTES:]
-                    await self._put(session, path, upload_id, piece, first=first, last=False)
-                    first = False
-            done = await self._put(session, path, upload_id, pending, first=first, last=True)
+            pieces = spool.pieces(FILE_CHUNK_BYTES)
+            piece = await anext(pieces)
+            # One piece ahead: the last one says so to the sandbox.
+            while True:
+                following = await anext(pieces, None)
+                done = await self._put(
+                    session, path, upload_id, piece, first=first, last=following is None
+                )
+                if following is None:
+                    break
+                piece, first = following, False
         except BaseException:
             if session.open:
                 with contextlib.suppress(TooljailError, asyncio.CancelledError):

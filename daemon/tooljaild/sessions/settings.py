@@ -39,9 +39,28 @@ class SessionSettings(BaseModel):
     remembered_ended: int = Field(default=10_000, ge=0)
     """Ended sessions kept in memory to say why they ended; older ones are
     answered from the journal."""
+    max_transfers: int = Field(default=32, ge=1)
+    """Uploads and downloads (`UploadFile`, `DownloadFile`) in progress at once on
+    this daemon; past it a new one gets RESOURCE_EXHAUSTED with a retry hint."""
+    max_transfers_per_client: int = Field(default=8, ge=1)
+    """Uploads and downloads one client (identity) may have in progress at once."""
+    max_transfers_per_session: int = Field(default=2, ge=1)
+    """Uploads and downloads one session may have in progress at once (its file
+    operations take its turn one at a time anyway)."""
+    transfer_idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    """An upload that sends no chunk, or a download whose client reads none, for
+    this long is ended (INVALID_ARGUMENT, saying so) and frees its place."""
+    upload_min_chunk_bytes: int = Field(default=64 * 1024, ge=0)
+    """Past an upload's first 1,024 chunks, its chunks must average at least this
+    many bytes (each chunk costs the daemon CPU of its own, whatever its size);
+    0: no bound."""
 
     @model_validator(mode="after")
     def _bounds(self) -> SessionSettings:
         if self.max_sessions and self.max_sessions_per_client > self.max_sessions:
             self.max_sessions_per_client = self.max_sessions
+        self.max_transfers_per_client = min(self.max_transfers_per_client, self.max_transfers)
+        self.max_transfers_per_session = min(
+            self.max_transfers_per_session, self.max_transfers_per_client
+        )
         return self
