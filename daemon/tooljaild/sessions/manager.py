@@ -357,8 +357,11 @@ class SessionManager:
 
     # ------------------------------------------------------------------ files
 
-    async def operation(self, session: Session, op: str, args: dict[str, Any]) -> Any:
-        """Run one workspace operation in the session's sandbox, in its turn.
+    async def operation(
+        self, session: Session, op: str, args: dict[str, Any], *, turn_held: bool = False
+    ) -> Any:
+        """Run one workspace operation in the session's sandbox, in its turn (taken
+        here, unless the caller holds it: `turn_held`).
 
         Raises:
             SessionEndedError: The session ended before or during it.
@@ -373,7 +376,7 @@ class SessionManager:
             {"op": op, "args": args, "quota_bytes": limits.workspace_bytes},
             limits,
         )
-        async with session.turn():
+        async with contextlib.nullcontext() if turn_held else session.turn():
             try:
                 waiter = session.channel.begin(request, _drop)
             except SandboxError as exc:
@@ -409,19 +412,19 @@ class SessionManager:
             The path as the workspace names it, and its size.
         """
         upload_id = uuid.uuid4().hex
-        first, done = True, dict[str, Any]()
+        done: dict[str, Any] = {}
         try:
-            pieces = spool.pieces(FILE_CHUNK_BYTES)
-            piece = await anext(pieces)
-            # One piece ahead: the last one says so to the sandbox.
-            while True:
-                following = await anext(pieces, None)
-                done = await self._put(
-                    session, path, upload_id, piece, first=first, last=following is None
-                )
-                if following is None:
-                    break
-                piece, first = following, False
+            # The whole upload in one turn: each piece is read from the spool only
+            # once it can go, so an upload waiting for the turn holds no memory.
+            async with session.turn():
+                offset = 0
+                while True:
+                    piece = await spool.read(offset, FILE_CHUNK_BYTES)
+                    first, offset = offset == 0, offset + len(piece)
+                    last = offset >= spool.size or not piece
+                    done = await self._put(session, path, upload_id, piece, first=first, last=last)
+                    if last:
+                        break
         except BaseException:
             if session.open:
                 with contextlib.suppress(TooljailError, asyncio.CancelledError):
@@ -443,7 +446,7 @@ class SessionManager:
             "first": first,
             "last": last,
         }
-        value = await self.operation(session, "upload_chunk", args)
+        value = await self.operation(session, "upload_chunk", args, turn_held=True)
         return value if isinstance(value, dict) else {}
 
     async def download(self, session: Session, path: str) -> Any:

@@ -27,7 +27,7 @@ import logging
 import os
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from tooljail.errors import InvalidRequestError, OverloadedError, WorkspaceFullError
@@ -209,6 +209,9 @@ class Spool:
                 f"{self._min_chunk_bytes} bytes or more. Send larger chunks (the SDK "
                 "sends 1 MiB ones)."
             )
+        if not self._buffer and len(data) >= SPOOL_BUFFER_BYTES:
+            await asyncio.to_thread(_write_all, self._fd, data)  # large: no copy
+            return
         self._buffer += data
         if len(self._buffer) >= SPOOL_BUFFER_BYTES:
             await self.flush()
@@ -219,17 +222,10 @@ class Spool:
             data, self._buffer = bytes(self._buffer), bytearray()
             await asyncio.to_thread(_write_all, self._fd, data)
 
-    async def pieces(self, size: int) -> AsyncIterator[bytes]:
-        """The bytes taken so far, from the start, in pieces of `size` (at least one
-        piece, empty for an empty upload)."""
+    async def read(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes taken so far, from `offset` (off the event loop)."""
         await self.flush()
-        offset = 0
-        while True:
-            piece = await asyncio.to_thread(os.pread, self._fd, size, offset)
-            offset += len(piece)
-            yield piece
-            if len(piece) < size or offset >= self.size:
-                return
+        return await asyncio.to_thread(os.pread, self._fd, size, offset)
 
     def close(self) -> None:
         """Remove the file (idempotent)."""
