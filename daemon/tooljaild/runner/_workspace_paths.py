@@ -136,17 +136,27 @@ class Workspace:
     # ----------------------------------------------------------------------- quota
 
     def usage(self) -> int:
-        """Bytes the workspace's regular files hold (their sizes, links not followed)."""
-        total = 0
+        """Bytes the workspace's regular files hold on disk (`held`, links not followed)."""
+        return sum(size for _, size in self._files())
+
+    def _files(self) -> list[tuple[str, int]]:
+        """Each regular file (relative path) with the bytes it holds."""
+        found = []
         for top, dirs, files in os.walk(self.root, onerror=None, followlinks=False):
             for name in files + dirs:
+                full = os.path.join(top, name)
                 try:
-                    st = os.lstat(os.path.join(top, name))
+                    st = os.lstat(full)
                 except OSError:
                     continue
                 if stat.S_ISREG(st.st_mode):
-                    total += st.st_size
-        return total
+                    found.append((self.rel(full), held(st)))
+        return found
+
+    def _largest(self, count: int = 3) -> str:
+        """The largest files, for a message ("a.bin (1048576 bytes), ...")."""
+        files = sorted(self._files(), key=lambda f: -f[1])[:count]
+        return ", ".join(f"{path!r} ({size} bytes)" for path, size in files if size)
 
     def check_room(self, path: str, adding: int, freeing: int = 0) -> None:
         """Refuse a write of `adding` bytes (freeing `freeing`) that would pass the
@@ -158,10 +168,13 @@ class Workspace:
         if self.quota_bytes > 0:
             used = self.usage()
             if used - freeing + adding > self.quota_bytes:
+                largest = self._largest()
                 raise _full(
                     path,
                     f"writing {adding} bytes would pass the workspace quota of "
-                    f"{self.quota_bytes} bytes ({used} in use)",
+                    f"{self.quota_bytes} bytes ({used} in use"
+                    + (f"; the largest files: {largest}" if largest else "")
+                    + ")",
                 )
         try:
             vfs = os.statvfs(self.root)
@@ -170,6 +183,14 @@ class Workspace:
         free = vfs.f_bavail * vfs.f_frsize
         if adding - freeing > free:
             raise _full(path, f"writing {adding} bytes needs more than the {free} bytes free")
+
+
+def held(st: os.stat_result) -> int:
+    """The bytes a file holds on disk, as the quota counts them: its size, or less
+    for a sparse file (its allocated blocks). A file whose holes were counted at
+    its apparent size (a 1 GiB `truncate`) would refuse every later write while
+    holding almost nothing."""
+    return min(st.st_size, st.st_blocks * 512)
 
 
 def _full(path: str, why: str) -> WorkspaceError:

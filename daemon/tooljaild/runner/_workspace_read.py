@@ -14,9 +14,12 @@ the helpers would be one more file every sandbox reads.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
+import signal
 import stat
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +42,12 @@ MAX_MATCH_CHARS = 500
 """Characters of one matching line grep shows."""
 MAX_GREP_FILE_BYTES = 16 * 1024 * 1024
 """Files larger than this are not searched by grep (said in its note)."""
+MAX_GREP_TOTAL_BYTES = 256 * 1024 * 1024
+"""Bytes grep searches at most in one call (the rest is named in its note)."""
+GREP_TIMEOUT_S = 5.0
+"""How long one grep may search; past it, a PatternTimeoutError (the session lives on)."""
+MAX_PATTERN_CHARS = 4096
+"""The longest pattern grep takes."""
 MAX_CHUNK_BYTES = 4 * 1024 * 1024
 """The largest download_chunk `length`: its base64 must fit a result frame."""
 SNIFF_BYTES = 8192
@@ -434,15 +443,60 @@ def glob(ws: paths.Workspace, args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+class _Expired(Exception):
+    """grep's time bound passed (raised from the SIGALRM handler)."""
+
+
+@contextlib.contextmanager
+def _time_bound(seconds: float) -> Iterator[None]:
+    """Raise `_Expired` in this block once `seconds` pass, even inside one regex
+    match (the `re` engine checks for signals as it backtracks). Only in the main
+    thread (where signals are handled); the caller also checks the clock between
+    lines, which bounds everything but one line."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise _Expired
+
+    try:
+        previous = signal.signal(signal.SIGALRM, expire)
+    except ValueError:  # not the main thread: the clock checks alone
+        yield
+        return
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def grep(ws: paths.Workspace, args: dict[str, Any]) -> dict[str, Any]:
     pattern = paths.arg(args, "pattern", str)
     path = paths.arg(args, "path", str, "")
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
+    if len(pattern) > MAX_PATTERN_CHARS:
         raise paths.WorkspaceError(
             "PatternError",
-            f"pattern {pattern!r} is not a valid Python regular expression: {exc}",
+            f"the pattern is {len(pattern)} characters long; at most {MAX_PATTERN_CHARS}",
+        )
+    try:
+        with _time_bound(GREP_TIMEOUT_S):
+            return _grep(ws, pattern, path, time.monotonic() + GREP_TIMEOUT_S)
+    except _Expired:
+        raise paths.WorkspaceError(
+            "PatternTimeoutError",
+            f"grep stopped after {GREP_TIMEOUT_S:g}s: pattern {cut_line(pattern, 200)!r} is "
+            "too slow on these files (nested quantifiers such as '(a+)+' can take "
+            "exponential time). Simplify the pattern or search a narrower path.",
+        ) from None
+
+
+def _grep(ws: paths.Workspace, pattern: str, path: str, deadline: float) -> dict[str, Any]:
+    try:
+        regex = re.compile(pattern)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise paths.WorkspaceError(
+            "PatternError",
+            f"pattern {cut_line(pattern, 200)!r} is not a valid Python regular expression: {exc}",
         ) from None
     real = ws.resolve(path, allow_root=True)
     if os.path.isdir(real):
@@ -455,9 +509,12 @@ def grep(ws: paths.Workspace, args: dict[str, Any]) -> dict[str, Any]:
     else:
         raise paths.not_found(path)
     matches: list[str] = []
-    more = searched = 0
+    more = searched = total = 0
     skipped: list[str] = []
     for rel in files:
+        if total >= MAX_GREP_TOTAL_BYTES:
+            skipped.append(f"the rest (past {MAX_GREP_TOTAL_BYTES} bytes searched)")
+            break
         full = os.path.join(ws.root, rel)
         try:
             st = os.lstat(full)
@@ -466,19 +523,27 @@ def grep(ws: paths.Workspace, args: dict[str, Any]) -> dict[str, Any]:
             if st.st_size > MAX_GREP_FILE_BYTES:
                 skipped.append(f"{rel} (larger than {MAX_GREP_FILE_BYTES} bytes)")
                 continue
-            with os.fdopen(os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as f:
-                data = f.read()
+            # O_NONBLOCK and a check of what was opened: a FIFO swapped in after
+            # the lstat must never block the search (it would block the session).
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                data = f.read(MAX_GREP_FILE_BYTES + 1)
         except OSError:
             continue
         if is_binary(data[:SNIFF_BYTES]):
             continue
         searched += 1
+        total += len(data)
         for number, line in enumerate(text_lines(data.decode("utf-8", "replace")), 1):
             if regex.search(line):
                 if len(matches) < MAX_MATCHES:
                     matches.append(f"{rel}:{number}:{cut_line(line, MAX_MATCH_CHARS)}")
                 else:
                     more += 1
+            if not number % 1024 and time.monotonic() > deadline:
+                raise _Expired
     result: dict[str, Any] = {"pattern": pattern, "matches": matches, "files_searched": searched}
     notes = []
     if more:

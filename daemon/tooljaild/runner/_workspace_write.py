@@ -47,7 +47,7 @@ def _write_bytes(ws: paths.Workspace, path: str, real: str, data: bytes, mode: i
         old = None
     if old is not None and stat.S_ISDIR(old.st_mode):
         raise paths.invalid_path(f"{path!r} is a directory, not a file")
-    ws.check_room(path, len(data), old.st_size if old is not None else 0)
+    ws.check_room(path, len(data), paths.held(old) if old is not None else 0)
     ws.make_parents(real, path)
     directory, name = os.path.split(real)
     tmp = os.path.join(directory, f".{name}.tooljail-{os.urandom(6).hex()}.tmp")
@@ -268,7 +268,7 @@ def upload_chunk(ws: paths.Workspace, args: dict[str, Any]) -> dict[str, Any]:
                 "UploadError", f"no upload {upload_id!r} of {path!r} is in progress"
             )
         try:
-            freeing = os.lstat(real).st_size if os.path.isfile(real) else 0
+            freeing = paths.held(os.lstat(real)) if os.path.isfile(real) else 0
         except OSError:
             freeing = 0
         ws.check_room(path, len(data), freeing)
