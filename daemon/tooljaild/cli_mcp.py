@@ -2,8 +2,9 @@
 
 The bridge is `tooljail.integrations.mcp_server` (the `mcp` extra); this module
 only parses its options and maps its failures to exit codes as in
-`tooljail.cli`: 2 for bad usage (the extra missing, a bad address) or a
-refusal, 3 when no daemon answers.
+`tooljail.cli`: 2 for bad usage (the extra missing, a bad address, no token
+for `--listen`, a listener off loopback without TLS) or a refusal, 3 when no
+daemon answers.
 """
 
 from __future__ import annotations
@@ -31,6 +32,21 @@ def add_parser(sub: Any, target: Callable[[argparse.ArgumentParser], None]) -> N
     mcp.add_argument("--listen", metavar="HOST:PORT", help="serve streamable HTTP at /mcp here")
     mcp.add_argument("--stateful", action="store_true", help="one tooljail session per MCP client")
     mcp.add_argument("--tools", help="the tools to serve, comma-separated (default: all)")
+    # No option takes the token itself: a command line is every local user's to read.
+    mcp.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="with --listen: the bearer token every request must bear, in a file only you "
+        "can read (default: $TOOLJAIL_MCP_TOKEN; one of them is required)",
+    )
+    mcp.add_argument(
+        "--tls-cert-file", metavar="PATH", help="with --listen: serve HTTPS with this certificate"
+    )
+    mcp.add_argument(
+        "--tls-key-file",
+        metavar="PATH",
+        help="with --listen: its private key (TLS is required off loopback)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,7 +66,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         mcp_server.main(
-            args.target, listen=args.listen, names=names, stateful=args.stateful, on_ready=ready
+            args.target,
+            listen=args.listen,
+            names=names,
+            stateful=args.stateful,
+            on_ready=ready,
+            token_file=args.token_file,
+            tls_cert_file=args.tls_cert_file,
+            tls_key_file=args.tls_key_file,
         )
     except TooljailError as exc:
         return _refused(exc)

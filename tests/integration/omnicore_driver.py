@@ -101,28 +101,30 @@ async def main(target: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Client(target) as client:
         served = {t.name: t for t in client.list_tools()}
+        # With no names, the tools an agent takes with its defaults.
         tools = omnicore.registry(client)
+        reserved = omnicore.WORKSPACE_TOOL_NAMES | omnicore.ARTIFACT_TOOL_NAMES
         out["registry"] = {
             "type": type(tools).__module__ + "." + type(tools).__name__,
             "names": [t.name for t in tools.list_tools()],
             "served": sorted(served),
+            "served_default": sorted(set(served) - reserved),
             "idempotent": {t.name: t.idempotent for t in tools.list_tools()},
             "served_idempotent": {n: t.idempotent for n, t in served.items()},
             "schema": tools.get_tool("execute_python_code").inputSchema,
             "is_async": tools.get_tool("execute_python_code").is_async,
         }
-        picked = omnicore.registry(client, ["ls", "execute_python_code"])
+        picked = omnicore.registry(client, ["ls", "execute_python_code"], workspace_tools=True)
         out["picked"] = [t.name for t in picked.list_tools()]
         try:
             omnicore.registry(client, ["no_such_tool"])
         except ToolNotFoundError as e:
             out["unknown"] = str(e)
-        # The daemon's workspace tools have the names OmniCoreAgent reserves for
-        # its own (on the host): an agent takes them with its own turned off.
         try:
-            await make_agent(tools).run("go")
+            omnicore.registry(client, ["ls", "read_artifact"])
         except ValueError as e:
-            out["reserved"] = str(e)
+            out["reserved_asked"] = str(e)
+        # An agent with every default setting takes the default registry and runs it.
         out["calls"] = await run_agent(
             tools,
             [
@@ -133,9 +135,23 @@ async def main(target: str) -> dict[str, Any]:
                     "execute_python_code_stream",
                     {"code": "for i in range(3): print('line', i, flush=True)"},
                 ),
+            ],
+        )
+        # The daemon's workspace and artifact tools: for an agent with its own off.
+        everything = omnicore.registry(client, workspace_tools=True, artifact_tools=True)
+        out["everything"] = sorted(t.name for t in everything.list_tools())
+        try:
+            await make_agent(everything).run("go")
+        except ValueError as e:
+            out["reserved"] = str(e)
+        out["own_off"] = await run_agent(
+            everything,
+            [
                 ("write_file", {"path": "notes.txt", "content": "hello"}),
+                ("list_artifacts", {}),
             ],
             enable_workspace_files=False,
+            tool_offload={"enabled": False},
         )
         # A refusal, straight through the registry's own execute_tool: the
         # agent checks a call's arguments against the schema before it runs.

@@ -2,7 +2,8 @@
 
 Over stdio the client spawns `python -m tooljaild mcp` (what the `tooljail`
 script runs) with TOOLJAIL_TARGET naming the test daemon; over streamable HTTP
-one `tooljail mcp --listen 127.0.0.1:0` per module serves every test.
+one `tooljail mcp --listen 127.0.0.1:0` per module serves every test, its token
+in TOOLJAIL_MCP_TOKEN, which every client sends (`_http`).
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 import tooljail.testing
 from tooljail import AsyncClient
 
 CODE = "execute_python_code"
 STREAM = "execute_python_code_stream"
+TOKEN = "test-token-0123456789abcdef"
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +65,23 @@ def stateful_http_url(target: str) -> Iterator[str]:
     yield from _http_server(target, "--stateful")
 
 
+@asynccontextmanager
+async def _http(url: str, token: str | None = TOKEN, **options: Any) -> AsyncIterator[Client]:
+    """mcp's client of the bridge at `url`, sending `token` as its bearer token."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    # Ours to close: mcp's transport leaves a client it was given open.
+    async with create_mcp_http_client(headers=headers) as http:
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, read_timeout_seconds=60, **options) as client:
+            yield client
+
+
 def _http_server(target: str, *args: str) -> Iterator[str]:
     with subprocess.Popen(
         _command("--target", target, "--listen", "127.0.0.1:0", *args),
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TOOLJAIL_MCP_TOKEN": TOKEN},
     ) as process:
         try:
             assert process.stderr is not None
@@ -264,13 +281,13 @@ def test_a_tool_not_served_exits_2_naming_them(target: str) -> None:
 
 
 async def test_http_lists_tools_and_calls_them(http_url: str) -> None:
-    async with Client(http_url, read_timeout_seconds=60) as client:
+    async with _http(http_url) as client:
         await _check_list_success_failure(client)
         await _check_session(client, kept=False)
 
 
 async def test_http_streams_output_as_progress(http_url: str) -> None:
-    async with Client(http_url, read_timeout_seconds=60) as client:
+    async with _http(http_url) as client:
         await _check_stream(client)
 
 
@@ -279,9 +296,9 @@ async def test_http_stateful_gives_each_client_its_session(
 ) -> None:
     async with AsyncClient(target) as tj:
         before = {s.session_id for s in await tj.list_sessions(all_clients=True)}
-        async with Client(stateful_http_url, read_timeout_seconds=60) as first:
+        async with _http(stateful_http_url) as first:
             await _check_session(first, kept=True)
-            async with Client(stateful_http_url, read_timeout_seconds=60) as second:
+            async with _http(stateful_http_url) as second:
                 # Its own session: the first's x is not there.
                 other = await second.call_tool(CODE, {"code": "print(x)"})
                 assert other.is_error and "NameError" in _text(other)
@@ -303,7 +320,7 @@ async def test_http_stateful_refuses_a_request_without_an_mcp_session(
     stateful_http_url: str,
 ) -> None:
     # A 2026-07-28 client sends each request on its own: no session to keep one for.
-    async with Client(stateful_http_url, mode="2026-07-28", read_timeout_seconds=60) as client:
+    async with _http(stateful_http_url, mode="2026-07-28") as client:
         result = await client.call_tool(CODE, {"code": "print(1)"})
     assert result.is_error
     assert "initialize handshake" in _text(result) and "did not run" in _text(result)

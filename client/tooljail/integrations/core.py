@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import enum
 import importlib
+import importlib.metadata
+import importlib.util
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -87,19 +89,52 @@ The whole output is kept by the daemon as an artifact when it is larger than
 the result holds (`read_artifact` pages through it)."""
 
 
-def require(module: str, extra: str) -> ModuleType:
-    """Imports a framework's module, or says which package to install.
+def require(module: str, extra: str, *, entry: str | None = None) -> ModuleType:
+    """Imports a framework's module, or says which package to install, or why it failed.
+
+    Args:
+        module: The module to import.
+        extra: The extra of `tooljail` that installs the framework.
+        entry: The framework's public entry, imported first as its users do
+            (some frameworks' inner modules only import in that order).
 
     Raises:
-        ImportError: When the framework is not installed, naming the extra.
+        ImportError: When the framework is not installed, naming the extra to
+            install; when it is installed but does not import, with the real
+            error (never "not installed" then).
     """
+    top = module.split(".")[0]
     try:
+        if entry is not None:
+            importlib.import_module(entry)
         return importlib.import_module(module)
     except ImportError as e:
+        if not _installed(top):
+            raise ImportError(
+                f"this integration needs {top!r}, which is not installed: "
+                f"pip install 'tooljail[{extra}]'"
+            ) from e
         raise ImportError(
-            f"this integration needs {module.split('.')[0]!r}, which is not installed: "
-            f"pip install 'tooljail[{extra}]'"
+            f"{top!r} {_version(top)}is installed, but importing {module!r} failed: "
+            f"{type(e).__name__}: {e}"
         ) from e
+
+
+def _installed(top: str) -> bool:
+    """Whether the package `top` is there to import (not: whether it imports)."""
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):  # a broken parent, a __spec__ of None
+        return False
+
+
+def _version(top: str) -> str:
+    """`top`'s installed version and a space, if its metadata says (its distribution
+    may have another name: then nothing)."""
+    try:
+        return importlib.metadata.version(top) + " "
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return ""
 
 
 def is_async(target: Target) -> bool:

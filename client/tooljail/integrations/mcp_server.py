@@ -1,7 +1,7 @@
 """`tooljail mcp`: the daemon's tools served to MCP clients, over stdio or streamable HTTP.
 
     tooljail mcp                               # stdio: an MCP client spawns it
-    tooljail mcp --listen 127.0.0.1:8765       # streamable HTTP at http://127.0.0.1:8765/mcp
+    TOOLJAIL_MCP_TOKEN=... tooljail mcp --listen 127.0.0.1:8765   # http://127.0.0.1:8765/mcp
     tooljail mcp --stateful --tools execute_python_code,read_file
 
 Built on the `mcp` package's low-level `Server`: the tools are the daemon's
@@ -22,6 +22,13 @@ Python functions known when this module loads, as `MCPServer` (FastMCP) wants.
   protocol has no sessions, so a stateful HTTP server answers
   `server/discover` with the handshake versions only, which makes
   `mode="auto"` clients open a session with the 2025 handshake.
+- Over HTTP, only requests bearing the bridge's token are served, off
+  loopback only over TLS (`_mcp_http`), and each MCP session is a tenant: a
+  client name of its own, and only the artifacts its own calls made are
+  reachable through the bridge (`_mcp_tenants`). So that `auto` clients get an
+  MCP session to be a tenant of, every HTTP bridge (stateful or not) answers
+  `server/discover` with the handshake versions; a request without an MCP
+  session is a tenant for that request alone.
 """
 
 from __future__ import annotations
@@ -40,6 +47,14 @@ from tooljail import __version__
 from tooljail._async_client import AsyncClient
 from tooljail._async_session import AsyncSession
 from tooljail.errors import SessionEndedError, TooljailError
+from tooljail.integrations._mcp_http import (
+    TOKEN_ENV,
+    BearerGate,
+    HttpSecurity,
+    is_loopback,
+    security_for,
+)
+from tooljail.integrations._mcp_tenants import Tenant
 from tooljail.integrations.core import (
     AsyncTarget,
     Outcome,
@@ -58,31 +73,44 @@ import uvicorn  # noqa: E402
 from mcp.server.context import ServerRequestContext  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
 from mcp.server.stdio import stdio_server  # noqa: E402
+from mcp.server.transport_security import TransportSecuritySettings  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS  # noqa: E402
 
-__all__ = ["Bridge", "bind", "main", "parse_listen", "serve_http", "serve_stdio"]
+__all__ = [
+    "TOKEN_ENV",
+    "Bridge",
+    "HttpSecurity",
+    "bind",
+    "main",
+    "parse_listen",
+    "security_for",
+    "serve_http",
+    "serve_stdio",
+]
 
 HTTP_PATH = "/mcp"
 """Where the streamable HTTP endpoint is: `http://HOST:PORT/mcp`."""
 
-_SESSION_KEY = "tooljail.session"
-"""The key of a stateful HTTP client's session in its MCP connection's state."""
+_TENANT_KEY = "tooljail.tenant"
+"""The key of an HTTP client's `Tenant` in its MCP connection's state."""
 
 Context = ServerRequestContext[Any, Any]
 
 
 class Bridge:
-    """The daemon's tools as one MCP server's handlers, and stateful clients' sessions.
+    """The daemon's tools as one MCP server's handlers, and its MCP clients' tenants.
 
     Args:
         client: The daemon's client; the bridge does not close it.
         names: The tools to serve, in this order; None serves all the daemon serves.
         stateful: Give each MCP client one tooljail session, so that a variable
             set by one call is there in the next.
-        one_client: The transport serves one client (stdio): its session is
-            the bridge's, closed by `aclose`. Otherwise (HTTP) each MCP session
-            has its own, closed when that MCP session ends.
+        one_client: The transport serves one client (stdio): it acts as
+            `client`, and its session is the bridge's, closed by `aclose`.
+            Otherwise (HTTP) each MCP session is a tenant with a client of its
+            own from `client_for` (see `_mcp_tenants`), closed with that MCP session.
+        client_for: With `one_client=False`, makes a client going by the name given.
     """
 
     def __init__(
@@ -92,15 +120,17 @@ class Bridge:
         *,
         stateful: bool = False,
         one_client: bool = True,
+        client_for: Callable[[str], AsyncClient] | None = None,
     ) -> None:
+        if not one_client and client_for is None:
+            raise TypeError("a bridge of many clients needs client_for, to name each its own")
         self._client = client
         self._names = list(names) if names is not None else None
         self._stateful = stateful
         self._one_client = one_client
+        self._client_for = client_for
         self._specs: dict[str, ToolSpec] = {}
-        self._session: AsyncSession | None = None
-        # Two first calls of one client at once must open one session, not two.
-        self._opening = asyncio.Lock()
+        self._only = Tenant(client, owned=False, guarded=False) if one_client else None
 
     def server(self) -> Server[Any]:
         """A low-level MCP server whose tools are the daemon's."""
@@ -113,13 +143,14 @@ class Bridge:
             on_list_tools=self.list_tools,
             on_call_tool=self.call_tool,
         )
-        if self._stateful and not self._one_client:
+        if not self._one_client:
 
             async def discover(
                 ctx: Context, params: types.RequestParams | None
             ) -> types.DiscoverResult:
                 # A legacy advertisement: mcp's `auto` clients then use the handshake,
-                # whose MCP session is what a tooljail session is kept for.
+                # whose MCP session is what a tenant (its name, its artifacts, its
+                # tooljail session) is kept for.
                 return types.DiscoverResult(
                     supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
                     capabilities=server.get_capabilities(),
@@ -168,82 +199,74 @@ class Bridge:
                     f"No tool is named {params.name!r}. The tools served are: "
                     f"{', '.join(self._specs) or 'none'}."
                 )
-        target = await self._target(ctx)
-        if isinstance(target, str):
-            return _error(target)
+        tenant = self._tenant(ctx)
+        if isinstance(tenant, str):
+            return _error(tenant)
+        try:
+            return await self._call(ctx, tenant, spec, params.arguments)
+        finally:
+            if not self._one_client and _connection_state(ctx) is None:
+                await tenant.aclose()  # a request without an MCP session stands alone
+
+    async def _call(
+        self, ctx: Context, tenant: Tenant, spec: ToolSpec, arguments: dict[str, Any] | None
+    ) -> types.CallToolResult:
+        refused = tenant.refusal(spec.tool, arguments)
+        if refused is not None:
+            return _error(refused)
+        target: AsyncTarget = tenant.client
+        if self._stateful:
+            opened = await tenant.open_session()
+            if isinstance(opened, str):
+                return _error(opened)
+            target = opened
         call_id = uuid.uuid4().hex
         try:
             if spec.streaming:
-                outcome = await _stream(ctx, target, spec, params.arguments, call_id)
+                outcome = await _stream(ctx, target, spec, arguments, call_id)
             else:
-                outcome = await arun(target, spec, params.arguments, call_id=call_id)
+                outcome = await arun(target, spec, arguments, call_id=call_id)
         except asyncio.CancelledError:
             # The MCP client gave up on the request (notifications/cancelled, which
             # mcp turns into cancelling this handler): stop the call on the daemon
             # too, or it runs on (and holds a session's turn) for nobody.
-            await asyncio.shield(self._cancel(call_id))
+            await asyncio.shield(_cancel(tenant.client, call_id))
             raise
+        outcome = tenant.note(spec.tool, call_id, outcome)
         if isinstance(outcome.error, SessionEndedError) and isinstance(target, AsyncSession):
             # Its text says a new session starts empty: the client's next call opens one.
-            self._forget(ctx, target)
+            tenant.forget(target)
         return _result(outcome)
-
-    async def _cancel(self, call_id: str) -> None:
-        # The call may have ended, or never reached the daemon: nothing to stop.
-        with contextlib.suppress(TooljailError):
-            await self._client.cancel(call_id)
 
     async def aclose(self) -> None:
         """Closes the one client's session, if it opened one."""
-        session, self._session = self._session, None
-        if session is not None:
-            await _close(session)
+        if self._only is not None:
+            await self._only.aclose()
 
-    async def _target(self, ctx: Context) -> AsyncTarget | str:
-        """Where the call runs: the client, or this MCP client's session (opened now
-        if it has none); a string is why the call cannot run."""
-        if not self._stateful:
-            return self._client
-        if self._one_client:
-            async with self._opening:
-                if self._session is None:
-                    opened = await self._open()
-                    if isinstance(opened, str):
-                        return opened
-                    self._session = opened
-                return self._session
-        connection = _connection(ctx)
-        if connection is None or connection.session_id is None:
-            return (
-                "This server keeps a session per MCP session, and this request has none: "
-                "connect with the initialize handshake (mcp's Client(mode='legacy') or "
-                "mode='auto'), not a stateless 2026-07-28 request. The tool did not run."
-            )
-        async with self._opening:
-            session = connection.state.get(_SESSION_KEY)
-            if session is None:
-                opened = await self._open()
-                if isinstance(opened, str):
-                    return opened
-                session = connection.state[_SESSION_KEY] = opened
-                # Unwound when the MCP session ends (DELETE, idle timeout, shutdown).
-                connection.exit_stack.push_async_callback(_close, session)
-            assert isinstance(session, AsyncSession)
-            return session
-
-    async def _open(self) -> AsyncSession | str:
-        try:
-            return await self._client.session()
-        except TooljailError as e:
-            return f"A tooljail session could not be opened: {e}. The tool did not run."
-
-    def _forget(self, ctx: Context, session: AsyncSession) -> None:
-        if self._session is session:
-            self._session = None
-            return
-        connection = _connection(ctx)
-        if connection is not None and connection.state.get(_SESSION_KEY) is session:
-            del connection.state[_SESSION_KEY]
+    def _tenant(self, ctx: Context) -> Tenant | str:
+        """The MCP client this request is from (made now if new); a string is why
+        the call cannot run."""
+        if self._only is not None:
+            return self._only
+        assert self._client_for is not None  # checked in __init__
+        state = _connection_state(ctx)
+        if state is None:
+            if self._stateful:
+                return (
+                    "This server keeps a session per MCP session, and this request has none: "
+                    "connect with the initialize handshake (mcp's Client(mode='legacy') or "
+                    "mode='auto'), not a stateless 2026-07-28 request. The tool did not run."
+                )
+            # Stands alone: a tenant of its own for this one request.
+            return Tenant.new(self._client_for, self._client.client_name)
+        connection, tenants = state
+        tenant = tenants.get(_TENANT_KEY)
+        if tenant is None:
+            tenant = tenants[_TENANT_KEY] = Tenant.new(self._client_for, self._client.client_name)
+            # Unwound when the MCP session ends (DELETE, idle timeout, shutdown).
+            connection.exit_stack.push_async_callback(tenant.aclose)
+        assert isinstance(tenant, Tenant)
+        return tenant
 
 
 def _connection(ctx: Context) -> Any:
@@ -256,10 +279,19 @@ def _connection(ctx: Context) -> Any:
     return getattr(ctx.session, "_connection", None)
 
 
-async def _close(session: AsyncSession) -> None:
-    # The session may be gone already (ended by the daemon): nothing left to close.
+def _connection_state(ctx: Context) -> tuple[Any, dict[str, Any]] | None:
+    """The request's MCP session (a connection with a session id) and its state; None
+    for a request without one (stateless 2026-07-28, or over stdio)."""
+    connection = _connection(ctx)
+    if connection is None or connection.session_id is None:
+        return None
+    return connection, connection.state
+
+
+async def _cancel(client: AsyncClient, call_id: str) -> None:
+    # The call may have ended, or never reached the daemon: nothing to stop.
     with contextlib.suppress(TooljailError):
-        await session.close()
+        await client.cancel(call_id)
 
 
 async def _stream(
@@ -338,31 +370,77 @@ async def _terminate(bridge: Bridge) -> None:
 async def serve_http(
     client: AsyncClient,
     sock: socket.socket,
+    security: HttpSecurity,
     names: Sequence[str] | None = None,
     *,
+    client_for: Callable[[str], AsyncClient],
     stateful: bool = False,
     on_ready: Callable[[str], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serves the daemon's tools over streamable HTTP on `sock` until SIGINT or SIGTERM.
+    """Serves the daemon's tools over streamable HTTP on `sock` until SIGINT or SIGTERM
+    (or `stop` is set).
+
+    Only requests bearing `security.token` reach the bridge (else 401); each MCP
+    session acts as a client of its own (`client_for`), named after `client`.
 
     Args:
-        client: The daemon's client.
+        client: The daemon's client (the bridge's name; the tools' listing).
         sock: A bound socket (`parse_listen` then `bind`); uvicorn listens on it.
+        security: The token and TLS files (`security_for`, which also refuses a
+            listener off loopback without TLS).
         names: The tools to serve; None serves all.
+        client_for: Makes a client going by the name given, for each MCP session.
         stateful: One tooljail session per MCP session.
         on_ready: Called with the endpoint's URL once connections to it wait to be served.
+        stop: Set to stop serving as a signal would (for a bridge run inside a program).
     """
     host, port = sock.getsockname()[:2]
-    bridge = Bridge(client, names, stateful=stateful, one_client=False)
-    app = bridge.server().streamable_http_app(streamable_http_path=HTTP_PATH, host=host)
-    server = _Uvicorn(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    shown = f"[{host}]" if ":" in host else host
+    bridge = Bridge(client, names, stateful=stateful, one_client=False, client_for=client_for)
+    app = bridge.server().streamable_http_app(
+        streamable_http_path=HTTP_PATH, host=host, transport_security=_host_checks(host, shown)
+    )
+    config = uvicorn.Config(
+        BearerGate(app, security.token),
+        log_level="warning",
+        lifespan="on",
+        ssl_certfile=security.tls_cert_file,
+        ssl_keyfile=security.tls_key_file,
+    )
+    server = _Uvicorn(config)
     # Listening already, connections wait in the backlog until uvicorn accepts
     # them: the URL can be given out now, without polling for uvicorn's start.
     sock.listen(128)
     if on_ready is not None:
-        shown = f"[{host}]" if ":" in host else host
-        on_ready(f"http://{shown}:{port}{HTTP_PATH}")
-    await server.serve(sockets=[sock])
+        on_ready(f"{'https' if security.tls else 'http'}://{shown}:{port}{HTTP_PATH}")
+    if stop is None:
+        await server.serve(sockets=[sock])
+        return
+
+    async def stopper() -> None:
+        await stop.wait()
+        server.should_exit = True  # uvicorn's own way out: sessions closed, then done
+
+    watch = asyncio.create_task(stopper())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        watch.cancel()
+
+
+def _host_checks(host: str, shown: str) -> TransportSecuritySettings | None:
+    """mcp's Host and Origin checks (against DNS rebinding) for any loopback address,
+    not only the three mcp knows; None (mcp's default: none) off loopback, where the
+    names clients use are not known here, and the token and TLS guard the listener."""
+    if not is_loopback(host):
+        return None
+    hosts = ["127.0.0.1", "localhost", "[::1]", shown]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[f"{h}:*" for h in dict.fromkeys(hosts)],
+        allowed_origins=[f"{s}://{h}:*" for h in dict.fromkeys(hosts) for s in ("http", "https")],
+    )
 
 
 class _Uvicorn(uvicorn.Server):
@@ -409,7 +487,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 async def _serve(
     target: str | None,
-    sock: socket.socket | None,
+    listener: tuple[socket.socket, HttpSecurity] | None,
     names: Sequence[str] | None,
     stateful: bool,
     on_ready: Callable[[str], None] | None,
@@ -417,10 +495,24 @@ async def _serve(
     async with AsyncClient(target) as client:
         # Fail at the start, saying why, rather than at the MCP client's first request.
         await atool_specs(client, names)
-        if sock is None:
+        if listener is None:
             await serve_stdio(client, names, stateful=stateful)
-        else:
-            await serve_http(client, sock, names, stateful=stateful, on_ready=on_ready)
+            return
+
+        def client_for(name: str) -> AsyncClient:
+            # The same daemon and credentials (the environment), another name.
+            return AsyncClient(target, client_name=name)
+
+        sock, security = listener
+        await serve_http(
+            client,
+            sock,
+            security,
+            names,
+            client_for=client_for,
+            stateful=stateful,
+            on_ready=on_ready,
+        )
 
 
 def main(
@@ -430,6 +522,9 @@ def main(
     names: Sequence[str] | None = None,
     stateful: bool = False,
     on_ready: Callable[[str], None] | None = None,
+    token_file: str | os.PathLike[str] | None = None,
+    tls_cert_file: str | os.PathLike[str] | None = None,
+    tls_key_file: str | os.PathLike[str] | None = None,
 ) -> None:
     """Serves the daemon's tools over MCP until the client leaves (stdio) or a signal (HTTP).
 
@@ -439,16 +534,32 @@ def main(
         names: The tools to serve; None serves all the daemon serves.
         stateful: One tooljail session per MCP client.
         on_ready: With `listen`, called with the endpoint's URL once it serves.
+        token_file: With `listen`, the file holding the bearer token every
+            request must bear (None: `$TOOLJAIL_MCP_TOKEN`; one is required).
+        tls_cert_file, tls_key_file: With `listen`, serve HTTPS with these
+            (required off loopback).
 
     Raises:
-        ValueError: When `listen` is not `HOST:PORT`.
+        ValueError: When `listen` is not `HOST:PORT`; when it has no token, or
+            is off loopback without TLS; when a TLS or token option is given
+            without `listen`.
         OSError: When its address cannot be bound.
         ToolNotFoundError: When a named tool is not served.
         TooljailError: When the daemon cannot be reached.
     """
-    sock = None if listen is None else bind(*parse_listen(listen))
+    if listen is None:
+        if token_file is not None or tls_cert_file is not None or tls_key_file is not None:
+            raise ValueError(
+                "--token-file and --tls-cert-file/--tls-key-file are for --listen: over "
+                "stdio the MCP client spawns the bridge and is its only client"
+            )
+        asyncio.run(_serve(target, None, names, stateful, on_ready))
+        return
+    host, port = parse_listen(listen)
+    # Checked before binding: a refused listener never serves a moment.
+    security = security_for(host, token_file, tls_cert_file, tls_key_file)
+    sock = bind(host, port)
     try:
-        asyncio.run(_serve(target, sock, names, stateful, on_ready))
+        asyncio.run(_serve(target, (sock, security), names, stateful, on_ready))
     finally:
-        if sock is not None:
-            sock.close()
+        sock.close()

@@ -60,11 +60,16 @@ from tooljail.integrations.core import (
 )
 from tooljail.integrations.core import require as _require
 
+# Entered by its public entry first, as its users do (`from pyagenity.graph import
+# ToolNode`): pyagenity 0.3.9's `pyagenity.utils.message`, imported first, runs
+# into a circular import inside pyagenity.
+_ENTRY = "pyagenity.graph"
+
 try:
-    _message = _require("pyagenity.utils.message", "pyagenity")
-    _events = _require("pyagenity.publisher.events", "pyagenity")
-    _publish = _require("pyagenity.publisher.publish", "pyagenity")
-    _constants = _require("pyagenity.graph.tool_node.constants", "pyagenity")
+    _message = _require("pyagenity.utils.message", "pyagenity", entry=_ENTRY)
+    _events = _require("pyagenity.publisher.events", "pyagenity", entry=_ENTRY)
+    _publish = _require("pyagenity.publisher.publish", "pyagenity", entry=_ENTRY)
+    _constants = _require("pyagenity.graph.tool_node.constants", "pyagenity", entry=_ENTRY)
 except SyntaxError as e:
     # pyagenity 0.3.3 declares Python >= 3.10 but is written in 3.12 syntax
     # (`class BeforeInvokeCallback[T, R]`): pip installs it where it cannot run.
