@@ -35,7 +35,12 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from tooljail._types import ArtifactInfo
-from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError, TooljailError
+from tooljail.errors import (
+    ArtifactGoneError,
+    ArtifactNotFoundError,
+    InvalidRequestError,
+    TooljailError,
+)
 from tooljaild.artifacts.pattern import BadPattern, Pattern, too_long
 from tooljaild.in_daemon import DaemonCall, Handler, ToolFailure
 from tooljaild.registry import Tool
@@ -76,7 +81,7 @@ MAX_TAIL_LINES = DEFAULT_LIMIT
 """Lines tail_artifact returns at most."""
 DEFAULT_TAIL_LINES = 100
 MAX_LISTED = 200
-"""Artifacts list_artifacts describes at most (newest first)."""
+"""Artifacts list_artifacts describes per page (newest first)."""
 _BLOCK = 64 * 1024
 """Bytes read at a time when reading backwards."""
 _TAIL_SCAN_BYTES = 2 * MAX_READ_BYTES
@@ -378,13 +383,21 @@ async def search_artifact(call: DaemonCall) -> dict[str, Any]:
 
 
 async def list_artifacts(call: DaemonCall) -> dict[str, Any]:
-    """The caller's kept artifacts, newest first, of one call or session if asked."""
+    """A page of the caller's kept artifacts, newest first, of one call or session if asked.
+
+    A page costs the loop time in its size (`MAX_LISTED`), never in the store's.
+    """
     store = _store(call)
-    infos = store.list(
-        call.client,
-        call_id=str(call.arguments.get("call_id") or ""),
-        session_id=str(call.arguments.get("session_id") or ""),
-    )
+    try:
+        page = store.page(
+            call.client,
+            call_id=str(call.arguments.get("call_id") or ""),
+            session_id=str(call.arguments.get("session_id") or ""),
+            page_size=MAX_LISTED,
+            page_token=str(call.arguments.get("page_token") or ""),
+        )
+    except InvalidRequestError as exc:
+        raise ToolFailure("InvalidPageToken", str(exc)) from None
     listed = [
         {
             "artifact_id": i.artifact_id,
@@ -397,16 +410,22 @@ async def list_artifacts(call: DaemonCall) -> dict[str, Any]:
             "source": i.source,
             "created_unix": i.created_unix,
         }
-        for i in infos[:MAX_LISTED]
+        for i in page.artifacts
     ]
-    answer: dict[str, Any] = {"artifacts": listed, "count": len(infos)}
-    if len(infos) > MAX_LISTED:
+    answer: dict[str, Any] = {"artifacts": listed, "count": len(listed)}
+    if page.next_page_token:
+        answer["next_page_token"] = page.next_page_token
         answer["note"] = (
-            f"Showing the newest {MAX_LISTED} of {len(infos)}; pass call_id or session_id "
-            "to list those of one call or session."
+            f"Showing {len(listed)} artifacts; there are older ones: call list_artifacts "
+            f"with page_token={page.next_page_token!r} for the next page, or pass call_id "
+            "or session_id to list those of one call or session."
         )
-    elif not infos:
-        answer["note"] = "No artifact of yours is kept (for this call or session if named)."
+    elif not listed:
+        answer["note"] = (
+            "No artifact of yours is kept (for this call or session if named)."
+            if not call.arguments.get("page_token")
+            else "No more artifacts: this was the last page."
+        )
     return answer
 
 
@@ -492,8 +511,9 @@ ARTIFACT_TOOLS: tuple[Tool, ...] = (
     ),
     _tool(
         "list_artifacts",
-        "List the artifacts your calls made and that are still kept (newest first, at most "
-        f"{MAX_LISTED}): id, name, MIME type, size, and the call and session that made each.",
+        "List the artifacts your calls made and that are still kept (newest first, "
+        f"{MAX_LISTED} a page): id, name, MIME type, size, and the call and session that "
+        "made each. When there are more, the answer's next_page_token reads on.",
         {
             "call_id": {
                 "type": "string",
@@ -502,6 +522,11 @@ ARTIFACT_TOOLS: tuple[Tool, ...] = (
             "session_id": {
                 "type": "string",
                 "description": "Only the artifacts of this session's calls.",
+            },
+            "page_token": {
+                "type": "string",
+                "maxLength": 64,
+                "description": "The next_page_token of the answer before (none: the newest).",
             },
         },
         [],
