@@ -95,6 +95,10 @@ class CallArtifacts:
         """Names of those past `max_call_artifacts`, in order."""
         self._dropping = False
         """The artifact being sent now is one of them."""
+        self._sent = 0
+        """Bytes of the artifact being sent, as sent (kept or not)."""
+        self._refused = False
+        """The artifact being sent was refused by the store's quotas."""
         self.notes: list[str] = []
         """What the result's message should say about them (spills, cuts)."""
 
@@ -219,12 +223,17 @@ class CallArtifacts:
         """Write one part of an artifact the sandbox sent (`ArtifactSink`).
 
         Returns:
-            True when the part was kept whole; False when the store cut it
-            (past `max_artifact_bytes`: the rest of it is dropped) or failed.
+            True when the store took charge of the part: kept it, or dropped it
+            by its own quotas while the artifact is within `max_artifact_bytes`
+            (which the runner is told, `limits`: an honest runner never sends
+            more, so a full quota never breaks its call's frame budget). False
+            when the part was past that bound, past `max_call_artifacts`, or
+            could not be written: its bytes count against the frame budget.
         """
         writer = self._part
         if part.part == 0:
             self.abort()  # an artifact left unfinished is dropped (CallFrames refuses it)
+            self._sent, self._refused = 0, False
             self._from_sandbox += 1
             self._dropping = self._from_sandbox > self._store.settings.max_call_artifacts
             if self._dropping:
@@ -236,12 +245,15 @@ class CallArtifacts:
                 )
             except ArtifactQuotaError as exc:
                 self.notes.append(f"Artifact {safe_name(part.name)!r} was not kept: {exc}.")
-                return False
+                self._part, self._refused = None, True
+                writer = None
             except OSError as exc:
                 log.error("cannot store an artifact of a call: %s", exc)
                 return False
+        self._sent += len(part.data)
+        within = self._sent <= self._store.settings.max_artifact_bytes
         if writer is None or self._dropping:  # its first part was not stored
-            return False
+            return within and self._refused
         try:
             kept = writer.write(part.data)
             if part.last:
@@ -257,7 +269,13 @@ class CallArtifacts:
             log.error("cannot store an artifact of a call: %s", exc)
             self.abort()
             return False
-        return kept
+        return kept or within
+
+    def limits(self) -> dict[str, int]:
+        """The runner's `artifact_limits`: it sends no more artifacts, and none larger,
+        than the store keeps for one call (`runner._artifacts.limits_of`)."""
+        s = self._store.settings
+        return {"max_count": s.max_call_artifacts, "max_bytes": s.max_artifact_bytes}
 
     def abort(self) -> None:
         """Drop an artifact left unfinished (the call ended during it)."""
