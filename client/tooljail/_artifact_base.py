@@ -57,7 +57,42 @@ def list_artifacts_request(
     return pb.ListArtifactsRequest(
         call_id=call_id or "",
         session_id="" if session_id is None else check_session_id(session_id),
+        page_size=LIST_PAGE_SIZE,
     )
+
+
+LIST_PAGE_SIZE = 1000
+"""Artifacts asked for per ListArtifacts answer (the daemon answers at most its own
+bound): `list_artifacts` reads one daemon's pages in turn until the last."""
+MAX_LIST_PAGES = 1000
+"""Pages read at most from one daemon by one `list_artifacts` (a million artifacts):
+a daemon whose tokens never end cannot keep the client looping."""
+
+
+def next_page(
+    request: pb.ListArtifactsRequest, answer: pb.ListArtifactsResponse, pages: int
+) -> pb.ListArtifactsRequest | None:
+    """The request for the page after `answer` (the `pages`-th), or None when it was the last.
+
+    Raises:
+        TransportError: The daemon gave `MAX_LIST_PAGES` pages and still names a next one.
+    """
+    if not answer.next_page_token:
+        return None
+    if pages >= MAX_LIST_PAGES:
+        raise TransportError(f"the daemon's artifact listing went on past {pages} pages")
+    following = pb.ListArtifactsRequest()
+    following.CopyFrom(request)
+    following.page_token = answer.next_page_token
+    return following
+
+
+def join_pages(pages: Iterable[pb.ListArtifactsResponse]) -> pb.ListArtifactsResponse:
+    """One daemon's pages as one answer (in order: newest first)."""
+    joined = pb.ListArtifactsResponse()
+    for page in pages:
+        joined.artifacts.extend(page.artifacts)
+    return joined
 
 
 def join_chunks(chunks: Iterable[pb.ArtifactChunk]) -> bytes:

@@ -14,8 +14,10 @@ from tooljail._artifact_base import (
     delete_artifact_request,
     get_artifact_request,
     join_chunks,
+    join_pages,
     list_artifacts_request,
     merge_artifacts,
+    next_page,
 )
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
@@ -312,8 +314,18 @@ class AsyncClient(_BaseClient):
         self, *, call_id: str | None = None, session_id: str | None = None
     ) -> list[ArtifactInfo]:
         """This client's kept artifacts, newest first. See `Client.list_artifacts`."""
-        request = list_artifacts_request(call_id, session_id)
-        return merge_artifacts(await self._router.each(self._sender("ListArtifacts", request)))
+        first = list_artifacts_request(call_id, session_id)
+
+        async def every_page(stub: Any) -> pb.ListArtifactsResponse:
+            # Each daemon's pages in turn; a retry of this daemon starts over.
+            pages: list[pb.ListArtifactsResponse] = []
+            request: pb.ListArtifactsRequest | None = first
+            while request is not None:
+                pages.append(await self._sender("ListArtifacts", request)(stub))
+                request = next_page(first, pages[-1], len(pages))
+            return join_pages(pages)
+
+        return merge_artifacts(await self._router.each(every_page))
 
     async def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's. See `Client.delete_artifact`."""

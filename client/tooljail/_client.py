@@ -30,8 +30,10 @@ from tooljail._artifact_base import (
     delete_artifact_request,
     get_artifact_request,
     join_chunks,
+    join_pages,
     list_artifacts_request,
     merge_artifacts,
+    next_page,
 )
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
@@ -569,6 +571,9 @@ class Client(_BaseClient):
     ) -> list[ArtifactInfo]:
         """The artifacts this client's calls made and the daemon still keeps, newest first.
 
+        The daemon answers in pages (ListArtifacts' `page_token`); this reads
+        them all, from each daemon.
+
         Args:
             call_id: Only those of this call; None: of any.
             session_id: Only those of calls in this session; None: of any.
@@ -578,8 +583,18 @@ class Client(_BaseClient):
             InvalidRequestError: When an id is empty.
             TransportError: When the RPC fails.
         """
-        request = list_artifacts_request(call_id, session_id)
-        return merge_artifacts(self._router.each(self._sender("ListArtifacts", request)))
+        first = list_artifacts_request(call_id, session_id)
+
+        def every_page(stub: Any) -> pb.ListArtifactsResponse:
+            # Each daemon's pages in turn; a retry of this daemon starts over.
+            pages: list[pb.ListArtifactsResponse] = []
+            request: pb.ListArtifactsRequest | None = first
+            while request is not None:
+                pages.append(self._sender("ListArtifacts", request)(stub))
+                request = next_page(first, pages[-1], len(pages))
+            return join_pages(pages)
+
+        return merge_artifacts(self._router.each(every_page))
 
     def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's; reading it later says it was deleted.

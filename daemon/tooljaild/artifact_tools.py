@@ -2,7 +2,8 @@
 
 OmniCoreAgent's names and arguments: `read_artifact` (`artifact_id`,
 `offset`/`limit` in lines), `tail_artifact` (`artifact_id`, `lines`),
-`search_artifact` (`artifact_id`, `pattern`: a Python regular expression) and
+`search_artifact` (`artifact_id`, `pattern`: a regular expression, run with RE2
+in linear time, see `artifacts.pattern`) and
 `list_artifacts` (optionally of one `call_id` or `session_id`). They run in the
 daemon (`tooljaild.in_daemon`): the store is the daemon's, and nothing of it
 enters a sandbox.
@@ -28,14 +29,19 @@ model, kept together because they share one reading of ids, bounds and notes.
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from tooljail._types import ArtifactInfo
-from tooljail.errors import ArtifactGoneError, ArtifactNotFoundError, TooljailError
+from tooljail.errors import (
+    ArtifactGoneError,
+    ArtifactNotFoundError,
+    InvalidRequestError,
+    TooljailError,
+)
+from tooljaild.artifacts.pattern import BadPattern, Pattern, too_long
 from tooljaild.in_daemon import DaemonCall, Handler, ToolFailure
 from tooljaild.registry import Tool
 from tooljaild.runner._workspace_paths import counted
@@ -75,7 +81,7 @@ MAX_TAIL_LINES = DEFAULT_LIMIT
 """Lines tail_artifact returns at most."""
 DEFAULT_TAIL_LINES = 100
 MAX_LISTED = 200
-"""Artifacts list_artifacts describes at most (newest first)."""
+"""Artifacts list_artifacts describes per page (newest first)."""
 _BLOCK = 64 * 1024
 """Bytes read at a time when reading backwards."""
 _TAIL_SCAN_BYTES = 2 * MAX_READ_BYTES
@@ -185,6 +191,19 @@ def _lines_of(f: IO[bytes], stop: threading.Event) -> Iterator[tuple[str, int]]:
             raise _Stopped("the call was stopped")
         text = raw.decode("utf-8", "replace").rstrip("\r\n")
         yield cut_line(text, MAX_LINE_CHARS, skipped), len(raw) + skipped
+
+
+def _compile(pattern: str, max_bytes: int) -> Pattern:
+    """`pattern` compiled (on the worker thread: it costs time in its size).
+
+    Raises:
+        ToolFailure: It cannot be searched with (`BadPattern`'s reason).
+    """
+    try:
+        return Pattern(pattern, max_bytes)
+    except BadPattern as exc:
+        kind = "UnsupportedPattern" if exc.unsupported else "InvalidPattern"
+        raise ToolFailure(kind, str(exc)) from None
 
 
 def _int(call: DaemonCall, key: str, default: int) -> int:
@@ -316,19 +335,23 @@ def _count_lines(f: IO[bytes], stop: threading.Event) -> int:
 
 
 async def search_artifact(call: DaemonCall) -> dict[str, Any]:
-    """The artifact's lines matching `pattern` (a Python regex), numbered, at most `MAX_MATCHES`."""
+    """The artifact's lines matching `pattern` (RE2), numbered, at most `MAX_MATCHES`.
+
+    The pattern's size is checked first, on the loop (a length: cheap); it is
+    compiled and run on the worker thread, in time linear in its size and the
+    text's (`artifacts.pattern`), so no pattern stalls the loop or outlives the
+    call's timeout by more than a line.
+    """
     pattern = str(call.arguments["pattern"])
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise ToolFailure(
-            "InvalidPattern",
-            f"{pattern[:200]!r} is not a valid Python regular expression ({exc}). Escape "
-            "special characters (re.escape) to search for the text itself.",
-        ) from None
+    store = _store(call)
+    limit = store.settings.max_search_pattern_bytes
+    size = len(pattern.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ToolFailure("PatternTooLong", too_long(size, limit))
     info, path = locate(call)
 
     def search(stop: threading.Event) -> dict[str, Any]:
+        regex = _compile(pattern, limit)
         with path.open("rb") as f:
             described = _binary(info, f)
             if described is not None:
@@ -337,7 +360,7 @@ async def search_artifact(call: DaemonCall) -> dict[str, Any]:
             found = 0
             number = 0
             for number, (line, _) in enumerate(_lines_of(f, stop), 1):
-                if regex.search(line):
+                if regex.search(line.encode("utf-8", "surrogatepass")):
                     found += 1
                     if len(matches) < MAX_MATCHES:
                         matches.append(f"{number}:{cut_line(line, MAX_MATCH_CHARS)}")
@@ -360,13 +383,21 @@ async def search_artifact(call: DaemonCall) -> dict[str, Any]:
 
 
 async def list_artifacts(call: DaemonCall) -> dict[str, Any]:
-    """The caller's kept artifacts, newest first, of one call or session if asked."""
+    """A page of the caller's kept artifacts, newest first, of one call or session if asked.
+
+    A page costs the loop time in its size (`MAX_LISTED`), never in the store's.
+    """
     store = _store(call)
-    infos = store.list(
-        call.client,
-        call_id=str(call.arguments.get("call_id") or ""),
-        session_id=str(call.arguments.get("session_id") or ""),
-    )
+    try:
+        page = store.page(
+            call.client,
+            call_id=str(call.arguments.get("call_id") or ""),
+            session_id=str(call.arguments.get("session_id") or ""),
+            page_size=MAX_LISTED,
+            page_token=str(call.arguments.get("page_token") or ""),
+        )
+    except InvalidRequestError as exc:
+        raise ToolFailure("InvalidPageToken", str(exc)) from None
     listed = [
         {
             "artifact_id": i.artifact_id,
@@ -379,16 +410,22 @@ async def list_artifacts(call: DaemonCall) -> dict[str, Any]:
             "source": i.source,
             "created_unix": i.created_unix,
         }
-        for i in infos[:MAX_LISTED]
+        for i in page.artifacts
     ]
-    answer: dict[str, Any] = {"artifacts": listed, "count": len(infos)}
-    if len(infos) > MAX_LISTED:
+    answer: dict[str, Any] = {"artifacts": listed, "count": len(listed)}
+    if page.next_page_token:
+        answer["next_page_token"] = page.next_page_token
         answer["note"] = (
-            f"Showing the newest {MAX_LISTED} of {len(infos)}; pass call_id or session_id "
-            "to list those of one call or session."
+            f"Showing {len(listed)} artifacts; there are older ones: call list_artifacts "
+            f"with page_token={page.next_page_token!r} for the next page, or pass call_id "
+            "or session_id to list those of one call or session."
         )
-    elif not infos:
-        answer["note"] = "No artifact of yours is kept (for this call or session if named)."
+    elif not listed:
+        answer["note"] = (
+            "No artifact of yours is kept (for this call or session if named)."
+            if not call.arguments.get("page_token")
+            else "No more artifacts: this was the last page."
+        )
     return answer
 
 
@@ -456,7 +493,8 @@ ARTIFACT_TOOLS: tuple[Tool, ...] = (
     ),
     _tool(
         "search_artifact",
-        "Find the lines of an artifact that match a Python regular expression; returns "
+        "Find the lines of an artifact that match a regular expression (RE2: Python's "
+        "syntax without backreferences or lookaround); returns "
         f"them as `line_number:text` (at most {MAX_MATCHES}) and how many matched in all. "
         "Read around a match with read_artifact (offset = line number - 1).",
         {
@@ -464,16 +502,18 @@ ARTIFACT_TOOLS: tuple[Tool, ...] = (
             "pattern": {
                 "type": "string",
                 "minLength": 1,
-                "description": "A Python regular expression (re.search on each line); "
-                "escape special characters to find them literally.",
+                "description": "A regular expression (RE2 syntax, searched in each line); "
+                "escape special characters to find them literally. At most "
+                "[artifacts] max_search_pattern_bytes (4096 by default) bytes.",
             },
         },
         ["artifact_id", "pattern"],
     ),
     _tool(
         "list_artifacts",
-        "List the artifacts your calls made and that are still kept (newest first, at most "
-        f"{MAX_LISTED}): id, name, MIME type, size, and the call and session that made each.",
+        "List the artifacts your calls made and that are still kept (newest first, "
+        f"{MAX_LISTED} a page): id, name, MIME type, size, and the call and session that "
+        "made each. When there are more, the answer's next_page_token reads on.",
         {
             "call_id": {
                 "type": "string",
@@ -482,6 +522,11 @@ ARTIFACT_TOOLS: tuple[Tool, ...] = (
             "session_id": {
                 "type": "string",
                 "description": "Only the artifacts of this session's calls.",
+            },
+            "page_token": {
+                "type": "string",
+                "maxLength": 64,
+                "description": "The next_page_token of the answer before (none: the newest).",
             },
         },
         [],

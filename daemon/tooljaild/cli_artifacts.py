@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 import time
+import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +94,12 @@ def _ls(client: Client, args: argparse.Namespace) -> int:
     now = time.time()
     print(f"{'ARTIFACT':32}  {'SIZE':>6} {'AGE':>6}  {'SOURCE':8} {'MIME':24} {'CALL':32}  NAME")
     for a in artifacts:
+        # Every text field as the daemon sent it, but escaped: a name is the
+        # sandbox's words, and a control sequence in it must not drive the terminal.
         print(
-            f"{a.artifact_id:32}  {_bytes(a.size_bytes):>6} {_seconds(now - a.created_unix):>6}  "
-            f"{a.source:8} {a.mime_type:24} {a.call_id or '-':32}  {a.name}"
+            f"{_shown(a.artifact_id):32}  {_bytes(a.size_bytes):>6} "
+            f"{_seconds(now - a.created_unix):>6}  {_shown(a.source):8} "
+            f"{_shown(a.mime_type):24} {_shown(a.call_id) or '-':32}  {_shown(a.name)}"
         )
     if not artifacts:
         print(
@@ -104,6 +108,17 @@ def _ls(client: Client, args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return EXIT_OK
+
+
+def _shown(text: str) -> str:
+    """`text` with each control character (C0, C1, DEL, Unicode format and line
+    separators) escaped, as the store keeps names (`safe_name`)."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+        else c
+        for c in text
+    )
 
 
 def _get(client: Client, args: argparse.Namespace) -> int:

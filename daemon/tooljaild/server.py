@@ -437,10 +437,19 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def ListArtifacts(
         self, request: pb.ListArtifactsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArtifactsResponse:
-        infos = self._artifact_store().list(
-            self._owner(context), call_id=request.call_id, session_id=request.session_id
+        # One page: its size bounded (MAX_PAGE_SIZE), so is the answer and the
+        # loop's time to build it, whatever the store holds (an index walk).
+        page = self._artifact_store().page(
+            self._owner(context),
+            call_id=request.call_id,
+            session_id=request.session_id,
+            page_size=request.page_size,
+            page_token=request.page_token,
         )
-        return pb.ListArtifactsResponse(artifacts=[artifact_info_to_proto(i) for i in infos])
+        return pb.ListArtifactsResponse(
+            artifacts=[artifact_info_to_proto(i) for i in page.artifacts],
+            next_page_token=page.next_page_token,
+        )
 
     async def GetDaemonInfo(
         self, request: pb.GetDaemonInfoRequest, context: grpc.aio.ServicerContext

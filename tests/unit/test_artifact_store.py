@@ -11,9 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tooljail import ArtifactGoneError, ArtifactNotFoundError
+from tooljail import ArtifactGoneError, ArtifactNotFoundError, InvalidRequestError
 from tooljaild.artifacts.settings import ArtifactSettings
-from tooljaild.artifacts.store import CHUNK_BYTES, ArtifactStore, Origin, prune_periodically
+from tooljaild.artifacts.store import (
+    CHUNK_BYTES,
+    ArtifactQuotaError,
+    ArtifactStore,
+    Origin,
+    prune_periodically,
+    safe_name,
+)
 
 MIB = 1024**2
 ALICE = Origin(owner="alice", call_id="c1", session_id="s1", tool="execute_python_code")
@@ -301,3 +308,110 @@ def test_the_index_is_sqlite_in_the_root(store: ArtifactStore) -> None:
         assert db.execute("SELECT count(*) FROM artifacts").fetchone() == (1,)
     finally:
         db.close()
+
+
+# ------------------------------------------------------------------ quotas (issue 21)
+
+
+def test_a_write_evicts_only_its_owners_and_is_cut_past_the_ceiling(tmp_path: Path) -> None:
+    store = _open(tmp_path / "a", max_bytes=2 * MIB, max_owner_bytes=MIB)
+    try:
+        theirs = store.put("b", "text/plain", b"b" * MIB, BOB, "output")
+        first = store.put("a1", "text/plain", b"a" * (MIB // 2), ALICE, "output")
+        store.put("a2", "text/plain", b"a" * (MIB // 2), ALICE, "output")
+        store.put("a3", "text/plain", b"a" * (MIB // 2), ALICE, "output")  # evicts a1
+        with pytest.raises(ArtifactGoneError):
+            store.get(first.artifact_id, "alice")
+        assert store.usage("alice") == (MIB, 2) and store.usage("bob") == (MIB, 1)
+        # A third owner finds the ceiling held by others: refused, never evicting.
+        carol = store.writer("c", "text/plain", Origin("carol"), "output")
+        assert carol.write(b"c" * 10) is False
+        assert "max_bytes" in carol.cut_by and "other owners" in carol.cut_by
+        assert carol.commit().size_bytes == 0
+        assert store.read(theirs.artifact_id, "bob") == b"b" * MIB
+    finally:
+        store.close()
+
+
+def test_bytes_being_written_are_reserved_and_given_back(tmp_path: Path) -> None:
+    store = _open(tmp_path / "a", max_bytes=MIB)
+    try:
+        one = store.writer("1", "text/plain", ALICE, "output")
+        two = store.writer("2", "text/plain", BOB, "output")
+        assert one.write(b"x" * (MIB - 10))
+        assert store.usage("alice") == (MIB - 10, 1) and store.live_bytes == 0
+        assert two.write(b"y" * 20) is False  # 10 fit; alice's are being written
+        one.abort()
+        assert store.usage("alice") == (0, 0)
+        three = store.writer("3", "text/plain", BOB, "output")
+        assert three.write(b"z" * 1000)
+        two.abort()
+        three.abort()
+    finally:
+        store.close()
+
+
+def test_counts_per_owner_and_in_all_and_tombstones_by_count(tmp_path: Path) -> None:
+    store = _open(tmp_path / "a", max_count=10, max_owner_count=5)
+    try:
+        for i in range(40):
+            store.put(f"a{i}", "text/plain", b"", ALICE, "outputs")
+        assert store.usage("alice") == (0, 5)
+        kept = [a.name for a in store.list("alice")]
+        assert kept == ["a39", "a38", "a37", "a36", "a35"]
+        tombstones = store._db.execute(
+            "SELECT count(*) FROM artifacts WHERE gone != ''"
+        ).fetchone()[0]
+        assert tombstones <= 5
+        for i in range(5):
+            store.put(f"b{i}", "text/plain", b"", BOB, "outputs")
+        with pytest.raises(ArtifactQuotaError, match="max_count"):
+            store.writer("c", "text/plain", Origin("carol"), "outputs")
+    finally:
+        store.close()
+
+
+def test_pages_walk_newest_first_and_bad_tokens_are_refused(store: ArtifactStore) -> None:
+    for i in range(25):
+        store.put(f"n{i}", "text/plain", b"", ALICE, "outputs")
+    names: list[str] = []
+    token = ""
+    while True:
+        page = store.page("alice", page_size=10, page_token=token)
+        assert len(page.artifacts) <= 10
+        names += [a.name for a in page.artifacts]
+        token = page.next_page_token
+        if not token:
+            break
+    assert names == [f"n{i}" for i in reversed(range(25))]
+    assert len(store.page("alice", page_size=10**6).artifacts) == 25
+    for bad in ("x", "1.0/-1", "1.0/99999999999999999999", "a" * 100):
+        with pytest.raises(InvalidRequestError):
+            store.page("alice", page_token=bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("../../../../tmp/x", "tmp/x"),
+        ("/etc/passwd", "etc/passwd"),
+        ("outputs/./sub//n.bin", "outputs/sub/n.bin"),
+        ("..", "artifact"),
+        ("a\\..\\b", "a/b"),
+        ("\x1b]0;t\x07x", "\\x1b]0;t\\x07x"),
+        ("evil\u202etxt.exe", "evil\\u202etxt.exe"),
+        ("x" * 300, "x" * 255),
+    ],
+)
+def test_names_are_kept_safe(store: ArtifactStore, name: str, kept: str) -> None:
+    assert safe_name(name) == kept
+    assert store.put(name, "text/plain", b"", ALICE, "outputs").name == kept
+
+
+def test_nested_bounds(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"max_artifact_bytes .* is more than max_bytes"):
+        ArtifactSettings(max_bytes=MIB, max_artifact_bytes=2 * MIB)
+    with pytest.raises(ValueError, match=r"max_owner_bytes .* is more than max_bytes"):
+        ArtifactSettings(max_bytes=MIB, max_owner_bytes=2 * MIB)
+    lowered = ArtifactSettings(max_bytes=MIB)
+    assert lowered.max_owner_bytes == lowered.max_artifact_bytes == MIB

@@ -492,18 +492,24 @@ class ArtifactChunk(_message.Message):
     def __init__(self, info: _Optional[_Union[ArtifactInfo, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ListArtifactsRequest(_message.Message):
-    __slots__ = ("call_id", "session_id")
+    __slots__ = ("call_id", "session_id", "page_size", "page_token")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     session_id: str
-    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+    page_size: int
+    page_token: str
+    def __init__(self, call_id: _Optional[str] = ..., session_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListArtifactsResponse(_message.Message):
-    __slots__ = ("artifacts",)
+    __slots__ = ("artifacts", "next_page_token")
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactInfo]
-    def __init__(self, artifacts: _Optional[_Iterable[_Union[ArtifactInfo, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, artifacts: _Optional[_Iterable[_Union[ArtifactInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class DeleteArtifactRequest(_message.Message):
     __slots__ = ("artifact_id",)

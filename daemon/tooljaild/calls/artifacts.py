@@ -25,10 +25,14 @@ names the artifact and how to read on.
 Artifacts from the sandbox. Each part of an artifact frame (checked by
 runner_channel's `CallFrames`) goes to `part`, which writes it to the store as
 it comes and, at its last part, appends the committed `ArtifactRef` to the
-call's list.
+call's list. A call leaves at most `[artifacts] max_call_artifacts` of them
+(an empty file costs an inode and a row as a big one does): the rest are
+dropped, and the result names them. The store holds each owner to its quota
+(`ArtifactQuotaError`, a cut `ArtifactWriter`): what does not fit is said in
+the result too.
 
-Failing to write (a full disk) loses the artifact, not the call: it is logged,
-and the result says what it can.
+Failing to write (a full disk, a full quota) loses the artifact, not the call:
+it is logged, and the result says what it can.
 """
 
 from __future__ import annotations
@@ -39,7 +43,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tooljail._types import ArtifactRef, StreamKind
-from tooljaild.artifacts.store import ArtifactStore, ArtifactWriter, Origin
+from tooljaild.artifacts.store import (
+    ArtifactQuotaError,
+    ArtifactStore,
+    ArtifactWriter,
+    Origin,
+    safe_name,
+)
 from tooljaild.output import HeadTail
 from tooljaild.sandbox.base import ArtifactPart
 
@@ -48,6 +58,8 @@ log = logging.getLogger(__name__)
 PREVIEW_BYTES = 4096
 """The most of an offloaded result the caller gets in `data`."""
 _STREAM_NAMES = {StreamKind.STDOUT: "stdout.txt", StreamKind.STDERR: "stderr.txt"}
+_NAMED_DROPS = 10
+"""Dropped artifacts the result names one by one; the rest are counted."""
 
 
 class CallArtifacts:
@@ -77,6 +89,16 @@ class CallArtifacts:
         """Per stream: its spill, or None once it failed or was committed."""
         self._spilled = 0
         self._part: ArtifactWriter | None = None
+        self._from_sandbox = 0
+        """Artifacts the sandbox began sending (kept or not)."""
+        self._dropped: list[str] = []
+        """Names of those past `max_call_artifacts`, in order."""
+        self._dropping = False
+        """The artifact being sent now is one of them."""
+        self._sent = 0
+        """Bytes of the artifact being sent, as sent (kept or not)."""
+        self._refused = False
+        """The artifact being sent was refused by the store's quotas."""
         self.notes: list[str] = []
         """What the result's message should say about them (spills, cuts)."""
 
@@ -97,6 +119,10 @@ class CallArtifacts:
             writer = self._store.writer(
                 _STREAM_NAMES[stream], "text/plain", self._origin(), "output"
             )
+        except ArtifactQuotaError as exc:
+            self.notes.append(f"The whole {stream.value} could not be kept as an artifact: {exc}.")
+            self._spills[stream] = None
+            return
         except OSError as exc:
             log.error("cannot spill a call's %s to an artifact: %s", stream.value, exc)
             self._spills[stream] = None
@@ -120,7 +146,9 @@ class CallArtifacts:
         return kept
 
     def commit_spills(self) -> None:
-        """Make the spills artifacts (once; output after this is not in them)."""
+        """Make the spills artifacts (once; output after this is not in them), and say
+        in `notes` which artifacts of the sandbox's were dropped: the call has ended."""
+        self._dropped_note()
         for stream, writer in self._spills.items():
             if writer is None:
                 continue
@@ -138,6 +166,7 @@ class CallArtifacts:
                 f"{whole} {ref.size_bytes} bytes of it are artifact "
                 f"{ref.artifact_id!r} ({ref.name}): read it with read_artifact, "
                 "tail_artifact or search_artifact."
+                + (f" It was cut by {writer.cut_by}." if writer.cut_by else "")
             )
 
     # ------------------------------------------------------------ offload
@@ -160,9 +189,20 @@ class CallArtifacts:
         # One element or member a line: `read_artifact` pages by line.
         text = json.dumps(data, ensure_ascii=False, indent=1).encode()
         try:
-            ref = self._store.put("result.json", "application/json", text, self._origin(), "result")
+            writer = self._store.writer("result.json", "application/json", self._origin(), "result")
+        except (OSError, ArtifactQuotaError) as exc:
+            log.error("cannot offload a call's result to an artifact: %s", exc)
+            return None
+        try:
+            whole = writer.write(text)
+            if not whole:  # cut JSON is no result: the data stays in the result
+                log.error("cannot offload a call's result to an artifact: cut by %s", writer.cut_by)
+                writer.abort()
+                return None
+            ref = writer.commit()
         except OSError as exc:
             log.error("cannot offload a call's result to an artifact: %s", exc)
+            writer.abort()
             return None
         self._refs.append(ref)
         cut = text.rfind(b"\n", 0, PREVIEW_BYTES + 1) if len(text) > PREVIEW_BYTES else len(text)
@@ -183,21 +223,37 @@ class CallArtifacts:
         """Write one part of an artifact the sandbox sent (`ArtifactSink`).
 
         Returns:
-            True when the part was kept whole; False when the store cut it
-            (past `max_artifact_bytes`: the rest of it is dropped) or failed.
+            True when the store took charge of the part: kept it, or dropped it
+            by its own quotas while the artifact is within `max_artifact_bytes`
+            (which the runner is told, `limits`: an honest runner never sends
+            more, so a full quota never breaks its call's frame budget). False
+            when the part was past that bound, past `max_call_artifacts`, or
+            could not be written: its bytes count against the frame budget.
         """
         writer = self._part
         if part.part == 0:
             self.abort()  # an artifact left unfinished is dropped (CallFrames refuses it)
+            self._sent, self._refused = 0, False
+            self._from_sandbox += 1
+            self._dropping = self._from_sandbox > self._store.settings.max_call_artifacts
+            if self._dropping:
+                self._dropped.append(safe_name(part.name))
+                return False
             try:
                 writer = self._part = self._store.writer(
                     part.name, part.mime_type, self._origin(), part.source
                 )
+            except ArtifactQuotaError as exc:
+                self.notes.append(f"Artifact {safe_name(part.name)!r} was not kept: {exc}.")
+                self._part, self._refused = None, True
+                writer = None
             except OSError as exc:
                 log.error("cannot store an artifact of a call: %s", exc)
                 return False
-        if writer is None:  # its first part could not be stored
-            return False
+        self._sent += len(part.data)
+        within = self._sent <= self._store.settings.max_artifact_bytes
+        if writer is None or self._dropping:  # its first part was not stored
+            return within and self._refused
         try:
             kept = writer.write(part.data)
             if part.last:
@@ -206,20 +262,39 @@ class CallArtifacts:
                 self._refs.append(ref)
                 if writer.truncated:
                     self.notes.append(
-                        f"Artifact {ref.name!r} was cut at {ref.size_bytes} bytes (the "
-                        "store's bound on one artifact)."
+                        f"Artifact {ref.name!r} was cut at {ref.size_bytes} bytes "
+                        f"(by {writer.cut_by})."
                     )
         except OSError as exc:
             log.error("cannot store an artifact of a call: %s", exc)
             self.abort()
             return False
-        return kept
+        return kept or within
+
+    def limits(self) -> dict[str, int]:
+        """The runner's `artifact_limits`: it sends no more artifacts, and none larger,
+        than the store keeps for one call (`runner._artifacts.limits_of`)."""
+        s = self._store.settings
+        return {"max_count": s.max_call_artifacts, "max_bytes": s.max_artifact_bytes}
 
     def abort(self) -> None:
         """Drop an artifact left unfinished (the call ended during it)."""
         writer, self._part = self._part, None
         if writer is not None:
             writer.abort()
+
+    def _dropped_note(self) -> None:
+        """Name in `notes` the artifacts dropped past `max_call_artifacts` (once, at the end)."""
+        if not self._dropped:
+            return
+        names = ", ".join(repr(n) for n in self._dropped[:_NAMED_DROPS])
+        more = len(self._dropped) - _NAMED_DROPS
+        self.notes.append(
+            f"{len(self._dropped)} artifacts were dropped, not kept: a call leaves at most "
+            f"{self._store.settings.max_call_artifacts} ([artifacts] max_call_artifacts). "
+            f"Dropped: {names}" + (f" and {more} more" if more > 0 else "") + "."
+        )
+        self._dropped.clear()
 
     def close(self) -> None:
         """The call is over: drop whatever was not committed."""

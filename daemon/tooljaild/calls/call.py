@@ -217,7 +217,10 @@ class Call:
         """`request`, sending the artifacts its sandbox makes to this call's store."""
         if self.made is None:
             return request
-        return dataclasses.replace(request, artifacts=self.made.part)
+        # The runner is told the store's per-call bounds, so it sends no artifact
+        # the store would drop (a file past them is skipped there, and said).
+        payload = {**request.payload, "artifact_limits": self.made.limits()}
+        return dataclasses.replace(request, payload=payload, artifacts=self.made.part)
 
     def _origin(self) -> Origin:
         return Origin(self.client, self.call_id, self.session_id, self.tool.name)
