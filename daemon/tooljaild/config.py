@@ -68,6 +68,13 @@ class Settings(BaseSettings, BackendSettings):
     """The Unix socket's group (a group name or gid); None: the daemon's group."""
     socket_mode: str = "0660"
     """The Unix socket's mode, in octal."""
+    socket_max_connections: int = Field(default=512, ge=1)
+    """Connections open at once on the Unix socket, in all; past it a new one is
+    closed at once (the daemon relays each to learn its caller's uid: it costs
+    three file descriptors)."""
+    socket_max_connections_per_uid: int = Field(default=128, ge=1)
+    """Connections open at once on the Unix socket from one uid; past it that uid's
+    new connection is closed at once (so no uid can take every connection)."""
     metrics_listen: str | None = None
     """Serve Prometheus metrics at http://HOST:PORT/metrics; None: not served."""
     health_listen: str | None = None

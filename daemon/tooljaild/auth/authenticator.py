@@ -11,7 +11,12 @@
   a tokens file, one of its identities; without one, an identity of that name
   with no policy: every tool, the daemon's bounds).
 - else, when neither a tokens file nor client certificates are configured:
-  None, nobody in particular (the socket's permissions are the boundary).
+  on the Unix socket, the caller's uid as the kernel tells it (relayed by
+  `tooljaild.relay`, read by `tooljaild.auth.peer`): an operator's (root, the
+  daemon's own uid, `[auth] operator_uids`) is None, nobody in particular,
+  who may reach everything; any other uid is the identity "uid:N" with the
+  default policy, which owns its calls, sessions and artifacts. On TCP (loopback
+  only, without tokens): None (the address's reach is the boundary).
 
 Anything else is `UnauthenticatedError` with one fixed message: it says
 neither whether the token or certificate was close, nor which identities,
@@ -39,6 +44,7 @@ import grpc
 import grpc.aio
 
 from tooljail._errors import UnauthenticatedError
+from tooljaild.auth.peer import operator_uids, peer_uid, uid_identity
 from tooljaild.auth.policy import (
     NAME,
     Identities,
@@ -71,11 +77,21 @@ class Authenticator:
         identities: The tokens file's identities; None: no tokens file.
         client_certificates: Client certificates are required and verified by
             gRPC (`[tls] client_ca_file`): their subject CN names the identity.
+        operators: Without tokens or certificates, the uids (on the Unix socket)
+            that may reach every client's work; None: `peer.operator_uids()`,
+            root and the daemon's own.
     """
 
-    def __init__(self, identities: Identities | None, *, client_certificates: bool) -> None:
+    def __init__(
+        self,
+        identities: Identities | None,
+        *,
+        client_certificates: bool,
+        operators: frozenset[int] | None = None,
+    ) -> None:
         self._identities = identities
         self._client_certificates = client_certificates
+        self._operators = operator_uids() if operators is None else operators
 
     @classmethod
     def from_settings(cls, auth: AuthSettings, tls: TlsSettings) -> Authenticator:
@@ -85,7 +101,11 @@ class Authenticator:
             PolicyError: The tokens file cannot be used (the message says why).
         """
         identities = None if auth.tokens_file is None else load_identities(auth.tokens_file)
-        return cls(identities, client_certificates=tls.client_ca_file is not None)
+        return cls(
+            identities,
+            client_certificates=tls.client_ca_file is not None,
+            operators=operator_uids(tuple(auth.operator_uids)),
+        )
 
     @property
     def required(self) -> bool:
@@ -120,14 +140,17 @@ class Authenticator:
         """The identity of the request on `context`.
 
         Returns:
-            The caller's identity; None when authentication is not configured.
+            The caller's identity; None when authentication is not configured
+            and the caller is an operator, or not on the Unix socket (see the
+            module doc).
 
         Raises:
             UnauthenticatedError: It is configured and the request does not
                 carry a valid token or client certificate.
         """
         if not self.required:
-            return None
+            uid = peer_uid(context.peer() or "")
+            return None if uid is None or uid in self._operators else uid_identity(uid)
         token = bearer_token(context.invocation_metadata() or ())
         if token is not None:
             found = None if self._identities is None else self._identities.by_token(token)
