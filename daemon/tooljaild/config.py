@@ -81,6 +81,13 @@ class Settings(BaseSettings, BackendSettings):
     """Serve gRPC health checking alone (grpc.health.v1, SERVING or NOT_SERVING,
     nothing else) in plaintext on HOST:PORT, for probes that speak no TLS, such as
     the kubelet's native `grpc:` probe; None: health is served on `listen` only."""
+    health_max_watches: int = Field(default=64, ge=1)
+    """Health `Watch` streams (open to anyone, like every health check) held open
+    at once, on `listen` and `health_listen` together; past it a new one gets
+    RESOURCE_EXHAUSTED. `Check`, what probes use, is not bounded."""
+    health_max_watches_per_peer: int = Field(default=8, ge=1)
+    """Health `Watch` streams one peer (a TCP host, or a uid on the Unix socket)
+    holds open at once; past it its new one gets RESOURCE_EXHAUSTED."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
     """TCP with TLS, and client certificates (`[tls]`)."""
     auth: AuthSettings = Field(default_factory=AuthSettings)

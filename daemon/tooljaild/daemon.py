@@ -424,6 +424,8 @@ class Daemon:
                 listen=s.listen,
                 started_unix=self.started_unix,
                 refusals=self._refusals,
+                max_health_watches=s.health_max_watches,
+                max_health_watches_per_peer=s.health_max_watches_per_peer,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()

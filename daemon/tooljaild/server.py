@@ -52,6 +52,7 @@ from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.drain import Refusals
 from tooljaild.errors import ErrorEdge, abort_with
+from tooljaild.health_watch import BoundedHealthServicer
 from tooljaild.listen import default_daemon_id
 from tooljaild.output import Event
 from tooljaild.sessions.manager import SessionManager
@@ -476,6 +477,8 @@ def create_server(
     listen: str | None = None,
     started_unix: float | None = None,
     refusals: Refusals | None = None,
+    max_health_watches: int = 64,
+    max_health_watches_per_peer: int = 8,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -495,6 +498,10 @@ def create_server(
             Unix socket at a private name first); None: `address`.
         started_unix: When the daemon started (GetDaemonInfo); None: now.
         refusals: Told of each call or session refused because the daemon drains.
+        max_health_watches: Health Watch streams open at once, in all (settings
+            `health_max_watches`; `tooljaild.health_watch`).
+        max_health_watches_per_peer: Health Watch streams open at once from one
+            peer (`health_max_watches_per_peer`).
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -520,7 +527,9 @@ def create_server(
         manager, sessions, artifacts, authenticator, started_unix=started_unix, refusals=refusals
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BoundedHealthServicer(
+        max_watches=max_health_watches, max_watches_per_peer=max_health_watches_per_peer
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
@@ -557,7 +566,13 @@ def create_health_server(
     Raises:
         RuntimeError: When the address cannot be bound.
     """
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            # A health request is a service name: nothing bigger is worth reading.
+            ("grpc.max_receive_message_length", 4096),
+        ]
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:
