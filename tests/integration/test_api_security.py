@@ -36,7 +36,7 @@ from tooljail.errors import (
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE
+from tooljaild.auth.authenticator import AMBIGUOUS_CERTIFICATE_MESSAGE, UNAUTHENTICATED_MESSAGE
 from tooljaild.daemon import DaemonError
 
 TOKEN_A, TOKEN_B = "token-of-agent-a", "token-of-agent-b"
@@ -267,6 +267,21 @@ def test_mtls_the_certificate_names_the_identity_and_another_cas_is_refused(
         # build-bot's policy, found by its certificate's subject.
         assert [t.name for t in client.list_tools()] == ["execute_python_code"]
         assert client.call("execute_python_code", PRINT_1).data["stdout"] == "1\n"
+    # A certificate of the right CA whose subject names two identities: the first
+    # is known, yet it is refused, in a fixed sentence (gRPC would name the first).
+    two = ours.issue("build-bot", also=("agent-b",))
+    with (
+        Client(
+            served.target,
+            tls_ca_file=ours.ca_file,
+            tls_cert_file=two.cert,
+            tls_key_file=two.key,
+            retries=0,
+        ) as client,
+        pytest.raises(UnauthenticatedError) as refused,
+    ):
+        client.list_tools()
+    assert str(refused.value) == AMBIGUOUS_CERTIFICATE_MESSAGE
     # A certificate of the right CA, naming nobody the tokens file knows.
     stranger = ours.issue("stranger")
     with (

@@ -12,7 +12,7 @@ import pytest
 
 from tooljail._credentials import Credentials
 from tooljail.errors import InvalidRequestError, UnauthenticatedError
-from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator
+from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator, common_names
 from tooljaild.auth.peer import peer_uid, relay_address
 from tooljaild.auth.policy import Identities, Identity
 from tooljaild.auth.transport import SecurityConfigError, listener_security, socket_permissions
@@ -70,6 +70,15 @@ def test_without_tokens_a_relayed_uid_is_its_own_identity_and_operators_are_nobo
     for peer in ("ipv4:127.0.0.1:5555", "unix:", "unix-abstract:tooljail-peer/uid=1/x"):
         assert auth.identify(_Context(peer=peer)) is None  # type: ignore[arg-type]
     assert peer_uid("unix-abstract:" + relay_address(42)[1:].decode()) == 42
+
+
+def test_common_names_are_counted_in_a_subject_with_escapes() -> None:
+    assert common_names("CN=build-bot") == 1
+    assert common_names("CN=admin,CN=build-bot") == 2
+    assert common_names("CN=a+CN=b,O=x") == 2
+    assert common_names(r"CN=a\,CN=b,O=x") == 1  # an escaped comma is part of the value
+    assert common_names("O=x,OU=y") == 0
+    assert common_names("cn=a,2.5.4.3=b") == 2
 
 
 def test_a_token_names_its_identity_and_a_wrong_or_missing_one_is_refused_alike() -> None:
