@@ -56,11 +56,14 @@ class Authority:
             .not_valid_after(now + datetime.timedelta(days=1))
         )
 
-    def issue(self, common_name: str, *, server: bool = False) -> Pair:
+    def issue(self, common_name: str, *, server: bool = False, also: tuple[str, ...] = ()) -> Pair:
         """A certificate for `common_name`: a server's (for localhost and
         127.0.0.1) or a client's."""
         key = ec.generate_private_key(ec.SECP256R1())
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+        # `also`: more common names after the first (a subject no CA should sign).
+        subject = x509.Name(
+            [x509.NameAttribute(NameOID.COMMON_NAME, cn) for cn in (common_name, *also)]
+        )
         builder = self._builder(subject, key.public_key())
         if server:
             builder = builder.add_extension(

@@ -68,12 +68,26 @@ class Settings(BaseSettings, BackendSettings):
     """The Unix socket's group (a group name or gid); None: the daemon's group."""
     socket_mode: str = "0660"
     """The Unix socket's mode, in octal."""
+    socket_max_connections: int = Field(default=512, ge=1)
+    """Connections open at once on the Unix socket, in all; past it a new one is
+    closed at once (the daemon relays each to learn its caller's uid: it costs
+    three file descriptors)."""
+    socket_max_connections_per_uid: int = Field(default=128, ge=1)
+    """Connections open at once on the Unix socket from one uid; past it that uid's
+    new connection is closed at once (so no uid can take every connection)."""
     metrics_listen: str | None = None
     """Serve Prometheus metrics at http://HOST:PORT/metrics; None: not served."""
     health_listen: str | None = None
     """Serve gRPC health checking alone (grpc.health.v1, SERVING or NOT_SERVING,
     nothing else) in plaintext on HOST:PORT, for probes that speak no TLS, such as
     the kubelet's native `grpc:` probe; None: health is served on `listen` only."""
+    health_max_watches: int = Field(default=64, ge=1)
+    """Health `Watch` streams (open to anyone, like every health check) held open
+    at once, on `listen` and `health_listen` together; past it a new one gets
+    RESOURCE_EXHAUSTED. `Check`, what probes use, is not bounded."""
+    health_max_watches_per_peer: int = Field(default=8, ge=1)
+    """Health `Watch` streams one peer (a TCP host, or a uid on the Unix socket)
+    holds open at once; past it its new one gets RESOURCE_EXHAUSTED."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
     """TCP with TLS, and client certificates (`[tls]`)."""
     auth: AuthSettings = Field(default_factory=AuthSettings)

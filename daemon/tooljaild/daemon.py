@@ -55,6 +55,7 @@ from tooljaild.listen import SocketPlan, default_daemon_id, is_loopback, prepare
 from tooljaild.loader import load_registry
 from tooljaild.pools import PoolSet, Profile
 from tooljaild.registry import Registry, Tool
+from tooljaild.relay import PeerRelay
 from tooljaild.reload import Reloader
 from tooljaild.sandbox.backends import BACKENDS, Backend, Host, Sandboxes
 from tooljaild.sandbox.docker import new_daemon_id
@@ -230,6 +231,8 @@ class Daemon:
         self._security: ListenerSecurity | None = None
         self._socket_path: Path | None = None
         """Where the socket was published (removed at stop)."""
+        self._relay: PeerRelay | None = None
+        """Serves the public Unix socket (None on TCP)."""
         self.metrics: Metrics | None = None
         """Served on `metrics_listen` (tooljaild.metrics); None when not configured."""
 
@@ -422,22 +425,18 @@ class Daemon:
                 listen=s.listen,
                 started_unix=self.started_unix,
                 refusals=self._refusals,
+                max_health_watches=s.health_max_watches,
+                max_health_watches_per_peer=s.health_max_watches_per_peer,
             )
         except RuntimeError as exc:
             await self._close_sandboxes()
             raise DaemonError(f"cannot listen on {s.listen}: {exc}") from exc
-        if self._socket is not None:
-            try:
-                self._socket.publish()
-            except DaemonError:
-                await server.stop(None)
-                await self._close_sandboxes()
-                raise
-            self._socket_path = self._socket.path
         self._server, self._health = server, health
         # grpc's health servicer starts with "" SERVING; we are not, until the pool is warm.
         await health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
+        if self._socket is not None:
+            await self._publish_socket(self._socket)
         await self._serve_health(health)
         if self.artifacts is not None:
             self._pruning = asyncio.create_task(prune_periodically(self.artifacts))
@@ -460,6 +459,29 @@ class Daemon:
             },
         )
         self.notifier.ready(self._serving_status())
+
+    async def _publish_socket(self, plan: SocketPlan) -> None:
+        """Put the public socket in place and relay it to gRPC's private one
+        (`tooljaild.relay`: each connection then names its caller's uid).
+
+        Raises:
+            DaemonError: The socket cannot be put in place (what was started is stopped).
+        """
+        s = self.settings
+        try:
+            listening = plan.publish()
+        except DaemonError:
+            if self._server is not None:
+                await self._server.stop(None)
+            await self._close_sandboxes()
+            raise
+        self._socket_path = plan.path
+        self._relay = PeerRelay(
+            plan.grpc_socket,
+            max_connections=s.socket_max_connections,
+            max_per_uid=s.socket_max_connections_per_uid,
+        )
+        await self._relay.start(listening)
 
     @property
     def name(self) -> str:
@@ -545,12 +567,16 @@ class Daemon:
         if self._server is not None:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)
+        if self._relay is not None:
+            await self._relay.close()
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self._close_sandboxes()
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()
+        if self._socket is not None:
+            self._socket.discard()  # gRPC's private socket and its directory
         if self.journal is not None:
             self.journal.close()
         if self._pruning is not None:

@@ -10,13 +10,16 @@ the daemon's sandboxes, so two things hold:
   (else someone else could have put a socket of theirs where clients dial).
   One only group/other readable (as daemons before this check made them) is
   narrowed to 0700: nobody else could have written into it.
-- The socket is never connectable by others, not even for a moment: gRPC binds
-  it inside a fresh 0700 directory next to its place, it is chmod'ed 0660
-  there, then linked into place (never over another's socket) and the private
-  name removed. A process-wide umask would race the pool's threads making
-  workspaces at the same time. The mode, owner and group are the config's
-  (`socket_mode`, `socket_owner`, `socket_group`), set there too: before the
-  socket is reachable, and before the server accepts anything.
+- The socket is never connectable by others, not even for a moment: it is
+  bound inside a fresh 0700 directory next to its place, given its mode,
+  owner and group there (the config's `socket_mode`, `socket_owner`,
+  `socket_group`), made to listen, then linked into place (never over
+  another's socket) and the private name removed. A process-wide umask would
+  race the pool's threads making workspaces at the same time.
+- The public socket is the daemon's relay (`tooljaild.relay`), not gRPC's:
+  gRPC listens in that private directory, which stays (until stop) so that
+  only the daemon's uid (and root) can reach gRPC directly, and the relay
+  tells gRPC each caller's uid (`tooljaild.auth.peer`).
 """
 
 from __future__ import annotations
@@ -130,9 +133,11 @@ def _own_private_dir(directory: Path) -> None:
 
 @dataclass(frozen=True)
 class SocketPlan:
-    """Where the socket goes, and the private place it is bound first.
+    """Where the socket goes, and the private place gRPC listens.
 
-    `bind_address` is what gRPC binds; `publish()` then moves the socket to `path`.
+    `bind_address` is what gRPC binds (it stays private); `publish()` then puts
+    the relay's listening socket at `path`; `discard()` at stop removes the
+    private directory.
     """
 
     path: Path
@@ -147,28 +152,44 @@ class SocketPlan:
     def bind_address(self) -> str:
         return f"unix://{self.private_dir / 's'}"
 
-    def publish(self) -> None:
-        """Give the bound socket its mode and its place; the private name goes.
+    @property
+    def grpc_socket(self) -> Path:
+        """gRPC's own socket, which only the daemon's uid (and root) may reach."""
+        return self.private_dir / "s"
+
+    def publish(self) -> socket.socket:
+        """Bind, give its mode and listen on the public socket, then put it at `path`.
+
+        Returns:
+            The listening socket (for `tooljaild.relay.PeerRelay.start`).
 
         Raises:
-            DaemonError: Another process took `path` meanwhile.
+            DaemonError: Another process took `path` meanwhile, or the socket
+                cannot be made there.
         """
-        bound = self.private_dir / "s"
+        staged = self.private_dir / "public"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            sock.bind(str(staged))
             if self.uid != -1 or self.gid != -1:
-                os.chown(bound, self.uid, self.gid, follow_symlinks=False)
-            os.chmod(bound, self.mode)
+                os.chown(staged, self.uid, self.gid, follow_symlinks=False)
+            os.chmod(staged, self.mode)
+            sock.listen(1024)
             # link() never replaces: a socket someone bound there since the check stays.
-            os.link(bound, self.path)
+            os.link(staged, self.path)
         except FileExistsError as exc:
+            sock.close()
             raise _refused(f"another process is already listening on {self.path}") from exc
         except OSError as exc:
+            sock.close()
             raise _refused(f"cannot put the socket at {self.path}: {exc}") from exc
         finally:
-            self.discard()
+            with contextlib.suppress(FileNotFoundError):
+                staged.unlink()
+        return sock
 
     def discard(self) -> None:
-        """Remove the private directory (and the socket's name in it). Idempotent."""
+        """Remove the private directory (and gRPC's socket in it). Idempotent."""
         shutil.rmtree(self.private_dir, ignore_errors=True)
 
 

@@ -27,7 +27,6 @@ from tooljail._errors import (
     CallNotFoundError,
     InvalidRequestError,
     PermissionDeniedError,
-    SessionNotFoundError,
     ShuttingDownError,
     TooljailError,
 )
@@ -54,6 +53,7 @@ from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.drain import Refusals
 from tooljaild.errors import ErrorEdge, abort_with
+from tooljaild.health_watch import BoundedHealthServicer
 from tooljaild.listen import default_daemon_id
 from tooljaild.output import Event
 from tooljaild.registry import Tool
@@ -176,12 +176,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             raise CallIdConflictError(f"the call id {call_id!r} is taken; use another (or none)")
 
     def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
-        """The open session, if the caller may use it (as `_own_call`)."""
-        session = self._session_manager().get(session_id)
+        """The open session, if the caller may use it (as `_own_call`): another
+        identity's, open or ended, is "not found" in the very words said of an
+        id never used."""
         identity = self._identity(context)
-        if identity is not None and session.client != identity.name:
-            raise SessionNotFoundError(f"no session {session_id!r} is known to this daemon")
-        return session
+        return self._session_manager().get(session_id, None if identity is None else identity.name)
 
     def _session_manager(self) -> SessionManager:
         if self._sessions is None:
@@ -325,11 +324,11 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext
     ) -> pb.SessionInfo:
-        if self._identity(context) is not None:
-            self._own_session(request.session_id, context)
-        return self._named(
-            session_info_to_proto(await self._session_manager().close(request.session_id))
+        identity = self._identity(context)
+        closed = await self._session_manager().close(
+            request.session_id, None if identity is None else identity.name
         )
+        return self._named(session_info_to_proto(closed))
 
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
@@ -558,6 +557,8 @@ def create_server(
     listen: str | None = None,
     started_unix: float | None = None,
     refusals: Refusals | None = None,
+    max_health_watches: int = 64,
+    max_health_watches_per_peer: int = 8,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server with ToolRunner, health checking and reflection.
 
@@ -577,6 +578,10 @@ def create_server(
             Unix socket at a private name first); None: `address`.
         started_unix: When the daemon started (GetDaemonInfo); None: now.
         refusals: Told of each call or session refused because the daemon drains.
+        max_health_watches: Health Watch streams open at once, in all (settings
+            `health_max_watches`; `tooljaild.health_watch`).
+        max_health_watches_per_peer: Health Watch streams open at once from one
+            peer (`health_max_watches_per_peer`).
 
     Returns:
         The server (not started), the bound port (0 for Unix sockets) and the
@@ -602,7 +607,9 @@ def create_server(
         manager, sessions, artifacts, authenticator, started_unix=started_unix, refusals=refusals
     )
     tooljail_pb2_grpc.add_ToolRunnerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = BoundedHealthServicer(
+        max_watches=max_health_watches, max_watches_per_peer=max_health_watches_per_peer
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (
@@ -639,7 +646,13 @@ def create_health_server(
     Raises:
         RuntimeError: When the address cannot be bound.
     """
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(
+        options=[
+            ("grpc.so_reuseport", 0),
+            # A health request is a service name: nothing bigger is worth reading.
+            ("grpc.max_receive_message_length", 4096),
+        ]
+    )
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     port = server.add_insecure_port(address)
     if port == 0:

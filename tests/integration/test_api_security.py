@@ -36,7 +36,7 @@ from tooljail.errors import (
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE
+from tooljaild.auth.authenticator import AMBIGUOUS_CERTIFICATE_MESSAGE, UNAUTHENTICATED_MESSAGE
 from tooljaild.daemon import DaemonError
 
 TOKEN_A, TOKEN_B = "token-of-agent-a", "token-of-agent-b"
@@ -154,6 +154,51 @@ def test_the_identity_owns_its_calls_and_artifacts_whatever_name_the_client_clai
         assert b.get_call("b-call").call_id == "b-call"
 
 
+def test_not_found_reads_the_same_for_another_identitys_id_as_for_one_never_used(
+    with_tokens: ServedDaemon,
+) -> None:
+    """Nothing in the answer tells another identity's session, call or artifact
+    id (open or ended) from an id never used, but the id itself."""
+    target = with_tokens.target
+    with Client(target, token=TOKEN_B) as b:
+        open_session = b.session()
+        ended = b.session()
+        ended.close()
+        result = b.call("execute_python_code", BIG_OUTPUT, call_id="b-only")
+        artifact_id = result.artifacts[0].artifact_id
+
+    def said(action: Callable[[str], object], real: str, never: str) -> tuple[str, str]:
+        answers = []
+        for the_id in (real, never):
+            with pytest.raises(
+                (SessionNotFoundError, CallNotFoundError, ArtifactNotFoundError)
+            ) as e:
+                action(the_id)
+            answers.append(f"{type(e.value).__name__}: {e.value}".replace(the_id, "<id>"))
+        return answers[0], answers[1]
+
+    with Client(target, token=TOKEN_A) as a:
+        never = "f" * 32
+        for real in (open_session.id, ended.id):
+            for action in (
+                lambda sid: a.call("execute_python_code", PRINT_1, session_id=sid),
+                a.close_session,
+                lambda sid: a.download_file(sid, "x"),
+                lambda sid: a.upload_file(sid, "x", b"x"),
+            ):
+                theirs, nobodys = said(action, real, never)
+                assert theirs == nobodys
+        for action in (a.get_call, a.cancel, lambda cid: list(a.attach(cid))):
+            theirs, nobodys = said(action, "b-only", "never-used")
+            assert theirs == nobodys
+        theirs, nobodys = said(a.get_artifact, artifact_id, "f" * len(artifact_id))
+        assert theirs == nobodys
+    with Client(target, token=TOKEN_B) as b:
+        # The owner still hears the truth of its own.
+        assert b.close_session(ended.id).end_reason == "closed"
+        assert b.close_session(open_session.id).end_reason == "closed"
+
+
 def test_an_identity_is_held_to_its_own_call_and_session_limits(
     with_tokens: ServedDaemon,
 ) -> None:
@@ -222,6 +267,21 @@ def test_mtls_the_certificate_names_the_identity_and_another_cas_is_refused(
         # build-bot's policy, found by its certificate's subject.
         assert [t.name for t in client.list_tools()] == ["execute_python_code"]
         assert client.call("execute_python_code", PRINT_1).data["stdout"] == "1\n"
+    # A certificate of the right CA whose subject names two identities: the first
+    # is known, yet it is refused, in a fixed sentence (gRPC would name the first).
+    two = ours.issue("build-bot", also=("agent-b",))
+    with (
+        Client(
+            served.target,
+            tls_ca_file=ours.ca_file,
+            tls_cert_file=two.cert,
+            tls_key_file=two.key,
+            retries=0,
+        ) as client,
+        pytest.raises(UnauthenticatedError) as refused,
+    ):
+        client.list_tools()
+    assert str(refused.value) == AMBIGUOUS_CERTIFICATE_MESSAGE
     # A certificate of the right CA, naming nobody the tokens file knows.
     stranger = ours.issue("stranger")
     with (

@@ -12,18 +12,28 @@ import pytest
 
 from tooljail._credentials import Credentials
 from tooljail.errors import InvalidRequestError, UnauthenticatedError
-from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator
+from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator, common_names
+from tooljaild.auth.peer import peer_uid, relay_address
 from tooljaild.auth.policy import Identities, Identity
 from tooljaild.auth.transport import SecurityConfigError, listener_security, socket_permissions
 from tooljaild.config import load_settings
 
 
 class _Context:
-    """The two things `identify` reads of a grpc.aio context."""
+    """The three things `identify` reads of a grpc.aio context."""
 
-    def __init__(self, metadata: tuple[tuple[str, str], ...] = (), cn: bytes | None = None):
+    def __init__(
+        self,
+        metadata: tuple[tuple[str, str], ...] = (),
+        cn: bytes | None = None,
+        peer: str = "unix:",
+    ):
         self._metadata = metadata
         self._auth: dict[str, list[bytes]] = {} if cn is None else {"x509_common_name": [cn]}
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
 
     def invocation_metadata(self) -> Any:
         return self._metadata
@@ -45,6 +55,30 @@ def test_without_tokens_or_client_certificates_nobody_is_asked() -> None:
     auth = Authenticator(None, client_certificates=False)
     assert not auth.required
     assert auth.identify(_Context(_bearer("anything"))) is None  # type: ignore[arg-type]
+
+
+def test_without_tokens_a_relayed_uid_is_its_own_identity_and_operators_are_nobody() -> None:
+    auth = Authenticator(None, client_certificates=False, operators=frozenset({0, 7}))
+
+    def relayed(uid: int) -> _Context:
+        return _Context(peer="unix-abstract:" + relay_address(uid)[1:].decode())
+
+    assert auth.identify(relayed(1000)) == Identity("uid:1000")  # type: ignore[arg-type]
+    assert auth.identify(relayed(0)) is None  # type: ignore[arg-type]
+    assert auth.identify(relayed(7)) is None  # type: ignore[arg-type]
+    # Not relayed (TCP, or the private socket itself): nobody in particular, as before.
+    for peer in ("ipv4:127.0.0.1:5555", "unix:", "unix-abstract:tooljail-peer/uid=1/x"):
+        assert auth.identify(_Context(peer=peer)) is None  # type: ignore[arg-type]
+    assert peer_uid("unix-abstract:" + relay_address(42)[1:].decode()) == 42
+
+
+def test_common_names_are_counted_in_a_subject_with_escapes() -> None:
+    assert common_names("CN=build-bot") == 1
+    assert common_names("CN=admin,CN=build-bot") == 2
+    assert common_names("CN=a+CN=b,O=x") == 2
+    assert common_names(r"CN=a\,CN=b,O=x") == 1  # an escaped comma is part of the value
+    assert common_names("O=x,OU=y") == 0
+    assert common_names("cn=a,2.5.4.3=b") == 2
 
 
 def test_a_token_names_its_identity_and_a_wrong_or_missing_one_is_refused_alike() -> None:

@@ -6,6 +6,7 @@ uid (`os.geteuid` of the module) and giving directories to it or to nobody.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import socket
@@ -145,8 +146,13 @@ def test_the_socket_appears_only_when_its_mode_is_set(tmp_path: Path) -> None:
     try:
         assert _mode(plan.private_dir) == 0o700  # nobody else reaches it meanwhile
         assert not (tmp_path / "tooljail.sock").exists()
-        plan.publish()
-        assert _mode(tmp_path / "tooljail.sock") == 0o660
+        with contextlib.closing(plan.publish()):
+            assert _mode(tmp_path / "tooljail.sock") == 0o660
+            # gRPC's socket stays where only the daemon reaches it; the relay's
+            # staged name is gone.
+            assert _mode(plan.private_dir) == 0o700
+            assert [p.name for p in plan.private_dir.iterdir()] == ["s"]
+        plan.discard()
         assert not plan.private_dir.exists()
     finally:
         server.close()
@@ -161,7 +167,8 @@ def test_publishing_never_replaces_a_socket_someone_put_there(tmp_path: Path) ->
     try:
         with pytest.raises(DaemonError, match="another process is already listening"):
             plan.publish()
-        assert not plan.private_dir.exists()
+        assert [p.name for p in plan.private_dir.iterdir()] == ["s"]
+        plan.discard()
     finally:
         ours.close()
         theirs.close()

@@ -9,9 +9,15 @@
 - else, on a TLS connection whose client certificate gRPC verified against
   `[tls] client_ca_file`: the identity its subject's common name names (with
   a tokens file, one of its identities; without one, an identity of that name
-  with no policy: every tool, the daemon's bounds).
+  with no policy: every tool, the daemon's bounds). A subject with more
+  than one CN names nobody: refused with `AMBIGUOUS_CERTIFICATE_MESSAGE`.
 - else, when neither a tokens file nor client certificates are configured:
-  None, nobody in particular (the socket's permissions are the boundary).
+  on the Unix socket, the caller's uid as the kernel tells it (relayed by
+  `tooljaild.relay`, read by `tooljaild.auth.peer`): an operator's (root, the
+  daemon's own uid, `[auth] operator_uids`) is None, nobody in particular,
+  who may reach everything; any other uid is the identity "uid:N" with the
+  default policy, which owns its calls, sessions and artifacts. On TCP (loopback
+  only, without tokens): None (the address's reach is the boundary).
 
 Anything else is `UnauthenticatedError` with one fixed message: it says
 neither whether the token or certificate was close, nor which identities,
@@ -39,6 +45,7 @@ import grpc
 import grpc.aio
 
 from tooljail._errors import UnauthenticatedError
+from tooljaild.auth.peer import operator_uids, peer_uid, uid_identity
 from tooljaild.auth.policy import (
     NAME,
     Identities,
@@ -52,13 +59,26 @@ from tooljaild.errors import abort_with
 
 log = logging.getLogger(__name__)
 
-__all__ = ["UNAUTHENTICATED_MESSAGE", "AuthGate", "Authenticator", "server_credentials"]
+__all__ = [
+    "AMBIGUOUS_CERTIFICATE_MESSAGE",
+    "UNAUTHENTICATED_MESSAGE",
+    "AuthGate",
+    "Authenticator",
+    "common_names",
+    "server_credentials",
+]
 
 UNAUTHENTICATED_MESSAGE = (
     "this request needs a valid token (authorization: Bearer <token>; the SDK's token= "
     "or TOOLJAIL_TOKEN) or a valid client certificate"
 )
 """The one answer to every unauthenticated request: it names what to send, nothing else."""
+
+AMBIGUOUS_CERTIFICATE_MESSAGE = (
+    "this client certificate's subject has more than one common name (CN): a certificate "
+    "must name exactly one identity"
+)
+"""The answer to a verified certificate that names more than one identity."""
 
 OPEN_SERVICES = ("grpc.health.v1.Health",)
 """Services answered without authentication: probes must not need a token."""
@@ -71,11 +91,21 @@ class Authenticator:
         identities: The tokens file's identities; None: no tokens file.
         client_certificates: Client certificates are required and verified by
             gRPC (`[tls] client_ca_file`): their subject CN names the identity.
+        operators: Without tokens or certificates, the uids (on the Unix socket)
+            that may reach every client's work; None: `peer.operator_uids()`,
+            root and the daemon's own.
     """
 
-    def __init__(self, identities: Identities | None, *, client_certificates: bool) -> None:
+    def __init__(
+        self,
+        identities: Identities | None,
+        *,
+        client_certificates: bool,
+        operators: frozenset[int] | None = None,
+    ) -> None:
         self._identities = identities
         self._client_certificates = client_certificates
+        self._operators = operator_uids() if operators is None else operators
 
     @classmethod
     def from_settings(cls, auth: AuthSettings, tls: TlsSettings) -> Authenticator:
@@ -85,7 +115,11 @@ class Authenticator:
             PolicyError: The tokens file cannot be used (the message says why).
         """
         identities = None if auth.tokens_file is None else load_identities(auth.tokens_file)
-        return cls(identities, client_certificates=tls.client_ca_file is not None)
+        return cls(
+            identities,
+            client_certificates=tls.client_ca_file is not None,
+            operators=operator_uids(tuple(auth.operator_uids)),
+        )
 
     @property
     def required(self) -> bool:
@@ -120,14 +154,17 @@ class Authenticator:
         """The identity of the request on `context`.
 
         Returns:
-            The caller's identity; None when authentication is not configured.
+            The caller's identity; None when authentication is not configured
+            and the caller is an operator, or not on the Unix socket (see the
+            module doc).
 
         Raises:
             UnauthenticatedError: It is configured and the request does not
                 carry a valid token or client certificate.
         """
         if not self.required:
-            return None
+            uid = peer_uid(context.peer() or "")
+            return None if uid is None or uid in self._operators else uid_identity(uid)
         token = bearer_token(context.invocation_metadata() or ())
         if token is not None:
             found = None if self._identities is None else self._identities.by_token(token)
@@ -160,14 +197,47 @@ def certificate_name(context: grpc.aio.ServicerContext) -> str | None:
 
     gRPC fills `x509_common_name` only for a certificate that chained to the
     server's client CAs (`require_client_auth`): an unverified one never gets here.
+    It holds the subject's first CN only; `x509_subject` holds the whole subject.
+
+    Raises:
+        UnauthenticatedError: The subject has more than one CN
+            (`AMBIGUOUS_CERTIFICATE_MESSAGE`): which one names the caller would be
+            a guess, and a CA that signs such a subject may have been fooled into
+            adding a name.
     """
     auth = context.auth_context() or {}
     names = auth.get("x509_common_name") or []
+    subjects = auth.get("x509_subject") or []
+    if len(names) > 1 or any(common_names(_text(subject)) > 1 for subject in subjects):
+        raise UnauthenticatedError(AMBIGUOUS_CERTIFICATE_MESSAGE)
     if len(names) != 1:
         return None
-    raw = names[0]
-    name = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+    name = _text(names[0])
     return name if NAME.match(name) else None
+
+
+def _text(raw: object) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def common_names(subject: str) -> int:
+    """How many CN attributes an RFC 2253 subject string (as gRPC's `x509_subject`)
+    holds: its attributes are split at each unescaped ',' or '+'."""
+    count, attribute, escaped = 0, [], False
+    for char in subject + ",":
+        if escaped:
+            escaped = False
+            attribute.append(char)
+        elif char == "\\":
+            escaped = True
+            attribute.append(char)
+        elif char in ",+":
+            kind = "".join(attribute).split("=", 1)[0].strip().upper()
+            count += kind in ("CN", "2.5.4.3", "OID.2.5.4.3")
+            attribute = []
+        else:
+            attribute.append(char)
+    return count
 
 
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:

@@ -23,6 +23,12 @@ class AuthSettings(BaseModel):
     approval_timeout_s: float = Field(default=300.0, gt=0)
     """How long a call that needs approval waits for a decision before it ends,
     with effect none. Needs a restart to change."""
+    operator_uids: list[int] = Field(default_factory=list)
+    """Without tokens, on the Unix socket, uids that may reach every caller's calls,
+    sessions and artifacts, besides root and the daemon's own uid (numbers:
+    `id -u NAME`). Every other uid is its own identity ("uid:N"): it sees and
+    touches only its own work, and the per-client bounds count for it as a whole.
+    Needs a restart to change."""
 
 
 class TlsSettings(BaseModel):

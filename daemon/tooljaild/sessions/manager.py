@@ -101,7 +101,8 @@ class SessionManager:
         self._journal = journal
         self._open_timeout_s = open_timeout_s
         self._sessions: dict[str, Session] = {}
-        self._ended: OrderedDict[str, str] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Recently ended sessions: their reason and their client (its owner)."""
         self._opening: defaultdict[str, int] = defaultdict(int)
         self._closing: set[asyncio.Task[None]] = set()
         self._reaper: asyncio.Task[None] | None = None
@@ -262,27 +263,32 @@ class SessionManager:
 
     # ------------------------------------------------------------------ find
 
-    def get(self, session_id: str) -> Session:
-        """The open session with that id.
+    def get(self, session_id: str, client: str | None = None) -> Session:
+        """The open session with that id; with `client`, only if it is that client's.
+
+        Another client's session, open or ended, reads exactly as an id never
+        known: the answer says nothing of whether it exists.
 
         Raises:
             InvalidRequestError: The id is malformed.
-            SessionEndedError: The session has ended (why: its `reason`).
-            SessionNotFoundError: No session of that id was ever known here.
+            SessionEndedError: The session (`client`'s, if given) has ended (why: its `reason`).
+            SessionNotFoundError: No session of that id (of `client`'s) was ever known here.
         """
         session = self._sessions.get(session_id)
-        if session is not None:
+        if session is not None and (client is None or session.client == client):
             session.check_open()
             return session
-        raise self._gone(session_id)
+        if session is not None:
+            raise _unknown(session_id)
+        raise self._gone(session_id, client)
 
-    def _gone(self, session_id: str) -> TooljailError:
-        """Why there is no open session `session_id`."""
+    def _gone(self, session_id: str, client: str | None) -> TooljailError:
+        """Why there is no open session `session_id` (of `client`'s, unless None)."""
         if not _SESSION_ID.fullmatch(session_id):
             return InvalidRequestError(
                 f"session id {session_id[:140]!r} is malformed: 1 to 128 of A-Z a-z 0-9 . _ : -"
             )
-        reason = self._ended.get(session_id)
+        reason, owner = self._ended.get(session_id, (None, None))
         if reason is None and self._journal is not None:
             try:
                 record = self._journal.get_session(session_id)
@@ -290,13 +296,10 @@ class SessionManager:
                 log.error("cannot read session %s from the journal: %s", session_id, exc)
                 record = None
             if record is not None:
-                reason = record.end_reason or "daemon_restart"
-        if reason is not None:
+                reason, owner = record.end_reason or "daemon_restart", record.client
+        if reason is not None and (client is None or owner == client):
             return ended_error(session_id, reason)
-        return SessionNotFoundError(
-            f"no session {session_id!r} is known to this daemon (was it opened on another "
-            "daemon?). Create one with CreateSession."
-        )
+        return _unknown(session_id)
 
     def list(self, client: str | None = None) -> list[SessionInfo]:
         """The open sessions, oldest first; of `client` only, unless None."""
@@ -304,16 +307,19 @@ class SessionManager:
 
     # ------------------------------------------------------------------ end
 
-    async def close(self, session_id: str) -> SessionInfo:
+    async def close(self, session_id: str, client: str | None = None) -> SessionInfo:
         """Close a session at its client's request; an ended one answers its end.
+        With `client`, only that client's (another's reads as never known, see `get`).
 
         Raises:
             InvalidRequestError: The id is malformed.
-            SessionNotFoundError: No session of that id was ever known here.
+            SessionNotFoundError: No session of that id (of `client`'s) was ever known here.
         """
         session = self._sessions.get(session_id)
+        if session is not None and client is not None and session.client != client:
+            raise _unknown(session_id)
         if session is None:
-            error = self._gone(session_id)
+            error = self._gone(session_id, client)
             if isinstance(error, SessionEndedError):
                 return SessionInfo(
                     session_id=session_id, state=SessionState.CLOSED, end_reason=error.reason
@@ -336,7 +342,7 @@ class SessionManager:
             return
         session.end_reason = reason
         self._sessions.pop(session.id, None)
-        self._ended[session.id] = reason
+        self._ended[session.id] = (reason, session.client)
         while len(self._ended) > self._settings.remembered_ended:
             self._ended.popitem(last=False)
         if self._journal is not None:
@@ -465,3 +471,12 @@ class SessionManager:
             yield data
             if value.get("eof") or not data:
                 return
+
+
+def _unknown(session_id: str) -> SessionNotFoundError:
+    """The one answer for an id of no session the caller may see (never known,
+    forgotten, or another client's)."""
+    return SessionNotFoundError(
+        f"no session {session_id!r} is known to this daemon (was it opened on another "
+        "daemon?). Create one with CreateSession."
+    )
