@@ -39,7 +39,7 @@ from tooljail.v1 import tooljail_pb2_grpc
 from tooljaild.auth.authenticator import AMBIGUOUS_CERTIFICATE_MESSAGE, UNAUTHENTICATED_MESSAGE
 from tooljaild.daemon import DaemonError
 
-TOKEN_A, TOKEN_B = "token-of-agent-a", "token-of-agent-b"
+TOKEN_A, TOKEN_B, TOKEN_C = "token-of-agent-a", "token-of-agent-b", "token-of-agent-c"
 PRINT_1 = {"code": "print(1)"}
 BIG_OUTPUT = {"code": "import sys; sys.stdout.write('x' * (2 << 20))"}
 """Past the output kept inline: its stdout is stored as an artifact of the caller."""
@@ -50,8 +50,8 @@ def _sha(token: str) -> str:
 
 
 def _tokens_file(directory: Path) -> Path:
-    """agent-a: one tool, one call and one session at a time; agent-b: no policy;
-    build-bot: no token (a client certificate names it)."""
+    """agent-a: one tool, one call and one session at a time; agent-b and agent-c:
+    no policy; build-bot: no token (a client certificate names it)."""
     path = directory / "tokens.toml"
     path.write_text(
         f"""
@@ -63,6 +63,9 @@ max_sessions = 1
 
 [identities.agent-b]
 token_sha256 = "{_sha(TOKEN_B)}"
+
+[identities.agent-c]
+token_sha256 = "{_sha(TOKEN_C)}"
 
 [identities.build-bot]
 tools = ["execute_python_code"]
@@ -177,14 +180,16 @@ def test_not_found_reads_the_same_for_another_identitys_id_as_for_one_never_used
             answers.append(f"{type(e.value).__name__}: {e.value}".replace(the_id, "<id>"))
         return answers[0], answers[1]
 
-    with Client(target, token=TOKEN_A) as a:
+    # agent-a may call only execute_python_code, so its uploads and downloads are
+    # refused before any session is looked up; agent-c (no policy) probes those.
+    with Client(target, token=TOKEN_A) as a, Client(target, token=TOKEN_C) as c:
         never = "f" * 32
         for real in (open_session.id, ended.id):
             for action in (
                 lambda sid: a.call("execute_python_code", PRINT_1, session_id=sid),
                 a.close_session,
-                lambda sid: a.download_file(sid, "x"),
-                lambda sid: a.upload_file(sid, "x", b"x"),
+                lambda sid: c.download_file(sid, "x"),
+                lambda sid: c.upload_file(sid, "x", b"x"),
             ):
                 theirs, nobodys = said(action, real, never)
                 assert theirs == nobodys
