@@ -129,6 +129,9 @@ class Settings(BaseSettings, BackendSettings):
     """How long the journal keeps a finished call (GetCall, idempotent retries)."""
     journal_max_rows: int = Field(default=100_000, ge=100)
     """How many finished calls the journal keeps at most (the oldest go first)."""
+    journal_max_session_rows: int = Field(default=10_000, ge=10)
+    """How many ended sessions the journal keeps at most (the oldest go first):
+    what lets a call naming one that ended be told why."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)

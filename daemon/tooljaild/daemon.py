@@ -646,6 +646,7 @@ class Daemon:
                 s.state_dir / JOURNAL_FILE,
                 max_age_s=s.journal_max_age_s,
                 max_rows=s.journal_max_rows,
+                max_session_rows=s.journal_max_session_rows,
             )
             lost = self.journal.recover()
             self.journal.prune()
