@@ -125,6 +125,16 @@ class Settings(BaseSettings, BackendSettings):
     client gets RESOURCE_EXHAUSTED."""
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """The largest request message accepted (code, arguments)."""
+    max_argument_values: int = Field(default=20_000, ge=16)
+    """The most values (object members and array elements, at any depth) a call's
+    arguments may hold; past it the call is refused (INVALID_ARGUMENT) before its
+    arguments are decoded: decoding and checking cost grows with the values."""
+    max_argument_depth: int = Field(default=64, ge=2, le=500)
+    """How deeply a call's arguments may nest objects and arrays."""
+    max_in_daemon_calls: int = Field(default=8, ge=1)
+    """Calls of in-daemon tools (the artifact tools, upload_file) running at once;
+    more wait for their turn. Each still counts as a call against the daemon's
+    bound (max_concurrent + max_queue) and its client's share."""
     event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     """Output kept per call for slow readers and re-attach; older chunks are dropped."""
     remembered_calls: int = Field(default=1000, ge=1)
@@ -133,6 +143,9 @@ class Settings(BaseSettings, BackendSettings):
     """How long the journal keeps a finished call (GetCall, idempotent retries)."""
     journal_max_rows: int = Field(default=100_000, ge=100)
     """How many finished calls the journal keeps at most (the oldest go first)."""
+    journal_max_session_rows: int = Field(default=10_000, ge=10)
+    """How many ended sessions the journal keeps at most (the oldest go first):
+    what lets a call naming one that ended be told why."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)

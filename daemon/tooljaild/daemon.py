@@ -44,6 +44,7 @@ from grpc_health.v1 import health_pb2
 
 from tooljail.errors import TooljailError
 from tooljaild.artifacts.store import ArtifactStore, prune_periodically
+from tooljaild.auth.policy import Identities
 from tooljaild.auth.transport import ListenerSecurity, SecurityConfigError, listener_security
 from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
@@ -202,6 +203,7 @@ class Daemon:
             apply=self._apply,
             registry=self._registry,
             security=lambda: self._security,
+            on_identities=self._revoke,
         )
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[bool]] = set()
@@ -507,6 +509,17 @@ class Daemon:
         self.settings = settings
         self.manager.reconfigure(settings, registry)
 
+    def _revoke(self, identities: Identities) -> None:
+        """Stop the calls not yet running that `identities` (a reload's) no longer allow."""
+        if self.manager is None:
+            return
+
+        def may_call(client: str, tool: str) -> bool:
+            identity = identities.by_name.get(client)
+            return identity is not None and identity.may_use(tool)
+
+        self.manager.revoke(may_call)
+
     async def reload(self) -> bool:
         """Re-read the settings and the tools and apply what can change live
         (`tooljaild.reload`); calls running or queued are left alone.
@@ -660,6 +673,7 @@ class Daemon:
                 s.state_dir / JOURNAL_FILE,
                 max_age_s=s.journal_max_age_s,
                 max_rows=s.journal_max_rows,
+                max_session_rows=s.journal_max_session_rows,
             )
             lost = self.journal.recover()
             self.journal.prune()

@@ -86,6 +86,7 @@ __all__ = [
     "DEFAULT_MAX_AGE_S",
     "DEFAULT_MAX_ARGUMENT_BYTES",
     "DEFAULT_MAX_ROWS",
+    "DEFAULT_MAX_SESSION_ROWS",
     "LOST_MESSAGE",
     "SCHEMA_VERSION",
     "WAL_SIZE_LIMIT",
@@ -98,6 +99,7 @@ __all__ = [
 
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
 DEFAULT_MAX_ROWS = 100_000
+DEFAULT_MAX_SESSION_ROWS = 10_000
 DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
 LOST_MESSAGE = (
     "The daemon stopped while the call ran. It may or may not have taken effect: check "
@@ -142,6 +144,12 @@ _SESSION_COLUMNS = "session_id, client, created, ended, end_reason, sandbox_id, 
 _GET_SESSION = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE session_id = ?"
 _OPEN_SESSIONS = f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE ended IS NULL ORDER BY created"
 _PRUNE_SESSIONS = "DELETE FROM sessions WHERE ended IS NOT NULL AND ended < ?"
+_COUNT_ENDED_SESSIONS = "SELECT count(*) FROM sessions WHERE ended IS NOT NULL"
+_PRUNE_OLDEST_SESSIONS = """
+    DELETE FROM sessions WHERE rowid IN (
+        SELECT rowid FROM sessions WHERE ended IS NOT NULL ORDER BY ended, rowid LIMIT ?
+    )
+"""
 _PRUNE_OLDEST = """
     DELETE FROM calls WHERE rowid IN (
         SELECT rowid FROM calls WHERE ended IS NOT NULL ORDER BY ended, rowid LIMIT ?
@@ -222,6 +230,7 @@ class Journal:
         max_age_s: float,
         max_rows: int,
         max_argument_bytes: int,
+        max_session_rows: int = DEFAULT_MAX_SESSION_ROWS,
     ) -> None:
         self._db = db
         self.path = path
@@ -231,6 +240,8 @@ class Journal:
         """The schema version this `open` migrated the journal from; None: none was."""
         self.max_age_s = max_age_s
         self.max_rows = max_rows
+        self.max_session_rows = max_session_rows
+        self._sessions_ended_since_prune = 0
         self.max_argument_bytes = max_argument_bytes
         self.on_write: Callable[[float], None] | None = None
         """Told the seconds of each write (tooljaild.metrics); None: nobody."""
@@ -243,6 +254,7 @@ class Journal:
         max_age_s: float = DEFAULT_MAX_AGE_S,
         max_rows: int = DEFAULT_MAX_ROWS,
         max_argument_bytes: int = DEFAULT_MAX_ARGUMENT_BYTES,
+        max_session_rows: int = DEFAULT_MAX_SESSION_ROWS,
     ) -> Journal:
         """Open the journal at `path`, creating it when there is none.
 
@@ -262,6 +274,8 @@ class Journal:
             max_age_s: `prune` removes finished calls that ended longer ago.
             max_rows: `prune` keeps at most this many finished calls.
             max_argument_bytes: How much of each call's arguments JSON is kept.
+            max_session_rows: How many ended sessions are kept at most (the
+                oldest go first; see `session_ended`).
 
         Raises:
             JournalError: The file exists but is not a usable journal (reason
@@ -293,6 +307,7 @@ class Journal:
             max_age_s=max_age_s,
             max_rows=max_rows,
             max_argument_bytes=max_argument_bytes,
+            max_session_rows=max_session_rows,
         )
 
     def close(self) -> None:
@@ -467,7 +482,8 @@ class Journal:
         return lost
 
     def prune(self, now: float | None = None) -> int:
-        """Remove finished calls past `max_age_s`, then the oldest past `max_rows`.
+        """Remove finished calls past `max_age_s`, then the oldest past `max_rows`;
+        ended sessions past `max_age_s`, then the oldest past `max_session_rows`.
 
         Unfinished calls are never removed (the daemon's queue bounds them).
         Cost, on the calling thread: a scan of the finished calls' index (~2 ms
@@ -489,6 +505,7 @@ class Journal:
             self._db.execute("BEGIN IMMEDIATE")
             removed = self._db.execute(_PRUNE_AGE, (cutoff,)).rowcount
             self._db.execute(_PRUNE_SESSIONS, (cutoff,))
+            self._prune_oldest_sessions()
             (finished,) = self._db.execute(_COUNT_FINISHED).fetchone()
             excess = finished - self.max_rows
             if excess > 0:
@@ -524,6 +541,20 @@ class Journal:
         when = time.time() if ended is None else ended
         with self._errors("recording a session's end"), self._db:
             self._db.execute(_SESSION_ENDED, (when, reason, session_id))
+            # Sessions end without any call finishing (create, close, again): their
+            # rows are bounded here too, not only when `prune` runs after calls.
+            # Every tenth of the bound: each time about as many rows go as came.
+            self._sessions_ended_since_prune += 1
+            if self._sessions_ended_since_prune >= max(1, self.max_session_rows // 10):
+                self._sessions_ended_since_prune = 0
+                self._prune_oldest_sessions()
+
+    def _prune_oldest_sessions(self) -> None:
+        """Delete the oldest ended sessions past `max_session_rows` (in a transaction)."""
+        (ended,) = self._db.execute(_COUNT_ENDED_SESSIONS).fetchone()
+        excess = ended - self.max_session_rows
+        if excess > 0:
+            self._db.execute(_PRUNE_OLDEST_SESSIONS, (excess,))
 
     def get_session(self, session_id: str) -> SessionRecord | None:
         """The session with that id, if the journal still holds it.

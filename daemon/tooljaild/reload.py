@@ -14,8 +14,12 @@ What changes live, and why only that:
   again, and its identities and their policy (tools, approval, approver,
   limits) decide every request from then on: a removed identity's token is
   refused, a new one's accepted, a changed limit applies to its next call or
-  session. Calls already admitted keep running under the identity they were
-  admitted with (requests are identified once, on arrival).
+  session. Calls already running keep running under the identity they were
+  admitted with (requests are identified once, on arrival); calls that have
+  not started (waiting for an approver, their turn or a slot) of an identity
+  removed, or no longer allowed their tool, end without running
+  (`CallManager.revoke`, through `on_identities`): an approver's later yes
+  must not run what the operator has just revoked.
 
 Everything else needs a restart, and a reload says so by name (never by value:
 some tables hold secrets) and keeps the running value: what the daemon is
@@ -49,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tooljail.errors import TooljailError
-from tooljaild.auth.policy import IdentityChanges, PolicyError, load_identities
+from tooljaild.auth.policy import Identities, IdentityChanges, PolicyError, load_identities
 from tooljaild.auth.transport import ListenerSecurity, tls_digest
 from tooljaild.config import Settings
 from tooljaild.pools import SANDBOX_LIMITS
@@ -128,6 +132,8 @@ class Reloader:
         security: The listener's security as built at start (its authenticator
             takes the tokens file's new identities); None: the daemon does not
             listen yet, or a caller without one (nothing of `[auth]` reloads).
+        on_identities: Told the new identities once they are in force (the call
+            manager stops the calls of revoked ones that have not started).
     """
 
     def __init__(
@@ -139,6 +145,7 @@ class Reloader:
         apply: Callable[[Settings, Registry], None],
         registry: Callable[[], Registry],
         security: Callable[[], ListenerSecurity | None] = lambda: None,
+        on_identities: Callable[[Identities], None] = lambda _identities: None,
     ) -> None:
         self._running = running
         self._read = read_settings
@@ -146,6 +153,7 @@ class Reloader:
         self._apply = apply
         self._registry = registry
         self._security = security
+        self._on_identities = on_identities
         self.kept: tuple[str, ...] = ()
         """What the last reload could not use and kept as it was running, in
         order ("the configuration", "the tokens file", "the tools"); () when
@@ -211,7 +219,9 @@ class Reloader:
         if security is None or path is None or security.authenticator.identities is None:
             return None
         identities = await asyncio.to_thread(load_identities, path)
-        return security.authenticator.replace_identities(identities)
+        changed = security.authenticator.replace_identities(identities)
+        self._on_identities(identities)
+        return changed
 
     async def _check_tls_files(self, settings: Settings) -> None:
         """Warn when the `[tls]` files on disk are not the ones being served."""

@@ -212,6 +212,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             identity = self._identity(context)
             if identity is not None and not identity.may_use(request.tool):
                 raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
+            # Bounded, and off the event loop when large: before the checks below,
+            # which must not be separated from the admission by an await.
+            checked = await self._manager.check_arguments(request.tool, request.arguments_json)
             if identity is not None and request.session_id:
                 self._own_session(request.session_id, context)
             if identity is not None and request.call_id:
@@ -225,6 +228,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 client=client_of(context) if identity is None else identity.name,
                 session_id=request.session_id,
                 identity=identity,
+                checked=checked,
             )
         except TooljailError as exc:
             await self._refuse(context, exc)

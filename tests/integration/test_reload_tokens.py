@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import spawn_daemon
+from tests.conftest import spawn_daemon, wait_serving
 from tests.integration.test_systemd_daemon import Systemd, systemd  # noqa: F401 (a fixture)
 from tooljail import CallState, Client
-from tooljail.errors import CallNotFoundError, OverloadedError, UnauthenticatedError
+from tooljail.errors import (
+    CallNotFoundError,
+    NotAwaitingApprovalError,
+    OverloadedError,
+    UnauthenticatedError,
+)
 from tooljail.testing import wait_for
+from tooljaild.daemon import JOURNAL_FILE
 
 TOKEN_X, TOKEN_Y = "token-of-x-reloaded", "token-of-y-reloaded"
 PRINT_1 = {"code": "print(1)"}
@@ -118,3 +125,66 @@ def test_a_reload_revokes_and_adds_identities_and_keeps_them_on_a_broken_file(
         if process.poll() is None:
             process.kill()
             process.wait(10)
+
+
+def test_a_reload_ends_the_revoked_identitys_calls_that_have_not_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Issue 21, finding 15: a waiting call of a revoked identity was approved and ran.
+    base = tmp_path_factory.mktemp("daemon")
+    tokens = base / "tokens.toml"
+    ops = f'[identities.ops]\ntoken_sha256 = "{_sha(TOKEN_Y)}"\napprover = true\n'
+    _write_tokens(
+        tokens, f'[identities.x]\ntoken_sha256 = "{_sha(TOKEN_X)}"\napproval = ["ls"]\n' + ops
+    )
+    config = base / "tooljail.toml"
+    # One running slot: x's second call queues behind its first.
+    config.write_text(f'max_concurrent = 1\n\n[auth]\ntokens_file = "{tokens}"\n')
+    process, target, base = spawn_daemon(base, "--config", str(config), pool_size=1)
+    log = base / "daemon.log"
+    try:
+        wait_serving(target, process, log)
+        with (
+            Client(target, token=TOKEN_X, retries=0) as x,
+            Client(target, token=TOKEN_Y, retries=0) as approver,
+            ThreadPoolExecutor(3) as pool,
+        ):
+            running = pool.submit(x.call, "execute_python_code", SLOW, call_id="x-running")
+            wait_for(lambda: _running(x, "x-running"), 30)
+            queued = pool.submit(x.call, "execute_python_code", PRINT_1, call_id="x-queued")
+            waiting = pool.submit(x.call, "ls", {}, call_id="x-waiting")
+            wait_for(lambda: _state(approver, "x-waiting") is CallState.AWAITING_APPROVAL, 30)
+            assert _state(approver, "x-queued") is CallState.QUEUED
+
+            _write_tokens(tokens, ops)  # x revoked
+            process.send_signal(signal.SIGHUP)
+            wait_for(lambda: '"identities_removed": ["x"]' in log.read_text(), 30)
+
+            # Neither call that had not run will: each ends, effect none, saying why.
+            for future, call_id in ((waiting, "x-waiting"), (queued, "x-queued")):
+                result = future.result(timeout=30)
+                assert result.status.value == "cancelled" and result.effect.value == "none"
+                assert result.error is not None and result.error.type == "IdentityRevoked"
+                assert "revoked" in result.message
+                assert approver.get_call(call_id).state is CallState.CANCELLED
+            with pytest.raises(NotAwaitingApprovalError):
+                approver.approve("x-waiting")
+            # The call that ran when x was revoked runs to its end.
+            assert running.result(timeout=30).data["stdout"] == "finished\n"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        # The journal says the same after the daemon is gone.
+        with sqlite3.connect(f"file:{base / 'state' / JOURNAL_FILE}?mode=ro", uri=True) as db:
+            rows = dict(db.execute("SELECT call_id, state FROM calls WHERE client = 'x'"))
+        assert rows == {"x-running": "succeeded", "x-queued": "cancelled", "x-waiting": "cancelled"}
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+def _state(client: Client, call_id: str) -> CallState | None:
+    try:
+        return client.get_call(call_id).state
+    except CallNotFoundError:
+        return None

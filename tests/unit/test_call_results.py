@@ -82,6 +82,7 @@ async def test_a_stop_decides_whatever_the_sandbox_says(tmp_path: Path) -> None:
         StopReason.CANCELLED: (CallStatus.CANCELLED, "Cancelled"),
         StopReason.SHUTDOWN: (CallStatus.CANCELLED, "Cancelled"),
         StopReason.OUTPUT_LIMIT: (CallStatus.ERROR, "OutputLimit"),
+        StopReason.REVOKED: (CallStatus.CANCELLED, "IdentityRevoked"),
     }
     assert set(expected) == set(StopReason)
     for stop, (status, error_type) in expected.items():

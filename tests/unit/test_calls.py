@@ -406,3 +406,29 @@ async def test_free_slots_go_to_waiting_clients_in_turn() -> None:
     slots.give()
     await asyncio.gather(*tasks)
     assert order == ["g0", "p0", "g1", "g2", "g3"]
+
+
+async def test_output_and_calls_kept_stay_bounded_when_calls_end_out_of_order(
+    tmp_path: Path,
+) -> None:
+    # Issue 21 (around finding 12): a call that ended out of admission order never
+    # had its output released, and one long call kept every later call in memory.
+    harness = Harness(tmp_path, [user_tool()], remembered_calls=20)
+    slow_script, fast_script = harness.sleeps(1.0), harness.returns("x", output=b"y" * 1000)
+    runs: list[RunRequest] = []
+
+    async def first_slow(request: RunRequest, sink: OutputSink) -> RunOutcome:
+        runs.append(request)
+        return await (slow_script if len(runs) == 1 else fast_script)(request, sink)
+
+    harness.script = first_slow
+    slow = harness.manager.submit("echo", "{}")
+    fast = [harness.manager.submit("echo", "{}") for _ in range(100)]
+    for call in fast:
+        await asyncio.wait_for(call.ended.wait(), 10)
+    assert not slow.state.finished
+    remembered = harness.manager._calls  # what the manager keeps in memory
+    assert len(remembered) <= 21 and slow.call_id in remembered
+    holding = [c for c in fast if c.events._bytes]
+    assert len(holding) <= 64, len(holding)
+    await asyncio.wait_for(slow.ended.wait(), 10)

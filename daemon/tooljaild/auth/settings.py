@@ -29,6 +29,15 @@ class AuthSettings(BaseModel):
     `id -u NAME`). Every other uid is its own identity ("uid:N"): it sees and
     touches only its own work, and the per-client bounds count for it as a whole.
     Needs a restart to change."""
+    max_calls_awaiting_approval: int = Field(default=16, ge=1)
+    """Calls one identity may have waiting for approval (or approved and waiting
+    for room in its share) at once; past it its next such call is refused
+    (RESOURCE_EXHAUSTED). Waiting calls hold no sandbox and do not count against
+    the running and queued calls' bounds, so they cannot crowd others out.
+    Needs a restart to change."""
+    max_reason_chars: int = Field(default=1000, ge=1)
+    """The longest reason an approver may give with a decision (INVALID_ARGUMENT
+    past it). Needs a restart to change."""
 
 
 class TlsSettings(BaseModel):

@@ -1,8 +1,11 @@
 """Who may run a call now, who waits, who is refused, and which id names which call.
 
 - `Slots`: at most `max_concurrent` calls run; free slots go to the waiting
-  clients in turn.
+  clients in turn. In-daemon tools have a small pool of their own
+  (`max_in_daemon_calls`), given out the same way.
 - `Admission`: the bound on running and queued calls, and each client's share.
+  Every call counts, whatever runs it: a fresh sandbox, a session, the daemon
+  itself (docs: an identity limited to 2 calls once ran 30 artifact searches).
 - `known_call`: a request under an id already used is answered by that call,
   refused (other arguments), or, for a lost call of an idempotent tool, run again;
   `unknown_call`: what is said of an id that names no call the caller may see.
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import re
 from collections import Counter, OrderedDict, deque
+from typing import Any
 
 from tooljail._errors import (
     CallIdConflictError,
@@ -22,7 +26,7 @@ from tooljail._errors import (
     OverloadedError,
 )
 from tooljail._types import CallState
-from tooljaild.calls.call import Call
+from tooljaild.calls.call import Call, Once, StopReason
 from tooljaild.config import Settings
 from tooljaild.registry import Tool
 
@@ -96,6 +100,11 @@ class Admission:
         self.active = 0
         """Calls running and queued."""
         self.slots = Slots(settings.max_concurrent)
+        """Calls running in sandboxes of their own."""
+        self.in_daemon = Slots(settings.max_in_daemon_calls)
+        """Calls of in-daemon tools running (their handlers share the event loop)."""
+        self._room: list[asyncio.Future[None]] = []
+        """Calls waiting for room (approved ones, see `wait_for_room`)."""
 
     def check_room(self, client: str) -> None:
         """Refuse a call the daemon or its client has no room for.
@@ -135,6 +144,63 @@ class Admission:
         self._by_client[client] -= 1
         if not self._by_client[client]:
             del self._by_client[client]
+        waiters, self._room = self._room, []
+        for waiter in waiters:  # each looks again; those still without room wait again
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for_room(self, client: str, stop: Once[StopReason]) -> bool:
+        """Wait until `client` has room (see `check_room`), then count a call in.
+
+        For a call admitted already but not counted yet: one an approver said yes
+        to, which counted against its identity's approvals while it waited. It
+        must not pass its identity's bound by being approved, and refusing it
+        now would throw the approver's decision away, so it waits for room (its
+        place among those waiting is bounded by `max_calls_awaiting_approval`).
+
+        Returns:
+            True once counted in (release it with `release`); False if `stop`
+            was given first (nothing is counted).
+        """
+        while not stop.done():
+            try:
+                self.check_room(client)
+            except OverloadedError:
+                pass
+            else:
+                self.admit(client)
+                return True
+            room: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._room.append(room)
+            stopped = stop.wait()
+            either: set[asyncio.Future[Any]] = {room, stopped}
+            try:
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+                if not room.done():
+                    room.cancel()
+                    with contextlib.suppress(ValueError):
+                        self._room.remove(room)
+        return False
+
+
+async def take_slot(slots: Slots, call: Call) -> bool:
+    """Take one of `slots`, queued in the call's client's turn; False if the call
+    is stopped first (nothing is held then)."""
+    if slots.try_take():
+        return True
+    slot = asyncio.ensure_future(slots.take(call.client))
+    stopped = call.stop_requested.wait()
+    either: set[asyncio.Future[Any]] = {slot, stopped}
+    try:
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if slot.done() and not slot.cancelled():
+        return True
+    slot.cancel()  # a slot handed over meanwhile passes on (see `Slots.take`)
+    return False
 
 
 def check_call_id(call_id: str) -> None:

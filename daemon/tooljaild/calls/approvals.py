@@ -12,8 +12,24 @@ The waiting call's stream starts with a NOTICE chunk (seq 1) saying it waits
 and how to decide (`waiting_notice`); the journal records the state, so a
 daemon that dies while a call waits marks it lost with effect none.
 
-Nothing here knows gRPC: the manager holds an `Approvals` and calls `hold`
-at admission and `wait` in the call's task; the Approve RPC reaches `decide`.
+Waiting holds no sandbox, so a waiting call does not count against the
+daemon's bound of running and queued calls, nor its identity's share of it:
+otherwise two identities could fill that bound with calls nobody decides on
+and refuse everyone else for the whole approval timeout. Its own bound is
+per identity (`[auth] max_calls_awaiting_approval`): past it, that identity's
+next call needing approval is refused (RESOURCE_EXHAUSTED with a retry hint),
+and no other identity is. Approved, the call counts in as any other (it
+waits for room in its identity's share if it must: `Admission.wait_for_room`)
+and leaves the approvals' count then (`let_go`).
+
+Who decides: an identity with `approver = true`, on a call of a tool its own
+policy lets it call: an approver limited to some tools vouches for those
+only (it may still deny any call: refusing never runs anything). A reason is
+at most `[auth] max_reason_chars` characters.
+
+Nothing here knows gRPC: the manager holds an `Approvals` and calls
+`check_room` and `hold` at admission and `wait` in the call's task; the
+Approve RPC reaches `decide`.
 """
 
 from __future__ import annotations
@@ -21,11 +37,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from tooljail._types import CallState, CallStatus, StreamKind, ToolError, ToolResult
-from tooljail.errors import NotAwaitingApprovalError, PermissionDeniedError
+from tooljail.errors import (
+    InvalidRequestError,
+    NotAwaitingApprovalError,
+    OverloadedError,
+    PermissionDeniedError,
+)
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results
 from tooljaild.calls.call import Call, StopReason
@@ -99,15 +121,58 @@ def _refused(call: Call, message: str, error: ToolError) -> ToolResult:
 class Approvals:
     """The calls waiting for an approver, and their decisions."""
 
-    def __init__(self, timeout_s: float, journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        journal: Journal | None = None,
+        *,
+        per_identity: int = 16,
+        max_reason_chars: int = 1000,
+    ) -> None:
         """
         Args:
             timeout_s: How long a call waits for a decision (`[auth] approval_timeout_s`).
             journal: Records the waiting state; None: nothing is recorded.
+            per_identity: Calls one identity may have held here at once
+                (`[auth] max_calls_awaiting_approval`).
+            max_reason_chars: The longest reason a decision may give.
         """
         self.timeout_s = timeout_s
+        self.per_identity = per_identity
+        self.max_reason_chars = max_reason_chars
         self._journal = journal
         self._waiting: dict[str, asyncio.Future[Decision]] = {}
+        self._held: dict[str, str] = {}
+        """Calls held and not yet counted in (call id -> client), waiting or approved."""
+        self._by_client: Counter[str] = Counter()
+
+    def check_room(self, client: str) -> None:
+        """Refuse a call needing approval when its identity has its bound held.
+
+        Raises:
+            OverloadedError: `client` has `per_identity` calls held already.
+        """
+        if self._by_client[client] >= self.per_identity:
+            raise OverloadedError(
+                f"this identity already has {self.per_identity} calls waiting for approval "
+                "(or approved and waiting for room), its bound; ask an approver to decide "
+                "on them, or try again when some have ended",
+                retry_after_s=min(30.0, self.timeout_s),
+            )
+
+    def let_go(self, call: Call) -> None:
+        """`call` leaves the approvals' count: it was counted in among the running
+        and queued calls, or it ended. Nothing happens for a call not held."""
+        client = self._held.pop(call.call_id, None)
+        if client is None:
+            return
+        self._by_client[client] -= 1
+        if not self._by_client[client]:
+            del self._by_client[client]
+
+    def held(self, client: str) -> int:
+        """How many calls of `client` are held (waiting, or approved and not counted in)."""
+        return self._by_client[client]
 
     def hold(self, call: Call) -> None:
         """Make an admitted (journaled), not yet started call wait for approval.
@@ -119,6 +184,9 @@ class Approvals:
         call.state = CallState.AWAITING_APPROVAL
         call.events.append(StreamKind.NOTICE, notice_text(call.call_id, self.timeout_s).encode())
         self._waiting[call.call_id] = asyncio.get_running_loop().create_future()
+        if call.call_id not in self._held:
+            self._held[call.call_id] = call.client
+            self._by_client[call.client] += 1
         self._record(call, CallState.AWAITING_APPROVAL)
         log.info(
             "call awaits approval",
@@ -145,6 +213,8 @@ class Approvals:
         if call.stop_reason is not None:  # a stop outweighs a decision in the same turn
             if call.stop_reason is StopReason.CANCELLED:
                 return results.not_run(call, "the call was cancelled while it waited for approval")
+            if call.stop_reason is StopReason.REVOKED:
+                return results.revoked(call)
             return results.not_run(call, "the daemon shut down while the call waited for approval")
         if not decision.done():
             decision.cancel()
@@ -159,6 +229,27 @@ class Approvals:
             StreamKind.NOTICE, f"[call {call.call_id} approved by {answer.approver}]\n".encode()
         )
         return None
+
+    def check_decision(self, call: Call, approver: Identity, decision: Decision) -> None:
+        """Refuse a decision `approver` may not give on `call`, or one too long.
+
+        Raises:
+            InvalidRequestError: The reason is longer than `max_reason_chars`.
+            PermissionDeniedError: It approves a tool its own policy does not let
+                it call: an approver vouches for what it may do itself (a
+                deny runs nothing, and is allowed on any call).
+        """
+        if len(decision.reason) > self.max_reason_chars:
+            raise InvalidRequestError(
+                f"the reason is {len(decision.reason)} characters long; at most "
+                f"{self.max_reason_chars} are kept: shorten it"
+            )
+        if decision.approve and not approver.may_use(call.tool.name):
+            raise PermissionDeniedError(
+                f"this approver may not approve calls of {call.tool.name!r}: its own policy "
+                "does not let it call that tool (it may deny the call; an approver whose "
+                "tools include it must approve)"
+            )
 
     @staticmethod
     def check_approver(identity: Identity | None) -> str:

@@ -49,6 +49,8 @@ class StopReason(enum.StrEnum):
     """The daemon shut down before it ended."""
     OUTPUT_LIMIT = "output_limit"
     """It wrote more output than `output_limit_bytes`."""
+    REVOKED = "revoked"
+    """Its identity was revoked (a reload of the tokens file) before it ran."""
 
 
 class Once(Generic[T]):
@@ -162,6 +164,9 @@ class Call:
                 store, self._origin, self.artifacts, limits.output_limit_bytes
             )
         self.state = CallState.QUEUED
+        self.counted = False
+        """It counts among the daemon's running and queued calls (`Admission`):
+        from admission on, or for a call held for approval, once approved."""
         self.sandbox_id = ""
         self.created = time.monotonic()
         self.started_at: float | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from tooljail._types import ToolResult
 from tooljaild.calls import results, terms
-from tooljaild.calls.admission import Slots
+from tooljaild.calls.admission import Slots, take_slot
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
@@ -82,12 +82,12 @@ class FreshRunner:
     async def start_later(self, call: Call, pool: SandboxPool) -> Run | None:
         """Wait for a slot, then for a sandbox, and start the call; None when it
         ended without running (stopped while queued; no sandbox to be had)."""
-        if not await self._wait_for_slot(call):
-            self._end(call, results.not_run(call, results.NOT_STARTED))
+        if not await take_slot(self._slots, call):
+            self._end(call, results.not_started(call))
             return None
         try:
             if call.stop_reason is not None:  # stopped as its slot came
-                self._end(call, results.not_run(call, results.NOT_STARTED))
+                self._end(call, results.not_started(call))
             else:
                 try:
                     sandbox = await pool.acquire()
@@ -100,19 +100,6 @@ class FreshRunner:
             raise
         self._slots.give()
         return None
-
-    async def _wait_for_slot(self, call: Call) -> bool:
-        """Take a slot, queued in the call's client's turn; False if the call is
-        stopped first."""
-        if self._slots.try_take():
-            return True
-        slot = asyncio.ensure_future(self._slots.take(call.client))
-        either: set[asyncio.Future[Any]] = {slot, call.stop_requested.wait()}
-        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        if slot.done():
-            return True
-        slot.cancel()  # a slot handed over meanwhile passes on (see `Slots.take`)
-        return False
 
     def _start(self, call: Call, pool: SandboxPool, sandbox: Sandbox) -> Run:
         """Send the call's request into `sandbox` and mark the call running.

@@ -67,11 +67,11 @@ async def run_in_session(
     if started is None and not await _wait_for_turn(call, session):
         if session.end_reason:
             return results.session_gone(call, session.id, session.end_reason)
-        return results.not_run(call, results.NOT_STARTED)
+        return results.not_started(call)
     try:
         if started is None:
             if call.stop_reason is not None:
-                return results.not_run(call, results.NOT_STARTED)
+                return results.not_started(call)
             try:
                 started = start_in_session(call, session, on_start)
             except SandboxError:

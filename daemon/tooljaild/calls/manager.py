@@ -12,6 +12,11 @@ built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
 `calls.in_daemon_run`). On each path, a call whose caller's policy needs an
 approver for its tool first waits for one (`calls.approvals`), in its task.
 
+Every path goes through the same admission (`_check_room`, `_count_in`): the
+daemon's bound on running and queued calls and each client's share of it
+(`calls.admission`), or, for a call that waits for an approver, its
+identity's bound on such calls; approved, it counts in as any other.
+
 It is over 500 lines because admission, the journal's records and the end of a
 call are shared by those three paths, and each path's task is here.
 """
@@ -41,7 +46,13 @@ from tooljail.errors import (
 from tooljaild.auth.policy import Identity
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
-from tooljaild.calls.admission import Admission, check_call_id, known_call, unknown_call
+from tooljaild.calls.admission import (
+    Admission,
+    check_call_id,
+    known_call,
+    take_slot,
+    unknown_call,
+)
 from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.fresh_run import FreshRunner, Run
@@ -140,7 +151,12 @@ class CallManager:
         self._finished_since_prune = 0
         self._unrecorded: list[tuple[Call, ToolResult]] = []
         """Calls answered but not yet journaled as over (see `_end`)."""
-        self.approvals = Approvals(settings.auth.approval_timeout_s, journal)
+        self.approvals = Approvals(
+            settings.auth.approval_timeout_s,
+            journal,
+            per_identity=settings.auth.max_calls_awaiting_approval,
+            max_reason_chars=settings.auth.max_reason_chars,
+        )
         self.draining = False
         # Observers (tooljaild.metrics): each call's end once answered, each refusal's code.
         self.on_end: Callable[[Call, ToolResult], None] | None = None
@@ -184,8 +200,12 @@ class CallManager:
         client: str = "",
         session_id: str = "",
         identity: Identity | None = None,
+        checked: terms.CheckedArguments | None = None,
     ) -> Call:
         """Admit a call, or return the call already admitted under the same id.
+
+        `checked`: the arguments as `check_arguments` decoded and checked them
+        (off the event loop when large); None: they are checked here.
 
         `identity` is the authenticated caller (None: no tokens file): its
         policy may make the call wait for an approver (see calls/approvals.py).
@@ -206,17 +226,23 @@ class CallManager:
         Raises:
             ShuttingDownError: The daemon is draining (and the id is not known).
             ToolNotFoundError: No such tool.
-            InvalidRequestError: The arguments are not JSON, or the call id is malformed.
+            InvalidRequestError: The arguments are not JSON (or past the bounds
+                of their shape: `terms.check_shape`), or the call id is malformed.
             InvalidArgumentsError: The arguments do not fit the tool's schema.
             BadTimeoutError: The timeout is outside the tool's bounds.
             CallIdConflictError: The id belongs to a call with other arguments.
-            OverloadedError: The queue (or the session's) is full.
+            OverloadedError: The queue (or the session's) is full, the client
+                holds its share, or (a call needing approval) its identity has
+                its bound of calls waiting for approval.
             SessionNotFoundError, SessionEndedError: No such open session.
         """
         if identity is not None:  # its policy's bound on calls, in place of the share
             self._admission.limit_client(client, identity.max_concurrent_calls)
         tool = self._registry.get(tool_name)
-        arguments = terms.parse_arguments(tool, arguments_json, self._settings)
+        if checked is not None and checked.tool is tool:
+            arguments = checked.values
+        else:  # not checked beforehand, or the tool was reloaded meanwhile
+            arguments = terms.parse_arguments(tool, arguments_json, self._settings)
         timeout = terms.timeout_for(tool, timeout_s, self._settings)
         fingerprint = terms.fingerprint(tool.name, arguments, session_id)
         known, rerun = self._known(call_id, tool, fingerprint)
@@ -231,16 +257,57 @@ class CallManager:
             return self._submit_in_daemon(builtin.in_daemon, session_id, request)
         if session_id:
             return self._submit_in_session(session_id, request)
-        call = self._admit(request)
+        self._check_room(request)
+        call = self._new_call(request, terms.limits_for(request.tool, self._settings))
         self._journal_admitted(call, arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
             self.approvals.hold(call)
         run = None if gated else self._fresh.start_now(call, pool)
         self._calls[call.call_id] = call
-        self._admission.admit(client)
+        self._count_in(call, request)
         self._spawn(call, self._run(call, pool, run))
         return call
+
+    async def check_arguments(self, tool_name: str, arguments_json: str) -> terms.CheckedArguments:
+        """Decode and check a request's arguments for `submit`: bounded in their
+        shape before any decoding (`terms.check_shape`), and on a thread when
+        large, so that no request holds the event loop for long.
+
+        Raises:
+            ToolNotFoundError, InvalidRequestError, InvalidArgumentsError: As `submit`.
+        """
+        tool = self._registry.get(tool_name)
+        settings = self._settings
+        if len(arguments_json) <= terms.CHECK_ON_LOOP_BYTES:
+            return terms.CheckedArguments(
+                tool, terms.parse_arguments(tool, arguments_json, settings)
+            )
+        values = await asyncio.to_thread(terms.parse_arguments, tool, arguments_json, settings)
+        return terms.CheckedArguments(tool, values)
+
+    def _check_room(self, request: _CheckedRequest) -> None:
+        """Refuse a new call the daemon has no room for, whatever runs it.
+
+        Raises:
+            ShuttingDownError: The daemon is draining.
+            OverloadedError: No room for it: in all or in its client's share; for
+                a call that waits for approval, in its identity's bound of those.
+        """
+        if self.draining:
+            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        if request.gated:
+            # It holds no slot while it waits: it counts in once approved.
+            self.approvals.check_room(request.client)
+        else:
+            self._admission.check_room(request.client)
+
+    def _count_in(self, call: Call, request: _CheckedRequest) -> None:
+        """Count an admitted call among the running and queued (unless it waits
+        for approval: `_approved` counts it in then); `_let_go` counts it out."""
+        if not request.gated:
+            self._admission.admit(call.client)
+            call.counted = True
 
     def _spawn(self, call: Call, work: Coroutine[Any, Any, None]) -> None:
         """Run `work`, the call's task, kept until it ends (drain waits for it)."""
@@ -288,8 +355,7 @@ class CallManager:
 
     def _submit_in_session(self, session_id: str, request: _CheckedRequest) -> Call:
         """Admit a call into its session's line (see `submit`)."""
-        if self.draining:
-            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        self._check_room(request)
         session = self._session_named(session_id)
         tool = request.tool
         misfit = self._session_misfit(tool)
@@ -299,6 +365,7 @@ class CallManager:
             )
         session.check_room()
         call = self._admitted_here(request, session.terms.limits, session)
+        self._count_in(call, request)
         started = None
         # The request is in the sandbox before this returns (unless it awaits approval).
         if not request.gated and session.try_take_turn():
@@ -312,11 +379,12 @@ class CallManager:
     def _submit_in_daemon(
         self, handler: Handler, session_id: str, request: _CheckedRequest
     ) -> Call:
-        """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox, no slot."""
-        if self.draining:
-            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
+        """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox; it
+        counts as any call, and runs in the in-daemon tools' pool of slots."""
+        self._check_room(request)
         session = self._session_named(session_id) if session_id else None
         call = self._admitted_here(request, self._settings.limits, session)
+        self._count_in(call, request)
         work = DaemonCall(
             call.call_id,
             request.tool.name,
@@ -330,8 +398,14 @@ class CallManager:
 
     async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
         """An in-daemon call's task: its handler (`calls.in_daemon_run`), its end."""
+        slots = self._admission.in_daemon
+        held = False
         try:
             if not await self._approved(call):
+                return
+            held = await take_slot(slots, call)
+            if not held or call.stop_reason is not None:
+                self._end(call, results.not_started(call))
                 return
             self._running(call, "daemon")
             self._end(call, await run_in_daemon(call, handler, work))
@@ -339,6 +413,8 @@ class CallManager:
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
         finally:
+            if held:
+                slots.give()
             self._let_go(call)
 
     async def _run_in_session(
@@ -378,18 +454,6 @@ class CallManager:
             return existing, False
         self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
         return None, True
-
-    def _admit(self, request: _CheckedRequest) -> Call:
-        """A new call in a fresh sandbox, if the daemon takes it.
-
-        Raises:
-            ShuttingDownError: The daemon is draining.
-            OverloadedError: No room for it, in all or in its client's share.
-        """
-        if self.draining:
-            raise ShuttingDownError("the daemon is shutting down and takes no new calls")
-        self._admission.check_room(request.client)
-        return self._new_call(request, terms.limits_for(request.tool, self._settings))
 
     def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
         if self._journal is None:
@@ -456,7 +520,12 @@ class CallManager:
             return True
         refused = await self.approvals.wait(call)
         if refused is None:
-            return True
+            # Approved: it counts in as any call now, once its client has room.
+            if await self._admission.wait_for_room(call.client, call.stop_requested):
+                call.counted = True
+                self.approvals.let_go(call)
+                return True
+            refused = results.not_started(call)
         self._end(call, refused)
         return False
 
@@ -472,13 +541,40 @@ class CallManager:
                 non-approver learns nothing of the call).
             CallNotFoundError: Unknown id.
             NotAwaitingApprovalError: The call does not wait for approval.
+            InvalidRequestError: The reason is too long.
         """
         name = self.approvals.check_approver(approver)
+        assert approver is not None  # check_approver refuses None
         call = self.get(call_id)
-        self.approvals.decide(call, Decision(approve, name, reason))
+        decision = Decision(approve, name, reason)
+        self.approvals.check_decision(call, approver, decision)
+        self.approvals.decide(call, decision)
         if not approve:
             await call.ended.wait()  # its task ends it a turn later
         return call
+
+    def revoke(self, may_call: Callable[[str, str], bool]) -> int:
+        """Stop every call not yet running whose client may no longer make it
+        (`may_call(client, tool)` is False: its identity was removed from the
+        tokens file, or may no longer call that tool).
+
+        A call waiting for approval, for its turn or for a slot ends without
+        running (effect none, error `IdentityRevoked`, journaled so); a running
+        call runs on under the identity it was admitted with.
+
+        Returns:
+            How many calls were stopped.
+        """
+        stopped = 0
+        for call in list(self._calls.values()):
+            if call.state.finished or call.running.done() or call.stop_requested.done():
+                continue
+            if not may_call(call.client, call.tool.name):
+                call.request_stop(StopReason.REVOKED)
+                stopped += 1
+        if stopped:
+            log.warning("stopped %d calls of revoked identities before they ran", stopped)
+        return stopped
 
     # ------------------------------------------------------------------ running
 
@@ -507,15 +603,18 @@ class CallManager:
             log.exception("call %s failed inside the daemon", call.call_id)
             self._end(call, results.internal_error(call, exc))
         finally:
-            self._admission.release(call.client)
             self._let_go(call)
 
     def _let_go(self, call: Call) -> None:
-        """A call's task is over: close its output, drop what only a running call
-        needs, and bound what is remembered."""
+        """A call's task is over: count it out, close its output, drop what only a
+        running call needs, and bound what is remembered."""
+        if call.counted:
+            call.counted = False
+            self._admission.release(call.client)
+        self.approvals.let_go(call)
         call.events.close()
         call.compact()
-        self._forget_old()
+        self._forget_old(call)
 
     # ------------------------------------------------------------------ the end
 
@@ -562,18 +661,29 @@ class CallManager:
             except JournalError as exc:
                 log.error("cannot prune the journal: %s", exc)
 
-    def _forget_old(self) -> None:
-        """Bound memory: drop the oldest finished calls and old output logs."""
+    def _forget_old(self, ended: Call) -> None:
+        """Bound memory: drop the oldest finished calls and old output logs.
+
+        `ended`'s output joins the logs kept; past `KEPT_EVENT_LOGS` the oldest
+        ended one's is released. By end, not by admission: calls end out of
+        order, and a log never listed was never released (up to
+        `remembered_calls` x `event_buffer_bytes`). Unfinished calls are never
+        dropped, but they do not shield the finished ones behind them either:
+        one long call must not keep every later one in memory.
+        """
         limit = self._settings.remembered_calls
-        while len(self._calls) > limit:
-            oldest_id, oldest = next(iter(self._calls.items()))
-            if not oldest.state.finished:
-                break
-            del self._calls[oldest_id]
-        if self._calls:
-            newest = next(reversed(self._calls.values()))
-            if newest.state.finished:
-                self._with_events[newest.call_id] = newest
+        excess = len(self._calls) - limit
+        if excess > 0:
+            drop: list[str] = []
+            for call_id, call in self._calls.items():  # oldest first: usually one step
+                if call.state.finished:
+                    drop.append(call_id)
+                    if len(drop) == excess:
+                        break
+            for call_id in drop:
+                del self._calls[call_id]
+        if ended.state.finished:
+            self._with_events[ended.call_id] = ended
         while len(self._with_events) > KEPT_EVENT_LOGS:
             _, old = self._with_events.popitem(last=False)
             old.events.release()

@@ -44,6 +44,10 @@ SHUTDOWN_MESSAGE = (
     "before calling it again."
 )
 NOT_STARTED = "the call was cancelled before it started"
+REVOKED = (
+    "the identity that asked for it was revoked (the tokens file no longer lets it "
+    "call this tool) before it ran"
+)
 ENVELOPE_KEYS = {"status", "data", "message", "error"}
 
 _FAILED_BY_ITSELF = {
@@ -114,6 +118,16 @@ def stopped(call: Call, stop: StopReason) -> ToolResult:
             data=_python_data(call, None),
             error=ToolError(type="OutputLimit", message=f"output past {limit} bytes"),
         )
+    if stop is StopReason.REVOKED:  # stopped just as it started: it may have begun
+        return _result(
+            call,
+            status=CallStatus.CANCELLED,
+            effect=Effect.UNKNOWN,
+            message=f"The call was stopped as it started: {REVOKED}. It may have "
+            "taken effect in part.",
+            data=_python_data(call, None),
+            error=ToolError(type="IdentityRevoked", message=REVOKED),
+        )
     return _result(
         call,
         status=CallStatus.CANCELLED,
@@ -151,6 +165,25 @@ def not_run(call: Call, why: str) -> ToolResult:
         effect=Effect.NONE,
         message=f"The tool did not run: {why}.",
         error=ToolError(type="Cancelled", message=why),
+    )
+
+
+def not_started(call: Call) -> ToolResult:
+    """The result of a call stopped while it waited (for a slot, its session's
+    turn, an approver): it did not run, and the stop says why."""
+    if call.stop_reason is StopReason.REVOKED:
+        return revoked(call)
+    return not_run(call, NOT_STARTED)
+
+
+def revoked(call: Call) -> ToolResult:
+    """The result of a call whose identity was revoked before it ran."""
+    return _result(
+        call,
+        status=CallStatus.CANCELLED,
+        effect=Effect.NONE,
+        message=f"The tool did not run: {REVOKED}.",
+        error=ToolError(type="IdentityRevoked", message=REVOKED),
     )
 
 
