@@ -50,6 +50,7 @@ from tooljaild.builtin_tools import BUILTIN_TOOLS, builtin_tools
 from tooljaild.calls import CallManager
 from tooljaild.config import Settings
 from tooljaild.drain import LINGER_MAX_S, Refusals
+from tooljaild.file_modes import DAEMON_UMASK, make_dirs
 from tooljaild.in_daemon import Services
 from tooljaild.journal import Journal, JournalError
 from tooljaild.listen import SocketPlan, default_daemon_id, is_loopback, prepare_socket
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 JOURNAL_FILE = "journal.sqlite3"
+STATE_DIR_MODE = 0o711
+"""The state directory and `workspaces/`: passed through by sandboxes, listed by nobody."""
 
 
 class DaemonError(TooljailError):
@@ -164,7 +167,7 @@ async def check_tool_files(settings: Settings) -> Registry:
         }
     )
     with tempfile.TemporaryDirectory(prefix="tooljail-check-") as tmp:
-        os.chmod(tmp, 0o711)
+        os.chmod(tmp, STATE_DIR_MODE)
         sandboxes = await open_sandboxes(mild, state_dir=Path(tmp), daemon_id="check")
         try:
             default = PoolSet(mild, sandboxes.factory).default
@@ -279,11 +282,13 @@ class Daemon:
     def _make_state_dirs(self) -> None:
         s = self.settings
         try:
-            # 0711: a sandbox's uid may pass through to its own workspace (by name),
-            # and list nothing.
+            # 0711: a sandbox's uid may pass through to the runner and to its own
+            # workspace (by name), and list nothing; what is in them is private
+            # (tooljaild.file_modes). Parents the daemon makes too: it would be
+            # stopped at them.
             for directory in (s.state_dir, s.workspace_root):
-                directory.mkdir(parents=True, exist_ok=True, mode=0o711)
-                directory.chmod(0o711)
+                make_dirs(directory, STATE_DIR_MODE)
+                directory.chmod(STATE_DIR_MODE)
         except OSError as exc:
             raise DaemonError(f"cannot create state directory {s.state_dir}: {exc}") from exc
 
@@ -700,7 +705,15 @@ class Daemon:
             )
 
     async def serve_until_signalled(self) -> None:
-        """Start, serve until SIGTERM or SIGINT, then drain and stop; reload on SIGHUP."""
+        """Start, serve until SIGTERM or SIGINT, then drain and stop; reload on SIGHUP.
+
+        This is the process's life (`tooljail serve`): it also sets the
+        process's umask to `DAEMON_UMASK`, before anything is written, so
+        every file the daemon writes is its own unless made otherwise on
+        purpose (tooljaild.file_modes). A daemon embedded with `start` and
+        `stop` keeps its process's umask.
+        """
+        os.umask(DAEMON_UMASK)
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -76,7 +76,9 @@ from tooljaild.journal_file import (
     check_existing,
     check_writable,
     connect,
+    create_private,
     journal_error,
+    make_private,
     prepare,
 )
 
@@ -292,7 +294,10 @@ class Journal:
                 "point the daemon at another state directory.",
             )
         check_writable(path)
-        created = not path.exists() or check_existing(path)
+        # Made (or narrowed) 0600 before the writing connection: SQLite's own
+        # files follow its mode. An empty file, made just now, is created afresh.
+        created = create_private(path) or check_existing(path)
+        make_private(path)
         db = connect(path, "rwc" if created else "rw")
         try:
             migrated_from = prepare(db, path, create=created)

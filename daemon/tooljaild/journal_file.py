@@ -159,6 +159,66 @@ def check_writable(path: Path) -> None:
             )
 
 
+FILE_MODE = 0o600
+"""The journal's mode: it holds every client's code and arguments, for the daemon alone.
+SQLite gives the `-wal` and `-shm` files it creates the database file's mode."""
+SIDE_FILES = ("-wal", "-shm", "-journal")
+"""Suffixes of the files SQLite keeps next to a database."""
+
+
+def create_private(path: Path) -> bool:
+    """Create the journal file, empty and `FILE_MODE`, unless it exists.
+
+    Before SQLite opens it: SQLite's own files then follow its mode, whatever
+    the umask (`make_private` narrows one that exists).
+
+    Returns:
+        Whether it was created.
+
+    Raises:
+        JournalError: It cannot be created ("unwritable").
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise JournalError(
+            "unwritable",
+            path,
+            f"The call journal {path} cannot be created ({exc.strerror or exc}): make "
+            f"{path.parent} writable by the daemon's user, or give it another --state-dir.",
+        ) from exc
+    os.close(fd)
+    return True
+
+
+def make_private(path: Path) -> None:
+    """Give the journal file and its side files (`-wal`, `-shm`) `FILE_MODE`.
+
+    A journal of an older tooljail (0644, as SQLite makes files), and a
+    `-wal` it left behind, are made private here, at start. Call it once the
+    file is known to be a journal: one that is not is left as it was.
+
+    Raises:
+        JournalError: A mode cannot be set ("unwritable": not the daemon's file).
+    """
+    for target in (path, *(path.with_name(path.name + s) for s in SIDE_FILES)):
+        try:
+            if os.stat(target).st_mode & 0o7777 != FILE_MODE:
+                os.chmod(target, FILE_MODE)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise JournalError(
+                "unwritable",
+                path,
+                f"The call journal's file {target} cannot be made private to the daemon "
+                f"({exc.strerror or exc}): it holds every client's code and arguments. "
+                "Make the daemon's user its owner (chown), or move it aside.",
+            ) from exc
+
+
 def check_existing(path: Path) -> bool:
     """Check an existing file through a read-only connection, which never changes it.
 

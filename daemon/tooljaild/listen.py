@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tooljail._client import default_socket_path
+from tooljaild.file_modes import make_dirs
 
 if TYPE_CHECKING:
     from tooljaild.daemon import DaemonError
@@ -212,7 +213,8 @@ def prepare_socket(
         _own_private_dir(path.parent)
     else:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            # As such, not narrowed by the daemon's umask (0077): clients reach the socket.
+            make_dirs(path.parent, 0o755)
         except OSError as exc:
             raise _refused(f"cannot create {path.parent}: {exc}") from exc
     if path.exists() or path.is_symlink():

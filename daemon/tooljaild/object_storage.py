@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tooljail.errors import InvalidArgumentsError
 from tooljaild.artifact_tools import gone, locate
+from tooljaild.auth.secret_files import ExposedSecretError, read_secret
 from tooljaild.in_daemon import DaemonCall, ToolFailure
 from tooljaild.registry import Tool
 
@@ -225,9 +226,15 @@ def _credentials(path: Path, profile: str) -> dict[str, str]:
     """The keys of `profile` in a shared-credentials file, as boto3's Session takes them."""
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        with path.open(encoding="utf-8") as f:
-            parser.read_file(f)
-    except (OSError, configparser.Error) as exc:
+        # Only when private to the daemon, as its TLS key and tokens file.
+        parser.read_string(read_secret(path, "the storage credentials file").decode())
+    except ExposedSecretError as exc:
+        raise ToolFailure(
+            "StorageCredentialsInvalid",
+            f"The daemon uses no credentials others could read or change: {exc}. The "
+            "operator must fix [storage] credentials_file.",
+        ) from None
+    except (OSError, UnicodeDecodeError, configparser.Error) as exc:
         raise ToolFailure(
             "StorageCredentialsInvalid",
             f"The daemon cannot read its storage credentials file {str(path)!r} "

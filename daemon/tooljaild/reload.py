@@ -34,12 +34,14 @@ with the listener; a reload must never open the daemon), and a new path is
 a deployment's change (a mount, a unit's credential), read at the restart.
 The `[tls]` files are read into the server's credentials at start: a reload
 compares them with the files on disk and says that replaced ones (a
-certificate rotation) need a restart.
+certificate rotation) need a restart, and that a key others could read or
+change (tooljaild.auth.secret_files) would stop one.
 
 A reload that cannot read the config keeps every setting; one whose tools
 cannot be loaded keeps the tools it served; one whose tokens file cannot be
-used (missing, unreadable, not TOML, a bad hash or policy) keeps the
-identities in force and logs why, naming the file (never a token or hash).
+used (missing, unreadable, not TOML, a bad hash or policy, or readable or
+writable by others: tooljaild.auth.secret_files) keeps the identities in
+force and logs why, naming the file (never a token or hash).
 Whatever it kept is listed in `Reloader.kept`, which the daemon's STATUS line
 repeats. Either way the daemon serves on.
 """
@@ -54,6 +56,7 @@ from typing import Any
 
 from tooljail.errors import TooljailError
 from tooljaild.auth.policy import Identities, IdentityChanges, PolicyError, load_identities
+from tooljaild.auth.secret_files import ExposedSecretError
 from tooljaild.auth.transport import ListenerSecurity, tls_digest
 from tooljaild.config import Settings
 from tooljaild.pools import SANDBOX_LIMITS
@@ -230,6 +233,13 @@ class Reloader:
             return
         try:
             on_disk = await asyncio.to_thread(tls_digest, settings.tls)
+        except ExposedSecretError as exc:
+            log.error(
+                "reload: the certificates read at start are still served, but a restart "
+                "would fail: %s",
+                exc,
+            )
+            return
         except OSError as exc:
             log.warning(
                 "reload: cannot read the [tls] file %s (%s): the certificates read at start "

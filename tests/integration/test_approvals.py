@@ -55,6 +55,7 @@ def tokens_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
             for name, policy in POLICIES.items()
         )
     )
+    path.chmod(0o600)  # the daemon reads no tokens file others could read
     return path
 
 

@@ -260,6 +260,25 @@ def test_wrong_credentials_are_a_clear_failure_without_the_secret(
     assert upload("good", moto_auth.key_id, moto_auth.secret).ok
 
 
+def test_a_credentials_file_others_can_read_is_not_used(
+    moto: Moto, serve: Callable[..., ServedDaemon], tmp_path: Path
+) -> None:
+    """As the TLS key and the tokens file (issue 21, finding 16): a secret others
+    can read is refused, by name, with the chmod that fixes it."""
+    credentials = _credentials(tmp_path, KEY_ID, SECRET)
+    credentials.chmod(0o644)
+    state_dir = tmp_path / "state"
+    served = serve(state_dir=state_dir, storage=_storage(moto.url, credentials))
+    with Client(served.target) as client:
+        artifact_id = _put_artifact(state_dir, _owner(client), b"data\n")
+        result = client.call("upload_file", {"artifact_id": artifact_id})
+    assert result.status == CallStatus.ERROR
+    assert result.error is not None and result.error.type == "StorageCredentialsInvalid"
+    assert "(mode 0644)" in result.error.message
+    assert f"chmod 600 {credentials}" in result.error.message
+    assert SECRET not in result.error.message and SECRET not in result.message
+
+
 def test_a_missing_bucket_is_named(
     moto: Moto, serve: Callable[..., ServedDaemon], tmp_path: Path
 ) -> None:

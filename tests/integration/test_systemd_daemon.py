@@ -7,6 +7,7 @@ The test listens on the datagram socket named by NOTIFY_SOCKET, as systemd does.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -24,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import IN_CI, spawn_daemon, wait_serving
 from tooljail import Client
+from tooljail.testing import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 UNIT = ROOT / "deploy" / "systemd" / "tooljail.service"
@@ -245,7 +247,8 @@ def test_the_unit_says_what_the_issue_asks() -> None:
         "Type=notify",
         "NotifyAccess=main",
         "WatchdogSec=",
-        "ExecReload=/bin/kill -HUP $MAINPID",
+        "ExecReload=/bin/sh -c 'kill -HUP \"${MAINPID}\"'",
+        "UMask=0077",
         "RuntimeDirectory=tooljail",
         "StateDirectory=tooljail",
         "Delegate=yes",
@@ -257,6 +260,34 @@ def test_the_unit_says_what_the_issue_asks() -> None:
     left_out = text.split("Hardening: left out", 1)[1]
     for directive in ("ProtectKernelTunables=", "ProtectControlGroups=", "SystemCallFilter="):
         assert directive in left_out
+
+
+def test_the_reload_command_needs_nothing_but_the_shell(tmp_path: Path) -> None:
+    """ExecReload= as systemd runs it ($MAINPID in its environment), where no
+    `kill` program exists (procps is not installed on a minimal Debian)."""
+    line = next(x for x in UNIT.read_text().splitlines() if x.startswith("ExecReload="))
+    argv = shlex.split(line.removeprefix("ExecReload="))
+    assert argv[0] == "/bin/sh", argv
+    hup, ready = tmp_path / "hup", tmp_path / "ready"
+    script = f"trap 'echo hup > {hup}; exit 0' HUP; : > {ready}; while :; do sleep 0.05; done"
+    target = subprocess.Popen(["/bin/sh", "-c", script])
+    try:
+        wait_for(ready.exists, 10)  # the trap is set
+        empty = tmp_path / "bin"
+        empty.mkdir()
+        proc = subprocess.run(
+            argv,
+            env={"MAINPID": str(target.pid), "PATH": str(empty)},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert target.wait(10) == 0 and hup.read_text() == "hup\n"
+    finally:
+        if target.poll() is None:
+            target.kill()
+            target.wait(10)
 
 
 def test_the_sample_config_is_valid(tmp_path: Path) -> None:

@@ -145,7 +145,8 @@ def machine() -> Iterator[Machine]:
         # "degraded" is fine (units a container cannot run); "starting" is not yet.
         box.wait("! systemctl is-system-running --wait | grep -q starting")
         box.sh(
-            "set -e; groupadd --system tooljail; chmod 711 /root; "
+            # No procps' kill, as on a minimal Debian: `systemctl reload` must not need it.
+            "set -e; rm -f /usr/bin/kill /bin/kill; groupadd --system tooljail; chmod 711 /root; "
             "mkdir -p /etc/tooljail/tools /etc/systemd/system/tooljail.service.d; "
             f"cp {ROOT}/deploy/systemd/tooljail.toml /etc/tooljail/tooljail.toml"
         )

@@ -17,6 +17,7 @@ def _sha(token: str) -> str:
 def _file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "tokens.toml"
     path.write_text(text)
+    path.chmod(0o600)  # the daemon reads no tokens file others could read
     return path
 
 

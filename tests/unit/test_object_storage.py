@@ -51,6 +51,7 @@ def test_exactly_one_of_path_and_artifact_id(arguments: dict[str, str]) -> None:
 def test_a_credentials_file_without_the_profile_is_named_not_shown(tmp_path: Path) -> None:
     path = tmp_path / "credentials"
     path.write_text("[other]\naws_access_key_id = K\naws_secret_access_key = S3CRET\n")
+    path.chmod(0o600)  # the daemon reads no credentials others could read
     with pytest.raises(ToolFailure) as failure:
         _credentials(path, "default")
     assert failure.value.type == "StorageCredentialsInvalid"

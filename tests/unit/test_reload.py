@@ -188,6 +188,7 @@ class Served:
     def __init__(self, tmp_path: Path, text: str) -> None:
         self.tokens = tmp_path / "tokens.toml"
         self.tokens.write_text(text)
+        self.tokens.chmod(0o600)
         self.settings = settings(auth={"tokens_file": self.tokens})
         self.auth = Authenticator(load_identities(self.tokens), client_certificates=True)
         self.security = ListenerSecurity(self.auth, None, SocketPermissions())
@@ -274,6 +275,7 @@ async def test_the_path_or_turning_tokens_on_or_off_waits_for_a_restart(
     served = Served(tmp_path, _identity("x", TOKEN_X))
     elsewhere = tmp_path / "other.toml"
     elsewhere.write_text(_identity("y", TOKEN_Y))
+    elsewhere.chmod(0o600)
     served.tokens.write_text(_identity("x", TOKEN_X) + _identity("z", "z"))
     for tokens_file in (elsewhere, None):
         caplog.clear()
@@ -299,6 +301,7 @@ async def test_replaced_tls_files_are_named_as_needing_a_restart(
     cert, key = tmp_path / "server.pem", tmp_path / "server.key"
     cert.write_text("cert 1")
     key.write_text("key 1")
+    key.chmod(0o600)
     running = settings(tls={"cert_file": cert, "key_file": key})
     digest = tls_digest(running.tls)
     auth = Authenticator(None, client_certificates=False)

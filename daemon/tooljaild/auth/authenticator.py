@@ -54,6 +54,7 @@ from tooljaild.auth.policy import (
     changes,
     load_identities,
 )
+from tooljaild.auth.secret_files import read_secret
 from tooljaild.auth.settings import AuthSettings, TlsSettings
 from tooljaild.errors import abort_with
 
@@ -240,17 +241,22 @@ def common_names(subject: str) -> int:
     return count
 
 
+KEY_FILE = "the TLS private key ([tls] key_file)"
+"""How messages name `[tls] key_file`."""
+
+
 def server_credentials(tls: TlsSettings) -> grpc.ServerCredentials:
     """The TLS credentials `[tls]` describes (with client certificates required
     when `client_ca_file` is set).
 
     Raises:
         OSError: A file cannot be read.
+        ExposedSecretError: Others could read or change the key (`read_secret`).
     """
     assert tls.cert_file is not None and tls.key_file is not None  # tls.enabled
     ca = tls.client_ca_file.read_bytes() if tls.client_ca_file is not None else None
     return grpc.ssl_server_credentials(
-        [(tls.key_file.read_bytes(), tls.cert_file.read_bytes())],
+        [(read_secret(tls.key_file, KEY_FILE), tls.cert_file.read_bytes())],
         root_certificates=ca,
         require_client_auth=ca is not None,
     )

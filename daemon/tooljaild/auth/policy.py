@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tooljail.errors import TooljailError
+from tooljaild.auth.secret_files import ExposedSecretError, read_secret
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """An identity's name: what logs, metrics and ownership carry."""
@@ -140,16 +141,24 @@ def changes(old: Identities, new: Identities) -> IdentityChanges:
     )
 
 
+TOKENS_FILE = "the tokens file"
+"""How messages name `[auth] tokens_file`."""
+
+
 def load_identities(path: Path) -> Identities:
     """Reads a tokens file.
 
     Raises:
-        PolicyError: When it cannot be read or is not a valid tokens file: the
+        PolicyError: When it cannot be read, others could read or change it
+            (tooljaild.auth.secret_files), or it is not a valid tokens file: the
             message names the file and the entry at fault, and never holds a
             token or a hash (it goes to the log on a reload).
     """
     try:
-        raw = tomllib.loads(path.read_text())
+        # Refused unless private: others must neither change nor read it (secret_files).
+        raw = tomllib.loads(read_secret(path, TOKENS_FILE).decode())
+    except ExposedSecretError as e:
+        raise PolicyError(str(e)) from None
     except OSError as e:
         raise PolicyError(f"cannot read the tokens file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError as e:  # its text quotes the bytes: only where they are

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from tooljail.errors import TooljailError
-from tooljaild.auth.authenticator import Authenticator, server_credentials
+from tooljaild.auth.authenticator import KEY_FILE, Authenticator, server_credentials
 from tooljaild.auth.policy import PolicyError
+from tooljaild.auth.secret_files import ExposedSecretError, read_secret
 from tooljaild.auth.settings import TlsSettings
 
 if TYPE_CHECKING:
@@ -102,7 +103,9 @@ def listener_security(settings: Settings) -> ListenerSecurity:
 
     Raises:
         SecurityConfigError: A tokens file, certificate or key cannot be read or
-            used, or a socket key is wrong; the message names it.
+            used, the tokens file or key is not private to the daemon
+            (tooljaild.auth.secret_files), or a socket key is wrong; the
+            message names it.
     """
     try:
         authenticator = Authenticator.from_settings(settings.auth, settings.tls)
@@ -115,6 +118,8 @@ def listener_security(settings: Settings) -> ListenerSecurity:
             # reload say "restart" once too often, never once too few.
             digest = tls_digest(settings.tls)
             credentials = server_credentials(settings.tls)
+        except ExposedSecretError as exc:
+            raise SecurityConfigError(str(exc)) from None
         except OSError as exc:
             raise SecurityConfigError(
                 f"[tls]: cannot read {exc.filename}: {exc.strerror or exc}"
@@ -128,12 +133,18 @@ def tls_digest(tls: TlsSettings) -> str | None:
 
     Raises:
         OSError: A file cannot be read.
+        ExposedSecretError: Others could read or change the key: it is not read.
     """
     if not tls.enabled:
         return None
     digest = hashlib.sha256()
     for path in (tls.cert_file, tls.key_file, tls.client_ca_file):
         # The length first: no two different sets of files hash alike by shifting bytes.
-        data = b"" if path is None else path.read_bytes()
+        if path is None:
+            data = b""
+        elif path == tls.key_file:
+            data = read_secret(path, KEY_FILE)
+        else:
+            data = path.read_bytes()
         digest.update(len(data).to_bytes(8, "big") + data)
     return digest.hexdigest()

@@ -22,6 +22,7 @@ import socket
 import struct
 from pathlib import Path
 
+from tooljaild.file_modes import make_dirs
 from tooljaild.sandbox.runner_channel import PipeEnds
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def peer_pid(conn: socket.socket, container_id: str) -> int | None:
 
 def _listen(directory: Path, uid: int, gid: int) -> socket.socket:
     """Make the channel directory and listen in it."""
-    directory.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+    make_dirs(directory.parent, 0o711)  # as such: the daemon's umask is 0077
     directory.mkdir(mode=0o700)
     if os.geteuid() == 0:
         # Only the sandbox uid (and root) may reach the socket.

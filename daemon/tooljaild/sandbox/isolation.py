@@ -350,17 +350,25 @@ def sandbox_identity(iso: Isolation) -> tuple[int, frozenset[int], str] | None:
     return euid, frozenset({os.getegid(), *os.getgroups()}), f"uid {euid} (the daemon's own)"
 
 
+RUNNER_DIR_MODE = 0o755
+RUNNER_FILE_MODE = 0o644
+"""The runner's directories and files: every sandbox reads them (install_runner)."""
+
+
 def install_runner(state_dir: Path) -> Path:
     """Copy the runner and the tool decorator where every sandbox can read them.
 
     They are bound read-only into sandboxes; a copy keeps the sandbox's view
     independent of where (and with which permissions) the daemon is installed.
+    The one part of the state directory others may read (tooljaild.file_modes):
+    every sandbox's uid must, and it holds nothing but tooljail's own code.
+    Modes are set as such, never left to the daemon's umask (0077).
     """
     import tooljail._tooldef
 
     target = state_dir / "runner"
     target.mkdir(parents=True, exist_ok=True)
-    target.chmod(0o755)
+    target.chmod(RUNNER_DIR_MODE)
     for source in (
         RUNNER_PATH,
         RUNNER_PATH.with_name("_zygote.py"),
@@ -376,7 +384,7 @@ def install_runner(state_dir: Path) -> Path:
         dest = target / source.name
         tmp = dest.with_suffix(".tmp")
         shutil.copyfile(source, tmp)
-        tmp.chmod(0o644)
+        tmp.chmod(RUNNER_FILE_MODE)
         tmp.replace(dest)
     # A session's modules are imported when it starts, not with every sandbox:
     # compiled once here instead of at each session (~8 ms each on a small VM).
@@ -389,5 +397,9 @@ def install_runner(state_dir: Path) -> Path:
     )
     for name in ("_session.py", *workspace, "_artifacts.py"):
         with contextlib.suppress(OSError):  # then each session compiles it, as before
-            py_compile.compile(str(target / name), quiet=2)
+            compiled = py_compile.compile(str(target / name), quiet=2)
+            if compiled is not None:
+                # Written under the daemon's umask: made readable as the sources are.
+                Path(compiled).parent.chmod(RUNNER_DIR_MODE)
+                Path(compiled).chmod(RUNNER_FILE_MODE)
     return target

@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tooljaild.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
@@ -219,6 +220,8 @@ class ProcessSandbox(RunnerSandbox):
                 pass_fds=tuple(fd for fd in theirs if fd not in (stdin_r, stdout_w, stderr_w)),
                 start_new_session=True,
                 env=env,
+                # Not the daemon's own (0077): a tool's files as in any container.
+                umask=SANDBOX_UMASK,
                 cwd="/" if self.namespaced else self.workspace,
             )
         except OSError as exc:

@@ -17,6 +17,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from tooljaild.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox.base import SandboxError, first_words
 
@@ -75,6 +76,8 @@ class Zygote:
                     pass_fds=tuple(passed),
                     start_new_session=True,
                     env={},
+                    # Not the daemon's own (0077): a tool's files as in any container.
+                    umask=SANDBOX_UMASK,
                 )
             except OSError as exc:
                 raise SandboxError(f"cannot start the zygote: {exc}") from exc
