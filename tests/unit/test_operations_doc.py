@@ -20,6 +20,7 @@ DOC = ROOT / "docs" / "operations.md"
 
 NOT_SETTINGS = {
     "awaiting_approval": "a call state",
+    "client_name": "the SDK's Client argument (a label within a uid)",
     "daemon_restart": "why a session ended",
     "retry_after_s": "an OverloadedError attribute",
 }
