@@ -50,6 +50,7 @@ import types
 from typing import Any
 
 import _artifacts  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+import _turn  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 4096
@@ -115,6 +116,14 @@ class _Supervisor:
         """The interpreter's artifact being forwarded is past the call's count: dropped."""
         self.outputs_before: dict[str, tuple[int, int]] = {}
         """outputs/ as the running call found it: only what it changes is sent."""
+        self.tag: tuple[int, str] = (0, "")
+        """(seq, tag) of the last call the daemon sent: its frames carry the tag."""
+        self.nonce = ""
+        """The running call's nonce: the interpreter's messages for it carry it."""
+        self.told: dict[str, int] = {}
+        self.threads_at_start = 0
+        """What the interpreter said the running call left (see _turn.Turn.close)."""
+        self.relay = _Relay(int(request.get("idle_output_bytes_per_s") or 0))
         self.to_interp = -1
         self.from_interp = -1
         self.outgoing = b""  # what is still to be written to the interpreter
@@ -141,17 +150,23 @@ class _Supervisor:
         """Fork a fresh interpreter (its limits, cwd and env are the session's)."""
         to_r, to_w = os.pipe()
         from_r, from_w = os.pipe()
+        relay = [os.pipe(), os.pipe()]  # the interpreter's stdout and stderr
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         pid = os.fork()
         if pid == 0:
             try:
+                os.dup2(relay[0][1], 1)
+                os.dup2(relay[1][1], 2)
                 _interpreter(self.runner, self.request, self.me, to_r, from_w)
             finally:
                 os._exit(70)
         os.close(to_r)
         os.close(from_w)
+        for _, w in relay:
+            os.close(w)
+        self.relay.start(relay[0][0], relay[1][0], self.poll)
         os.set_blocking(to_w, False)
         os.set_blocking(from_r, False)
         self.interpreter, self.status = pid, None
@@ -172,6 +187,9 @@ class _Supervisor:
             with contextlib.suppress(ChildProcessError):
                 _, self.status, rusage = os.wait4(self.interpreter, 0)
                 self.reaped = (self.interpreter, rusage)
+        # What it wrote before it died is still the running call's.
+        self.relay.drain(forward=self.running is not None)
+        self.relay.close(self.poll)
         for fd in (self.to_interp, self.from_interp):
             with contextlib.suppress(KeyError, ValueError):
                 self.poll.unregister(fd)
@@ -207,8 +225,10 @@ class _Supervisor:
     def serve(self) -> None:
         """Serve until the daemon closes the request pipe (or it breaks)."""
         while True:
-            for fd, _ in self.poll.poll():
-                if fd == self.wake_r:
+            for fd, _ in self.poll.poll(self.relay.paused_ms()):
+                if fd in self.relay.fds:
+                    self.relay.read(fd, forward=self.running is not None, poll=self.poll)
+                elif fd == self.wake_r:
                     with contextlib.suppress(OSError):
                         os.read(self.wake_r, 4096)
                     self._reap()
@@ -227,6 +247,7 @@ class _Supervisor:
                     self._take_messages()
                 elif fd == self.to_interp:
                     self._send(b"")
+            self.relay.resume_if_due(self.poll)
             if self.status is not None:
                 self.restart(asked=False)
 
@@ -250,6 +271,7 @@ class _Supervisor:
         except (ValueError, KeyError, TypeError):
             return  # the daemon writes none such
         if op == "call":
+            self.tag = (seq, str(message.get("tag") or ""))
             self._call(seq, message.get("request") or {}, line)
         elif op == "interrupt":
             if self.running == seq and self.status is None:
@@ -278,11 +300,21 @@ class _Supervisor:
             # outputs/ is read here, not by the interpreter: tool code cannot
             # make the supervisor send what the call did not write.
             self.outputs_before = _artifacts.snapshot(self.root)
+            tag = self.tag[1]
             self.sender = _artifacts.Sender(
-                lambda frame: self.runner._write_frame({**frame, "seq": seq}),
+                lambda frame: self.runner._write_frame({**frame, "seq": seq, "tag": tag}),
                 *_artifacts.limits_of(request, self.request),
             )
-            self._send(line if line.endswith(b"\n") else line + b"\n")
+            # A nonce of this call's own, which no code of an earlier call has
+            # seen: the interpreter's messages for the call must carry it.
+            self.nonce, self.told = os.urandom(16).hex(), {}
+            # The kernel's count, which no code in the interpreter can change:
+            # other threads alive as the call starts (earlier calls', or a
+            # library's own workers, which the kernel does not tell apart).
+            self.threads_at_start = max(len(_read_dir(f"/proc/{self.interpreter}/task")) - 1, 0)
+            self.relay.resume(self.poll)  # its output is the call's from now on
+            tagged = b'{"n": "' + self.nonce.encode() + b'", ' + line.lstrip()[1:]
+            self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
             self._write(seq, _failed(error), reset=False)
@@ -339,15 +371,18 @@ class _Supervisor:
             message = json.loads(line)
         except (ValueError, RecursionError):
             return
-        if not isinstance(message, dict):
+        # Only the running call's: a message without its nonce is a forgery of
+        # code from an earlier call (or a stale one), and it is dropped.
+        if not isinstance(message, dict) or message.get("n") != self.nonce:
             return
         if message.get("t") == "artifact":
             self._forward_artifact(message)
         elif message.get("t") == "yield" and "v" in message:
-            self.runner._write_frame({"t": "yield", "seq": self.running, "v": message["v"]})
-        elif message.get("t") == "result" and message.get("seq", self.running) == self.running:
-            # (Without a seq: the runner's own ResultTooLarge frame, which has none.)
+            frame = {"t": "yield", "seq": self.running, "tag": self.tag[1], "v": message["v"]}
+            self.runner._write_frame(frame)
+        elif message.get("t") == "result" and message.get("seq") == self.running:
             frame = {key: message[key] for key in _RESULT_KEYS if key in message}
+            self.told = {key: _count(message.get(key)) for key in _LEFT_KEYS}
             self._write(self.running, {"t": "result", **frame}, reset=False)
 
     def _forward_artifact(self, message: dict[str, Any]) -> None:
@@ -374,13 +409,21 @@ class _Supervisor:
             self.sender.sent += 1
             self.dropping = False
         if not self.dropping:
-            self.sender.write_frame({"t": "artifact", **fields})
+            self.sender.write_frame({"t": "artifact", **fields})  # (the sender tags it)
 
     def _write(self, seq: int, frame: dict[str, Any], *, reset: bool) -> None:
         """End call `seq` with `frame`: after every process it started is gone,
         and after the files it wrote to outputs/ are sent."""
+        ours = self.running == seq
+        if ours:  # what the call leaves running, told before the sweep ends it
+            left = self._left()
         if not self.keep:
             self.sweep(everything=False)
+        # Everything the call printed is in the relay pipes now (the interpreter
+        # flushed before its result; the sweep ended the call's processes).
+        self.relay.drain(forward=ours)
+        if ours:
+            frame["left"] = left
         if self.running == seq and self.sender is not None:
             try:
                 _artifacts.send_outputs(self.sender, self.root, self.outputs_before)
@@ -392,12 +435,30 @@ class _Supervisor:
             frame["usage"] = self.usage.end(self)
             self.usage = None
         frame["seq"] = seq
+        if self.tag[0] == seq:
+            frame["tag"] = self.tag[1]
         frame["reset"] = reset or self.reset_pending
         frame["resets"] = self.resets
         self.reset_pending = False
         if self.running == seq:
             self.running = None
         self.runner._write_frame(frame)
+
+    def _left(self) -> dict[str, Any]:
+        """What the running call leaves behind: its processes (read here), the
+        threads the interpreter counted (its word: see _turn.py), and the output
+        dropped since the call before (the relay's count, and the interpreter's)."""
+        told = self.told
+        processes = sum(1 for pid in self._below(False) if _alive(pid))
+        return {
+            "processes": processes,
+            "kept": self.keep,
+            "threads": told.get("threads", 0),
+            "earlier_threads": told.get("earlier_threads", 0),
+            "dropped_bytes": self.relay.take_dropped() + told.get("dropped_bytes", 0),
+            "dropped_frames": told.get("dropped_frames", 0),
+            "os_threads_at_start": self.threads_at_start,
+        }
 
     # ------------------------------------------------------------ the sweep
 
@@ -438,7 +499,149 @@ class _Supervisor:
 
 
 _RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
+_LEFT_KEYS = ("threads", "earlier_threads", "dropped_bytes", "dropped_frames")
+"""What the interpreter's result says the call left (_turn.Turn.close)."""
+
+
+def _count(value: Any) -> int:
+    """A count the interpreter told: a non-negative int, else 0."""
+    return min(value, 1 << 62) if type(value) is int and value > 0 else 0
+
+
 _ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
+
+
+class _Relay:
+    """The interpreter's stdout and stderr, read by the supervisor: passed on to
+    the daemon's pipes (the supervisor's fds 1 and 2) while a call runs, and
+    dropped here, counted, between calls.
+
+    Between calls only processes a session keeps (keep_processes) and threads
+    that outlived their call write: none of it is any call's, and none of it
+    reaches the daemon (it cost the daemon a share of a core per chatty
+    session when it did). Dropping costs this process a read per chunk, so it
+    is bounded too: past `rate` bytes a second (a second's worth at once) the
+    pipes are not read until the rate allows it or the next call starts, and
+    the writers wait on a full pipe, costing nothing.
+    """
+
+    _DRAIN_READS = 64
+    """Reads per pipe at a call's end at most (a writer may keep the pipe full)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        """Bytes a second dropped between calls before the writers must wait; 0:
+        nothing is read between calls."""
+        self.fds: dict[int, int] = {}
+        """The pipes' read ends, each with the daemon's descriptor it feeds."""
+        self.dropped = 0
+        self._tokens = float(rate)
+        self._stamp = time.monotonic()
+        self._paused_until: float | None = None
+        self._watched = False
+
+    def start(self, stdout_r: int, stderr_r: int, poll: Any) -> None:
+        """Read a fresh interpreter's pipes from now on."""
+        self.fds = {stdout_r: 1, stderr_r: 2}
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+        self._paused_until, self._watched = None, False
+        self._watch(poll)
+
+    def read(self, fd: int, *, forward: bool, poll: Any) -> None:
+        """Take what `fd` holds now: passed on when `forward`, else dropped."""
+        data = self._read(fd, poll)
+        if not data:
+            return
+        if forward:
+            _write_all(self.fds[fd], data)
+            return
+        self.dropped += len(data)
+        now = time.monotonic()
+        self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= len(data)
+        if self._tokens < 0:  # past the rate: the writers wait on full pipes
+            self._unwatch(poll)
+            wait = -self._tokens / self.rate if self.rate else math.inf
+            self._paused_until = now + wait
+
+    def drain(self, *, forward: bool) -> None:
+        """Take what the pipes hold now (at a call's end, or an interpreter's)."""
+        for fd in list(self.fds):
+            for _ in range(self._DRAIN_READS):
+                data = self._read(fd, None)
+                if not data:
+                    break
+                if forward:
+                    _write_all(self.fds[fd], data)
+                else:
+                    self.dropped += len(data)
+
+    def take_dropped(self) -> int:
+        """Bytes dropped since the last time this was asked (the last call's end)."""
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+    def paused_ms(self) -> int | None:
+        """How long the loop may sleep before the pipes are to be read again (None: any)."""
+        if self._paused_until is None or self._paused_until == math.inf:
+            return None
+        return max(0, math.ceil((self._paused_until - time.monotonic()) * 1000))
+
+    def resume_if_due(self, poll: Any) -> None:
+        if self._paused_until is not None and time.monotonic() >= self._paused_until:
+            self.resume(poll)
+
+    def resume(self, poll: Any) -> None:
+        """Read the pipes again now (a call starts: what comes is its output)."""
+        self._paused_until = None
+        self._watch(poll)
+
+    def close(self, poll: Any) -> None:
+        self._unwatch(poll)
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = {}
+
+    def _read(self, fd: int, poll: Any) -> bytes:
+        try:
+            data = os.read(fd, _CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return b""
+        except OSError:
+            data = b""
+        if not data and poll is not None:  # every writer is gone: nothing more comes
+            with contextlib.suppress(KeyError, ValueError):
+                poll.unregister(fd)
+            os.close(fd)
+            del self.fds[fd]
+        return data
+
+    def _watch(self, poll: Any) -> None:
+        if not self._watched:
+            for fd in self.fds:
+                poll.register(fd, select.POLLIN)
+            self._watched = True
+
+    def _unwatch(self, poll: Any) -> None:
+        if self._watched:
+            for fd in self.fds:
+                with contextlib.suppress(KeyError, ValueError):
+                    poll.unregister(fd)
+            self._watched = False
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to the daemon's pipe `fd` (waiting while it is full)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except (BlockingIOError, InterruptedError):
+            select.select([], [fd], [], 1.0)
+        except OSError:
+            return  # the daemon is gone: nobody to tell
 
 
 class _CallUsage:
@@ -620,6 +823,13 @@ def _children_by_scan(pid: int, single: bool = False) -> list[int]:
     ]
 
 
+def _read_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _read(path: str) -> bytes:
     """A small /proc file's content; b"" when it is gone."""
     try:
@@ -698,6 +908,11 @@ def _interpreter(
         os._exit(0)  # the supervisor died before the line above
     # The runner's own frames (yields, the result) go to the supervisor from now on.
     runner.__dict__["_frame_fd"] = messages
+    # Taken now, before any tool code runs: what tool code later does to the
+    # runner module or to sys does not change how a result is written.
+    write_frame = runner._write_frame
+    streams = (sys.stdout, sys.stderr)
+    flush = [stream.flush for stream in streams]
     limits = dict(session.get("limits") or {})
     cpu_s = int(limits.pop("cpu_s", 0) or 0)
     # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
@@ -712,6 +927,7 @@ def _interpreter(
     keep = bool(session.get("keep_processes"))
     lines = _Lines(1 << 62)
     pending: list[bytes] = []
+    turn: Any = None
     while True:
         try:
             while not pending:
@@ -722,6 +938,7 @@ def _interpreter(
             message = json.loads(pending.pop(0))
         except (InterruptedError, KeyboardInterrupt):
             continue  # a stray signal while idle
+        turn = _begin_turn(runner, message, turn, streams, write_frame)
         frame = _interpret(
             runner,
             message,
@@ -731,11 +948,31 @@ def _interpreter(
             tooldef=session.get("tooldef"),
             session=session,
         )
-        for stream in (sys.stdout, sys.stderr):
+        # Closed first: what a thread prints from here on is nobody's.
+        left = turn.close()
+        for each in flush:
             with contextlib.suppress(Exception):
-                stream.flush()
-        frame["seq"] = message.get("seq")
-        runner._write_frame(frame)
+                each()
+        frame.update(left, seq=message.get("seq"), n=turn.nonce)
+        write_frame(frame)
+
+
+def _begin_turn(
+    runner: types.ModuleType,
+    message: dict[str, Any],
+    previous: Any,
+    streams: tuple[Any, Any],
+    write_frame: Any,
+) -> Any:
+    """Open the call's turn: its own sys.stdout, sys.stderr and frame writer
+    (see _turn.py), which no code of an earlier call holds."""
+    turn = _turn.Turn(str(message.get("n") or ""))
+    if previous is not None:  # what threads wrote between the calls is told now
+        turn.dropped_bytes = previous.dropped_bytes - previous.reported
+    sys.stdout, sys.stderr = turn.streams(*streams)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
+    runner.__dict__["_write_frame"] = turn.frame_writer(write_frame)
+    return turn
 
 
 def _interpret(
