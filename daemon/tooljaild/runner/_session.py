@@ -11,9 +11,9 @@ persistent ``__main__`` namespace and runs the session's calls one at a time.
 What the daemon and the supervisor say to each other is described once, in
 the daemon's tooljaild/sandbox/session_channel.py.
 
-    daemon --request pipe (fd 0)--> supervisor --private pipe--> interpreter
-    daemon <--frame pipe----------- supervisor <--private pipe-- interpreter
-    daemon <--stdout, stderr (fds 1, 2)------------------------- interpreter
+    daemon --request pipe (fd 0)--> supervisor --private socket--> interpreter
+    daemon <--frame pipe----------- supervisor <--private pipe---- interpreter
+    daemon <--stdout, stderr (1, 2)- supervisor <--a call's pipes-- interpreter
 
 Why two processes. The supervisor runs no tool code, so it can do what tool
 code must not be able to undo: it alone holds the daemon's request and frame
@@ -27,7 +27,12 @@ same uid can neither ptrace it nor open its descriptors through /proc).
 
 What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
 "result", "seq", ...}, the runner's own frames) is read as the tool's words:
-bounded per line, parsed, and only a result for the call that runs is taken.
+bounded per line, parsed, and only what carries the running call's nonce is
+taken (a nonce the supervisor makes per call and sends with its request:
+code of an earlier call, a thread that outlived it, has never seen it; see
+_turn.py for what the interpreter does with it, and its limits). The
+interpreter's output goes through the supervisor too (_relay.py): each call
+gets pipes of its own, passed on to the daemon only while the call runs.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 One file of ~800 lines on purpose: both processes share the session's
@@ -44,12 +49,14 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 import types
 from typing import Any
 
 import _artifacts  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+import _relay  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 import _turn  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 
@@ -123,7 +130,6 @@ class _Supervisor:
         self.told: dict[str, int] = {}
         self.threads_at_start = 0
         """What the interpreter said the running call left (see _turn.Turn.close)."""
-        self.relay = _Relay(int(request.get("idle_output_bytes_per_s") or 0))
         self.to_interp = -1
         self.from_interp = -1
         self.outgoing = b""  # what is still to be written to the interpreter
@@ -140,6 +146,9 @@ class _Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.poll.register(0, select.POLLIN)
         self.poll.register(self.wake_r, select.POLLIN)
+        self.relay = _relay.Relay(self.poll, int(request.get("idle_output_bytes_per_s") or 0))
+        self.to_sock: socket.socket | None = None
+        """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _children_reader(self.me)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
@@ -148,7 +157,9 @@ class _Supervisor:
 
     def start_interpreter(self) -> None:
         """Fork a fresh interpreter (its limits, cwd and env are the session's)."""
-        to_r, to_w = os.pipe()
+        # A socket, not a pipe: each call's output pipes go over it (SCM_RIGHTS).
+        to_sock, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        to_w, to_r = to_sock.fileno(), their_sock.detach()
         from_r, from_w = os.pipe()
         relay = [os.pipe(), os.pipe()]  # the interpreter's stdout and stderr
         for stream in (sys.stdout, sys.stderr):
@@ -156,6 +167,7 @@ class _Supervisor:
                 stream.flush()
         pid = os.fork()
         if pid == 0:
+            to_sock.detach()  # (the interpreter closes it; its object must not, later)
             try:
                 os.dup2(relay[0][1], 1)
                 os.dup2(relay[1][1], 2)
@@ -166,7 +178,8 @@ class _Supervisor:
         os.close(from_w)
         for _, w in relay:
             os.close(w)
-        self.relay.start(relay[0][0], relay[1][0], self.poll)
+        self.relay.start(relay[0][0], relay[1][0])
+        self.to_sock = to_sock
         os.set_blocking(to_w, False)
         os.set_blocking(from_r, False)
         self.interpreter, self.status = pid, None
@@ -189,11 +202,13 @@ class _Supervisor:
                 self.reaped = (self.interpreter, rusage)
         # What it wrote before it died is still the running call's.
         self.relay.drain(forward=self.running is not None)
-        self.relay.close(self.poll)
+        self.relay.close()
         for fd in (self.to_interp, self.from_interp):
             with contextlib.suppress(KeyError, ValueError):
                 self.poll.unregister(fd)
-            os.close(fd)
+        os.close(self.from_interp)
+        if self.to_sock is not None:
+            self.to_sock.close()
         self.view.close()
 
     def restart(self, *, asked: bool) -> None:
@@ -227,7 +242,7 @@ class _Supervisor:
         while True:
             for fd, _ in self.poll.poll(self.relay.paused_ms()):
                 if fd in self.relay.fds:
-                    self.relay.read(fd, forward=self.running is not None, poll=self.poll)
+                    self.relay.read(fd, running=self.running is not None)
                 elif fd == self.wake_r:
                     with contextlib.suppress(OSError):
                         os.read(self.wake_r, 4096)
@@ -247,7 +262,7 @@ class _Supervisor:
                     self._take_messages()
                 elif fd == self.to_interp:
                     self._send(b"")
-            self.relay.resume_if_due(self.poll)
+            self.relay.resume_if_due()
             if self.status is not None:
                 self.restart(asked=False)
 
@@ -312,7 +327,9 @@ class _Supervisor:
             # other threads alive as the call starts (earlier calls', or a
             # library's own workers, which the kernel does not tell apart).
             self.threads_at_start = max(len(_read_dir(f"/proc/{self.interpreter}/task")) - 1, 0)
-            self.relay.resume(self.poll)  # its output is the call's from now on
+            # Pipes of the call's own, for its output (and its processes'), from now on.
+            assert self.to_sock is not None
+            self.relay.next_call(self.to_sock, bool(self.outgoing))
             tagged = b'{"n": "' + self.nonce.encode() + b'", ' + line.lstrip()[1:]
             self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
@@ -509,139 +526,6 @@ def _count(value: Any) -> int:
 
 
 _ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
-
-
-class _Relay:
-    """The interpreter's stdout and stderr, read by the supervisor: passed on to
-    the daemon's pipes (the supervisor's fds 1 and 2) while a call runs, and
-    dropped here, counted, between calls.
-
-    Between calls only processes a session keeps (keep_processes) and threads
-    that outlived their call write: none of it is any call's, and none of it
-    reaches the daemon (it cost the daemon a share of a core per chatty
-    session when it did). Dropping costs this process a read per chunk, so it
-    is bounded too: past `rate` bytes a second (a second's worth at once) the
-    pipes are not read until the rate allows it or the next call starts, and
-    the writers wait on a full pipe, costing nothing.
-    """
-
-    _DRAIN_READS = 64
-    """Reads per pipe at a call's end at most (a writer may keep the pipe full)."""
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        """Bytes a second dropped between calls before the writers must wait; 0:
-        nothing is read between calls."""
-        self.fds: dict[int, int] = {}
-        """The pipes' read ends, each with the daemon's descriptor it feeds."""
-        self.dropped = 0
-        self._tokens = float(rate)
-        self._stamp = time.monotonic()
-        self._paused_until: float | None = None
-        self._watched = False
-
-    def start(self, stdout_r: int, stderr_r: int, poll: Any) -> None:
-        """Read a fresh interpreter's pipes from now on."""
-        self.fds = {stdout_r: 1, stderr_r: 2}
-        for fd in self.fds:
-            os.set_blocking(fd, False)
-        self._paused_until, self._watched = None, False
-        self._watch(poll)
-
-    def read(self, fd: int, *, forward: bool, poll: Any) -> None:
-        """Take what `fd` holds now: passed on when `forward`, else dropped."""
-        data = self._read(fd, poll)
-        if not data:
-            return
-        if forward:
-            _write_all(self.fds[fd], data)
-            return
-        self.dropped += len(data)
-        now = time.monotonic()
-        self._tokens = min(float(self.rate), self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-        self._tokens -= len(data)
-        if self._tokens < 0:  # past the rate: the writers wait on full pipes
-            self._unwatch(poll)
-            wait = -self._tokens / self.rate if self.rate else math.inf
-            self._paused_until = now + wait
-
-    def drain(self, *, forward: bool) -> None:
-        """Take what the pipes hold now (at a call's end, or an interpreter's)."""
-        for fd in list(self.fds):
-            for _ in range(self._DRAIN_READS):
-                data = self._read(fd, None)
-                if not data:
-                    break
-                if forward:
-                    _write_all(self.fds[fd], data)
-                else:
-                    self.dropped += len(data)
-
-    def take_dropped(self) -> int:
-        """Bytes dropped since the last time this was asked (the last call's end)."""
-        dropped, self.dropped = self.dropped, 0
-        return dropped
-
-    def paused_ms(self) -> int | None:
-        """How long the loop may sleep before the pipes are to be read again (None: any)."""
-        if self._paused_until is None or self._paused_until == math.inf:
-            return None
-        return max(0, math.ceil((self._paused_until - time.monotonic()) * 1000))
-
-    def resume_if_due(self, poll: Any) -> None:
-        if self._paused_until is not None and time.monotonic() >= self._paused_until:
-            self.resume(poll)
-
-    def resume(self, poll: Any) -> None:
-        """Read the pipes again now (a call starts: what comes is its output)."""
-        self._paused_until = None
-        self._watch(poll)
-
-    def close(self, poll: Any) -> None:
-        self._unwatch(poll)
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = {}
-
-    def _read(self, fd: int, poll: Any) -> bytes:
-        try:
-            data = os.read(fd, _CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return b""
-        except OSError:
-            data = b""
-        if not data and poll is not None:  # every writer is gone: nothing more comes
-            with contextlib.suppress(KeyError, ValueError):
-                poll.unregister(fd)
-            os.close(fd)
-            del self.fds[fd]
-        return data
-
-    def _watch(self, poll: Any) -> None:
-        if not self._watched:
-            for fd in self.fds:
-                poll.register(fd, select.POLLIN)
-            self._watched = True
-
-    def _unwatch(self, poll: Any) -> None:
-        if self._watched:
-            for fd in self.fds:
-                with contextlib.suppress(KeyError, ValueError):
-                    poll.unregister(fd)
-            self._watched = False
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """Write all of `data` to the daemon's pipe `fd` (waiting while it is full)."""
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except (BlockingIOError, InterruptedError):
-            select.select([], [fd], [], 1.0)
-        except OSError:
-            return  # the daemon is gone: nobody to tell
 
 
 class _CallUsage:
@@ -926,18 +810,35 @@ def _interpreter(
     sys.modules["__main__"] = main
     keep = bool(session.get("keep_processes"))
     lines = _Lines(1 << 62)
-    pending: list[bytes] = []
+    pending: list[tuple[bytes, list[int]]] = []
+    carried: list[int] = []  # a call's output pipes, for the next line to come
+    sock = socket.socket(fileno=requests)
     turn: Any = None
     while True:
         try:
             while not pending:
-                data = os.read(requests, _CHUNK)
+                data, fds, _, _ = socket.recv_fds(sock, _CHUNK, 4)
                 if not data:
                     os._exit(0)
-                pending += lines.feed(data)
-            message = json.loads(pending.pop(0))
+                # A read ends with the byte that carried pipes: they are for the
+                # line that follows it (the supervisor sends them just before it).
+                for line in lines.feed(data):
+                    pending.append((line, carried))
+                    carried = []
+                if fds:
+                    _close_fds(carried)
+                    carried = fds
+            line, pipes = pending.pop(0)
+            message = json.loads(line)
         except (InterruptedError, KeyboardInterrupt):
             continue  # a stray signal while idle
+        if len(pipes) == 2:  # the call's own stdout and stderr, from now on
+            for each in flush:
+                with contextlib.suppress(Exception):
+                    each()
+            os.dup2(pipes[0], 1)
+            os.dup2(pipes[1], 2)
+        _close_fds(pipes)
         turn = _begin_turn(runner, message, turn, streams, write_frame)
         frame = _interpret(
             runner,
@@ -1008,6 +909,12 @@ def _interpret(
     except BaseException as exc:
         error = runner._error(exc.with_traceback(_without_own_frames(exc.__traceback__)))
         return {"t": "result", "ok": False, "exit_code": 1, "error": error}
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _close_all_but(keep: tuple[int, ...]) -> None:

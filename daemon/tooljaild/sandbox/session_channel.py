@@ -8,13 +8,14 @@ more lines; each frame the supervisor writes names the call it belongs to.
 The daemon's lines (request pipe), one JSON object each:
 
     {"kind": "session", "keep_processes": bool, "quota_bytes": int,
-     "limits", "cwd", "env", "tooldef", "seal": false}
+     "idle_output_bytes_per_s": int, "limits", "cwd", "env", "tooldef", "seal": false}
         first, once, after the ready frame (`runner_line`): the worker becomes
         the supervisor, forks the interpreter (which applies the limits, moves
         to the workspace, takes the env and holds one ``__main__`` namespace)
         and answers {"t": "session"}.
-    {"op": "call", "seq": n, "request": {"kind", ...payload, "limits"}}
-        one call; ``seq`` counts from 1. Kinds code, file and user run in the
+    {"op": "call", "seq": n, "tag": hex, "request": {"kind", ...payload, "limits"}}
+        one call; ``seq`` counts from 1; ``tag`` is random per call, and every
+        frame of the call carries it. Kinds code, file and user run in the
         interpreter; kind "workspace" ({"op", "args", "quota_bytes"}) runs in
         the supervisor itself (`_workspace.run`), where tool code cannot reach.
     {"op": "interrupt", "seq": n}
@@ -30,16 +31,17 @@ The supervisor's frames (frame pipe), each on a line of its own:
 
     {"t": "ready", ...}                       as for every sandbox, first.
     {"t": "session", "interpreter": pid}      the session runs.
-    {"t": "yield", "seq": n, "v": <json>}     a user tool's value.
-    {"t": "artifact", "seq": n, <the runner's artifact fields>}
+    {"t": "yield", "seq": n, "tag", "v": <json>}     a user tool's value.
+    {"t": "artifact", "seq": n, "tag", <the runner's artifact fields>}
         one part of an artifact call n made (runner_channel), before its result.
-    {"t": "result", "seq": n, <the runner's result fields>, "reset": bool,
-     "resets": int, "usage": {"cpu_s", "memory_peak_bytes"}}
+    {"t": "result", "seq": n, "tag", <the runner's result fields>, "reset": bool,
+     "resets": int, "usage": {"cpu_s", "memory_peak_bytes"}, "left": {...}}
         call n is over: its output is all written, and (unless the session
         keeps processes) every process it started is dead. ``reset``: the
         interpreter was restarted during the call or while idle before it;
-        ``resets``: restarts so far; ``usage``: what call n used (below).
-    {"t": "result", "seq": n, "lost": {"code", "signal"}, "asked": bool,
+        ``resets``: restarts so far; ``usage``: what call n used (below);
+        ``left``: what it left running and met of earlier calls (`LeftRunning`).
+    {"t": "result", "seq": n, "tag", "lost": {"code", "signal"}, "asked": bool,
      "reset": true, "resets": int, "usage": {...}}
         call n's interpreter died: killed by a reset the daemon asked for
         (``asked``), or by itself (os._exit, a signal, SIGXCPU, the OOM
@@ -47,22 +49,34 @@ The supervisor's frames (frame pipe), each on a line of its own:
     {"t": "reset", "seq": n, "resets": int}    a reset asked for is done.
     {"t": "exit", ...}                         a keeper's, when the sandbox ends.
 
-Output is cut exactly per call. The interpreter flushes before it hands its
-result to the supervisor, the supervisor writes the result frame after that,
-and the daemon, on that frame, reads stdout and stderr until they are empty
-(`RunnerPipes.read_output_now`) before it detaches the call's sink. Between
-calls no sink is attached: what a kept process prints then is counted and
-dropped.
+Output is cut exactly per call, in the sandbox. The interpreter's stdout and
+stderr are pipes the supervisor reads (runner/_relay.py), fresh for each call
+(so a process a call started writes into that call's pipes for good), and
+only the running call's reach the daemon's pipes: what kept processes and
+threads of ended calls write is dropped in the sandbox, counted (the next
+result's ``left``), and read at a bounded rate (`idle_output_bytes_per_s`).
+The interpreter flushes before it hands its result to the supervisor, the
+supervisor drains the call's pipes into the daemon's and then writes the
+result frame, and the daemon, on that frame, reads stdout and stderr until
+they are empty (`RunnerPipes.read_output_now`) before it detaches the call's
+sink.
 
 A hostile sandbox, again. In a session the interpreter closes the frame pipe
 (and the request pipe) right after its fork, before any tool code runs, and
 the supervisor is not dumpable: tool code cannot write a frame at all (which
 closes, for sessions, the residual risk runner_channel describes, decision 37).
 What it can still write is the private pipe to the supervisor, which takes
-from it only a yield or the running call's result, bounded per line: so it
-can claim its own call's result, as it could by printing it. Frames are still
-checked as in a single call (`CallFrames`); one that breaks the protocol ends
-the session.
+from it only a yield, an artifact part or the running call's result, bounded
+per line, and only with the nonce the supervisor chose for the running call
+(sent with its request: code of an earlier call has never seen it). Inside
+the interpreter, per-call guards (runner/_turn.py) keep threads of earlier
+calls out of the call's sys.stdout, sys.stderr and frame writer. A thread
+that outlives its call shares the interpreter's memory, so it can still
+dig the live nonce out and speak for a later call: such threads are counted,
+and the later call's result says they ran beside it. Frames to the daemon
+carry the call's tag; one of another call (or none) is dropped
+(`stale_frames`). Frames are still checked as in a single call
+(`CallFrames`); one that breaks the protocol ends the session.
 
 Usage per call, not per session. The supervisor measures each call from its
 request to its result (runner/_session.py `_CallUsage`: the interpreter's CPU
