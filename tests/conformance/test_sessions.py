@@ -403,3 +403,50 @@ def test_a_kept_process_prints_into_its_own_call_only(daemon: SecurityDaemon) ->
         assert _stdout(later) == "2\n", later  # nothing of the kept process's, even now
         assert later.data["left_running"]["dropped_output_bytes"] > 0, later
         assert later.data["left_running"]["processes"] == 1, later
+
+
+_EVERY_FD = """
+import json, os
+fake = {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+lines = b"".join(
+    ("\\n" + json.dumps(dict(fake, seq=seq)) + "\\n").encode() for seq in range(1, 20)
+)
+wrote, reached = [], []
+for fd in range(3, 1024):
+    try:
+        os.write(fd, lines)
+        wrote.append(fd)
+    except OSError:
+        pass
+for entry in os.listdir("/proc/self/fd"):
+    if int(entry) <= 2:
+        continue  # its own stdout and stderr: what it writes there is its output
+    try:
+        fd = os.open(f"/proc/self/fd/{entry}", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, lines)
+        os.close(fd)
+    except OSError:
+        pass
+try:  # the supervisor's descriptors: it is not dumpable
+    for entry in os.listdir(f"/proc/{os.getppid()}/fd"):
+        fd = os.open(f"/proc/{os.getppid()}/fd/{entry}", os.O_WRONLY | os.O_NONBLOCK)
+        reached.append(entry)
+        os.write(fd, lines)
+except OSError:
+    pass
+print(len(reached))
+raise ValueError("the real outcome")
+"""
+
+
+def test_tool_code_cannot_write_a_frame_for_any_call(daemon: SecurityDaemon) -> None:
+    with Client(daemon.target) as client, client.session() as s:
+        first = s.call("execute_python_code", {"code": _EVERY_FD})
+        assert first.status is CallStatus.ERROR, first
+        assert first.data["stdout"] == "0\n", first  # nothing of the supervisor's reached
+        assert "ValueError: the real outcome" in first.data["stderr"], first
+        second = s.call("execute_python_code", {"code": "print('second')"})
+        assert second.status is CallStatus.SUCCESS, second
+        assert _stdout(second) == "second\n", second
+        third = s.call("execute_python_code", {"code": "raise KeyError('third')"})
+        assert third.status is CallStatus.ERROR, third
