@@ -6,6 +6,7 @@ talks to it through the SDK over real gRPC.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -450,3 +451,12 @@ def test_tool_code_cannot_write_a_frame_for_any_call(daemon: SecurityDaemon) -> 
         assert _stdout(second) == "second\n", second
         third = s.call("execute_python_code", {"code": "raise KeyError('third')"})
         assert third.status is CallStatus.ERROR, third
+
+
+def test_a_user_tool_yields_in_a_session(daemon: SecurityDaemon) -> None:
+    """Its yields go through the call's own (tagged) frame writer."""
+    with Client(daemon.target) as client, client.session() as s:
+        items = list(s.stream("countdown", {"n": 3, "pause": 0.05}))
+        values = [i for i in items if isinstance(i, Output)]
+        assert [json.loads(v.data)["i"] for v in values] == [3, 2, 1], items
+        assert items[-1].status is CallStatus.SUCCESS  # type: ignore[union-attr]
