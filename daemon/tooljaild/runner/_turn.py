@@ -18,11 +18,14 @@ nonce and speaks only for the turn's own threads (`Turn.frame_writer`).
 What this cannot do: code in the interpreter shares its memory with the
 runner, so a thread that reads the nonce out of the interpreter's memory,
 writes to the descriptors directly or patches the runner can still speak
-falsely for a later call. That is why the supervisor counts such threads
-(Python's own list of thread states, read from references taken before any
-tool code ran) and every result says when threads of earlier calls were alive
-while the call ran: a result made then is told as one that code of an
-earlier call could have touched.
+falsely for a later call, or lie about them. That is why such threads are
+counted and told: here, Python's own list of thread states (read through
+references taken before any tool code ran: the interpreter's word), and by
+the supervisor, the kernel's count of the interpreter's threads (which no
+code in it can change, but which counts a library's worker threads too).
+Every result says when threads of earlier calls were alive while the call
+ran: a result made then is one that code of an earlier call could have
+touched.
 
 stdlib only, as the rest of the runner.
 """
