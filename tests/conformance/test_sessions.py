@@ -6,6 +6,7 @@ talks to it through the SDK over real gRPC.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -288,3 +289,174 @@ def test_the_sessions_memory_bound_holds_and_the_session_survives_it(
         assert hog.error is not None and hog.error.type in ("OutOfMemory", "MemoryError"), hog
         after = s.call("execute_python_code", {"code": "print(open('kept.txt').read())"})
         assert _stdout(after) == "kept\n", after
+
+
+# A thread that outlives its call, and attacks the next one once that one runs
+# (it waits for the file "go"; the next call waits for "done"): it prints, and
+# forges that call's result four ways (the runner's frame writer as it is then,
+# the pipe to the supervisor with its own call's nonce and with none, and the
+# sys.stdout of its own call).
+_FORGER = """
+import gc, json, os, sys, threading, time
+
+# The runner's globals (``_runner``, or ``__main__`` where it runs as a script).
+frame = sys._getframe()
+while "_frame_fd" not in frame.f_globals:
+    frame = frame.f_back
+runner = frame.f_globals
+try:  # its own call's nonce (its own call's code can find it)
+    import _turn
+    nonce = next(o for o in gc.get_objects() if isinstance(o, _turn.Turn) and o.open).nonce
+except ImportError:
+    nonce = "none"
+old_stdout = sys.stdout
+
+def pipe():
+    return runner["_frame_fd"]
+
+def forge():
+    while not os.path.exists("go"):
+        time.sleep(0.01)
+    fake = {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+    print("FORGED by the thread")
+    old_stdout.write("FORGED through the old stdout\\n")
+    runner["_write_frame"](dict(fake))
+    for n in (nonce, None):
+        for seq in range(1, 10):
+            frame = dict(fake, seq=seq, **({"n": n} if n else {}))
+            os.write(pipe(), ("\\n" + json.dumps(frame) + "\\n").encode())
+    open("done", "w").close()
+
+threading.Thread(target=forge, daemon=True).start()
+print("first")
+"""
+
+_ATTACKED = """
+import os, time
+open("go", "w").close()
+deadline = time.time() + 20
+while not os.path.exists("done") and time.time() < deadline:
+    time.sleep(0.01)
+time.sleep(0.2)
+print("real")
+raise ValueError("the real outcome")
+"""
+
+
+def test_a_thread_of_an_earlier_call_cannot_speak_for_a_later_one(daemon: SecurityDaemon) -> None:
+    with Client(daemon.target) as client, client.session() as s:
+        first = s.call("execute_python_code", {"code": _FORGER})
+        assert first.status is CallStatus.SUCCESS, first
+        assert _stdout(first) == "first\n"
+        # It says what it leaves running.
+        assert first.data["left_running"]["threads"] == 1, first
+        assert "leaves 1 thread running" in first.message, first
+        second = s.call("execute_python_code", {"code": _ATTACKED})
+        # Its own outcome, and only its own output: nothing of the thread's.
+        assert second.status is CallStatus.ERROR, second
+        assert second.data["stdout"] == "real\n", second
+        assert "ValueError: the real outcome" in second.data["stderr"], second
+        assert "FORGED" not in str(second.data), second
+        left = second.data["left_running"]
+        assert left["earlier_threads"] == 1, second
+        assert left["dropped_output_bytes"] > 0, second
+        assert "started by earlier calls" in second.message, second
+        third = s.call("execute_python_code", {"code": "print('third')"})
+        assert third.status is CallStatus.SUCCESS, third
+        assert _stdout(third) == "third\n", third
+
+
+def test_what_a_call_leaves_running_is_said(
+    daemon: SecurityDaemon, backend: Backend, token: str
+) -> None:
+    with Client(daemon.target) as client:
+        with client.session() as s:
+            killed = s.call("execute_python_code", {"code": _background(token)})
+            assert killed.data["left_running"]["processes"] == 1, killed
+            assert not killed.data["left_running"]["processes_kept"]
+            assert "1 process this call started was still running" in killed.message, killed
+            assert "killed" in killed.message
+            quiet = s.call("execute_python_code", {"code": "print(1)"})
+            assert "left_running" not in quiet.data, quiet
+            assert quiet.message == "", quiet
+        s = client.session(keep_processes=True)
+        kept = s.call("execute_python_code", {"code": _background(token)})
+        assert kept.data["left_running"]["processes"] == 1, kept
+        assert kept.data["left_running"]["processes_kept"] is True
+        assert "still running (the session keeps processes)" in kept.message, kept
+        containers = containers_of_token(backend, token)
+        s.close()
+        assert_gone(backend, token, containers)
+
+
+def test_a_kept_process_prints_into_its_own_call_only(daemon: SecurityDaemon) -> None:
+    chatty = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True:\\n"
+        '    print("CHATTY", flush=True)\\n    time.sleep(0.01)\'])\n'
+        "print('started')\n"
+    )
+    with Client(daemon.target) as client, client.session(keep_processes=True) as s:
+        started = s.call("execute_python_code", {"code": chatty})
+        assert started.status is CallStatus.SUCCESS, started
+        time.sleep(0.5)  # it prints between calls: nobody's
+        later = s.call("execute_python_code", {"code": "import time; time.sleep(0.5); print(2)"})
+        assert _stdout(later) == "2\n", later  # nothing of the kept process's, even now
+        assert later.data["left_running"]["dropped_output_bytes"] > 0, later
+        assert later.data["left_running"]["processes"] == 1, later
+
+
+_EVERY_FD = """
+import json, os
+fake = {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+lines = b"".join(
+    ("\\n" + json.dumps(dict(fake, seq=seq)) + "\\n").encode() for seq in range(1, 20)
+)
+wrote, reached = [], []
+for fd in range(3, 1024):
+    try:
+        os.write(fd, lines)
+        wrote.append(fd)
+    except OSError:
+        pass
+for entry in os.listdir("/proc/self/fd"):
+    if int(entry) <= 2:
+        continue  # its own stdout and stderr: what it writes there is its output
+    try:
+        fd = os.open(f"/proc/self/fd/{entry}", os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, lines)
+        os.close(fd)
+    except OSError:
+        pass
+try:  # the supervisor's descriptors: it is not dumpable
+    for entry in os.listdir(f"/proc/{os.getppid()}/fd"):
+        fd = os.open(f"/proc/{os.getppid()}/fd/{entry}", os.O_WRONLY | os.O_NONBLOCK)
+        reached.append(entry)
+        os.write(fd, lines)
+except OSError:
+    pass
+print(len(reached))
+raise ValueError("the real outcome")
+"""
+
+
+def test_tool_code_cannot_write_a_frame_for_any_call(daemon: SecurityDaemon) -> None:
+    with Client(daemon.target) as client, client.session() as s:
+        first = s.call("execute_python_code", {"code": _EVERY_FD})
+        assert first.status is CallStatus.ERROR, first
+        assert first.data["stdout"] == "0\n", first  # nothing of the supervisor's reached
+        assert "ValueError: the real outcome" in first.data["stderr"], first
+        second = s.call("execute_python_code", {"code": "print('second')"})
+        assert second.status is CallStatus.SUCCESS, second
+        assert _stdout(second) == "second\n", second
+        third = s.call("execute_python_code", {"code": "raise KeyError('third')"})
+        assert third.status is CallStatus.ERROR, third
+
+
+def test_a_user_tool_yields_in_a_session(daemon: SecurityDaemon) -> None:
+    """Its yields go through the call's own (tagged) frame writer."""
+    with Client(daemon.target) as client, client.session() as s:
+        items = list(s.stream("countdown", {"n": 3, "pause": 0.05}))
+        values = [i for i in items if isinstance(i, Output)]
+        assert [json.loads(v.data)["i"] for v in values] == [3, 2, 1], items
+        assert items[-1].status is CallStatus.SUCCESS  # type: ignore[union-attr]

@@ -11,8 +11,10 @@ import signal
 import time
 from collections.abc import Callable
 
+import grpc
 import psutil
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import (
@@ -195,3 +197,66 @@ def test_a_session_whose_supervisor_cannot_answer_is_given_up_in_bounded_time(
             s.call("execute_python_code", {"code": "1"})
         assert ended.value.reason == "sandbox_died"
         served.assert_serving()
+
+
+_FLOOD = (
+    "import subprocess, sys\n"
+    "flood = 'import os\\nwhile True: os.write(1, b\"x\" * 65536)'\n"
+    "subprocess.Popen([sys.executable, '-c', flood])\n"
+    "print('flooding')\n"
+)
+
+
+def test_output_between_calls_costs_the_daemon_nothing(
+    start_daemon: Callable[..., RunningDaemon],
+) -> None:
+    """A kept process writing flat out between calls: none of it reaches the
+    daemon (it cost ~0.18 core per session when it did), the daemon answers
+    at once meanwhile, and the next call's output is its own."""
+    daemon = start_daemon()
+    proc = psutil.Process(daemon.pid)
+    with (
+        Client(daemon.target) as client,
+        client.session(keep_processes=True) as s,
+        grpc.insecure_channel(daemon.target) as channel,
+    ):
+        health = health_pb2_grpc.HealthStub(channel)
+        assert _stdout_of(s.call("execute_python_code", {"code": _FLOOD})) == "flooding\n"
+        time.sleep(0.5)
+        before, started = proc.cpu_times(), time.monotonic()
+        rss_before = proc.memory_info().rss
+        slowest = 0.0
+        while time.monotonic() - started < 3:
+            asked = time.monotonic()
+            health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            slowest = max(slowest, time.monotonic() - asked)
+            time.sleep(0.2)
+        after, elapsed = proc.cpu_times(), time.monotonic() - started
+        cores = (after.user + after.system - before.user - before.system) / elapsed
+        print(f"daemon CPU while a kept process floods between calls: {cores:.3f} core")
+        assert cores < 0.06, f"the daemon spent {cores:.2f} core while the session was idle"
+        assert slowest < 0.5, f"GetDaemonInfo took {slowest:.2f}s"
+        assert proc.memory_info().rss - rss_before < 16 * 2**20
+        later = s.call("execute_python_code", {"code": "print('mine')"})
+        assert _stdout_of(later) == "mine\n", later
+        left = later.data["left_running"]
+        assert left["dropped_output_bytes"] > 0 and left["processes"] == 1, later
+        # Read and dropped at 64 KiB a second at most (the default), not flat out.
+        assert left["dropped_output_bytes"] < 16 * 65536, later
+
+
+def test_a_rate_of_zero_reads_nothing_between_calls(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve(sessions={"idle_output_bytes_per_s": 0})
+    with Client(served.target) as client, client.session(keep_processes=True) as s:
+        s.call("execute_python_code", {"code": _FLOOD})
+        time.sleep(1)
+        later = s.call("execute_python_code", {"code": "print('mine')"})
+        assert _stdout_of(later) == "mine\n", later
+        # One read of the call's pipe, then its writer waits on a full pipe.
+        assert 0 < later.data["left_running"]["dropped_output_bytes"] <= 2**20, later
+
+
+def _stdout_of(result: object) -> str:
+    data = getattr(result, "data", None)
+    assert isinstance(data, dict), result
+    return str(data["stdout"])

@@ -30,7 +30,7 @@ from tooljail._types import (
 from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
-from tooljaild.sandbox.session_channel import SessionCallEnd
+from tooljaild.sandbox.session_channel import LeftRunning, SessionCallEnd
 from tooljaild.sessions.session import END_MESSAGES, Session
 from tooljaild.workspace_tools import NOTHING_PERSISTS
 
@@ -250,7 +250,72 @@ def in_session(
         )
     elif stop is not None and end.interrupted:
         message += SESSION_KEPT
-    return result.model_copy(update={"message": message.strip(), "session_reset": end.reset})
+    update: dict[str, Any] = {"session_reset": end.reset}
+    if end.left:
+        message += " " + left_running_note(end.left)
+        if isinstance(result.data, dict) and _output_is_data(call):
+            update["data"] = {**result.data, "left_running": left_running_data(end.left)}
+    update["message"] = message.strip()
+    return result.model_copy(update=update)
+
+
+def left_running_data(left: LeftRunning) -> dict[str, Any]:
+    """What a session call left running, as the Python tools' data says it."""
+    return {
+        "threads": left.threads,
+        "processes": left.processes,
+        "processes_kept": left.kept,
+        "earlier_threads": left.earlier_threads,
+        "dropped_output_bytes": left.dropped_bytes,
+        "interpreter_threads_at_start": left.os_threads_at_start,
+    }
+
+
+def left_running_note(left: LeftRunning) -> str:
+    """What a session call left running, and met of earlier calls', in words a model reads."""
+    notes = []
+    if left.earlier_threads or left.dropped_frames:
+        notes.append(
+            f"{_count(left.earlier_threads, 'thread')} started by earlier calls "
+            f"{'was' if left.earlier_threads == 1 else 'were'} running "
+            "in the session's interpreter during this call: their output was dropped, but "
+            "their code could have acted in this call, this result included; to be sure, "
+            "run it again in a new session."
+        )
+    if left.threads:
+        notes.append(
+            f"This call leaves {_count(left.threads, 'thread')} running in the session's "
+            "interpreter (the main one aside), which run on into later calls; what they "
+            "print after this call's end is dropped."
+        )
+    if left.processes:
+        fate = (
+            "still running (the session keeps processes); what they print between calls is dropped"
+            if left.kept
+            else "still running at its end: they were killed"
+        )
+        notes.append(f"{_count(left.processes, 'process')} this call started {_were(left)} {fate}.")
+    if left.dropped_bytes:
+        notes.append(
+            f"{left.dropped_bytes} bytes of output written between calls or by threads of "
+            "earlier calls were dropped."
+        )
+    return " ".join(notes)
+
+
+def _count(n: int, noun: str) -> str:
+    plural = noun + ("es" if noun.endswith("s") else "s")
+    return f"{n} {noun if n == 1 else plural}"
+
+
+def _were(left: LeftRunning) -> str:
+    return (
+        "is"
+        if left.processes == 1 and left.kept
+        else "was"
+        if left.processes == 1
+        else ("are" if left.kept else "were")
+    )
 
 
 def session_gone(call: Call, session_id: str, reason: str, *, ran: bool = False) -> ToolResult:

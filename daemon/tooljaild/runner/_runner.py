@@ -85,6 +85,8 @@ def _write_frame(frame: dict[str, Any]) -> None:
                         f"at most {MAX_FRAME_BYTES} are accepted",
                         "traceback": "",
                     },
+                    # Whose result it is (a session's call, its nonce), as the frame said.
+                    **{key: frame[key] for key in ("seq", "n", "tag") if key in frame},
                 }
             )
             + "\n"

@@ -11,9 +11,9 @@ persistent ``__main__`` namespace and runs the session's calls one at a time.
 What the daemon and the supervisor say to each other is described once, in
 the daemon's tooljaild/sandbox/session_channel.py.
 
-    daemon --request pipe (fd 0)--> supervisor --private pipe--> interpreter
-    daemon <--frame pipe----------- supervisor <--private pipe-- interpreter
-    daemon <--stdout, stderr (fds 1, 2)------------------------- interpreter
+    daemon --request pipe (fd 0)--> supervisor --private socket--> interpreter
+    daemon <--frame pipe----------- supervisor <--private pipe---- interpreter
+    daemon <--stdout, stderr (1, 2)- supervisor <--a call's pipes-- interpreter
 
 Why two processes. The supervisor runs no tool code, so it can do what tool
 code must not be able to undo: it alone holds the daemon's request and frame
@@ -27,7 +27,12 @@ same uid can neither ptrace it nor open its descriptors through /proc).
 
 What the interpreter sends the supervisor ({"t": "yield", "v"} and {"t":
 "result", "seq", ...}, the runner's own frames) is read as the tool's words:
-bounded per line, parsed, and only a result for the call that runs is taken.
+bounded per line, parsed, and only what carries the running call's nonce is
+taken (a nonce the supervisor makes per call and sends with its request:
+code of an earlier call, a thread that outlived it, has never seen it; see
+_turn.py for what the interpreter does with it, and its limits). The
+interpreter's output goes through the supervisor too (_relay.py): each call
+gets pipes of its own, passed on to the daemon only while the call runs.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 One file of ~800 lines on purpose: both processes share the session's
@@ -44,12 +49,15 @@ import os
 import resource
 import select
 import signal
+import socket
 import sys
 import time
 import types
 from typing import Any
 
 import _artifacts  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+import _relay  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+import _turn  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 4096
@@ -115,6 +123,13 @@ class _Supervisor:
         """The interpreter's artifact being forwarded is past the call's count: dropped."""
         self.outputs_before: dict[str, tuple[int, int]] = {}
         """outputs/ as the running call found it: only what it changes is sent."""
+        self.tag: tuple[int, str] = (0, "")
+        """(seq, tag) of the last call the daemon sent: its frames carry the tag."""
+        self.nonce = ""
+        """The running call's nonce: the interpreter's messages for it carry it."""
+        self.told: dict[str, int] = {}
+        self.threads_at_start = 0
+        """What the interpreter said the running call left (see _turn.Turn.close)."""
         self.to_interp = -1
         self.from_interp = -1
         self.outgoing = b""  # what is still to be written to the interpreter
@@ -131,6 +146,9 @@ class _Supervisor:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.poll.register(0, select.POLLIN)
         self.poll.register(self.wake_r, select.POLLIN)
+        self.relay = _relay.Relay(self.poll, int(request.get("idle_output_bytes_per_s") or 0))
+        self.to_sock: socket.socket | None = None
+        """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _children_reader(self.me)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
@@ -139,19 +157,29 @@ class _Supervisor:
 
     def start_interpreter(self) -> None:
         """Fork a fresh interpreter (its limits, cwd and env are the session's)."""
-        to_r, to_w = os.pipe()
+        # A socket, not a pipe: each call's output pipes go over it (SCM_RIGHTS).
+        to_sock, their_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        to_w, to_r = to_sock.fileno(), their_sock.detach()
         from_r, from_w = os.pipe()
+        relay = [os.pipe(), os.pipe()]  # the interpreter's stdout and stderr
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         pid = os.fork()
         if pid == 0:
+            to_sock.detach()  # (the interpreter closes it; its object must not, later)
             try:
+                os.dup2(relay[0][1], 1)
+                os.dup2(relay[1][1], 2)
                 _interpreter(self.runner, self.request, self.me, to_r, from_w)
             finally:
                 os._exit(70)
         os.close(to_r)
         os.close(from_w)
+        for _, w in relay:
+            os.close(w)
+        self.relay.start(relay[0][0], relay[1][0])
+        self.to_sock = to_sock
         os.set_blocking(to_w, False)
         os.set_blocking(from_r, False)
         self.interpreter, self.status = pid, None
@@ -172,10 +200,15 @@ class _Supervisor:
             with contextlib.suppress(ChildProcessError):
                 _, self.status, rusage = os.wait4(self.interpreter, 0)
                 self.reaped = (self.interpreter, rusage)
+        # What it wrote before it died is still the running call's.
+        self.relay.drain(forward=self.running is not None)
+        self.relay.close()
         for fd in (self.to_interp, self.from_interp):
             with contextlib.suppress(KeyError, ValueError):
                 self.poll.unregister(fd)
-            os.close(fd)
+        os.close(self.from_interp)
+        if self.to_sock is not None:
+            self.to_sock.close()
         self.view.close()
 
     def restart(self, *, asked: bool) -> None:
@@ -207,8 +240,10 @@ class _Supervisor:
     def serve(self) -> None:
         """Serve until the daemon closes the request pipe (or it breaks)."""
         while True:
-            for fd, _ in self.poll.poll():
-                if fd == self.wake_r:
+            for fd, _ in self.poll.poll(self.relay.paused_ms()):
+                if fd in self.relay.fds:
+                    self.relay.read(fd, running=self.running is not None)
+                elif fd == self.wake_r:
                     with contextlib.suppress(OSError):
                         os.read(self.wake_r, 4096)
                     self._reap()
@@ -227,6 +262,7 @@ class _Supervisor:
                     self._take_messages()
                 elif fd == self.to_interp:
                     self._send(b"")
+            self.relay.resume_if_due()
             if self.status is not None:
                 self.restart(asked=False)
 
@@ -250,6 +286,7 @@ class _Supervisor:
         except (ValueError, KeyError, TypeError):
             return  # the daemon writes none such
         if op == "call":
+            self.tag = (seq, str(message.get("tag") or ""))
             self._call(seq, message.get("request") or {}, line)
         elif op == "interrupt":
             if self.running == seq and self.status is None:
@@ -278,11 +315,23 @@ class _Supervisor:
             # outputs/ is read here, not by the interpreter: tool code cannot
             # make the supervisor send what the call did not write.
             self.outputs_before = _artifacts.snapshot(self.root)
+            tag = self.tag[1]
             self.sender = _artifacts.Sender(
-                lambda frame: self.runner._write_frame({**frame, "seq": seq}),
+                lambda frame: self.runner._write_frame({**frame, "seq": seq, "tag": tag}),
                 *_artifacts.limits_of(request, self.request),
             )
-            self._send(line if line.endswith(b"\n") else line + b"\n")
+            # A nonce of this call's own, which no code of an earlier call has
+            # seen: the interpreter's messages for the call must carry it.
+            self.nonce, self.told = os.urandom(16).hex(), {}
+            # The kernel's count, which no code in the interpreter can change:
+            # other threads alive as the call starts (earlier calls', or a
+            # library's own workers, which the kernel does not tell apart).
+            self.threads_at_start = max(len(_read_dir(f"/proc/{self.interpreter}/task")) - 1, 0)
+            # Pipes of the call's own, for its output (and its processes'), from now on.
+            assert self.to_sock is not None
+            self.relay.next_call(self.to_sock, bool(self.outgoing))
+            tagged = b'{"n": "' + self.nonce.encode() + b'", ' + line.lstrip()[1:]
+            self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
             self._write(seq, _failed(error), reset=False)
@@ -339,15 +388,18 @@ class _Supervisor:
             message = json.loads(line)
         except (ValueError, RecursionError):
             return
-        if not isinstance(message, dict):
+        # Only the running call's: a message without its nonce is a forgery of
+        # code from an earlier call (or a stale one), and it is dropped.
+        if not isinstance(message, dict) or message.get("n") != self.nonce:
             return
         if message.get("t") == "artifact":
             self._forward_artifact(message)
         elif message.get("t") == "yield" and "v" in message:
-            self.runner._write_frame({"t": "yield", "seq": self.running, "v": message["v"]})
-        elif message.get("t") == "result" and message.get("seq", self.running) == self.running:
-            # (Without a seq: the runner's own ResultTooLarge frame, which has none.)
+            frame = {"t": "yield", "seq": self.running, "tag": self.tag[1], "v": message["v"]}
+            self.runner._write_frame(frame)
+        elif message.get("t") == "result" and message.get("seq") == self.running:
             frame = {key: message[key] for key in _RESULT_KEYS if key in message}
+            self.told = {key: _count(message.get(key)) for key in _LEFT_KEYS}
             self._write(self.running, {"t": "result", **frame}, reset=False)
 
     def _forward_artifact(self, message: dict[str, Any]) -> None:
@@ -374,13 +426,21 @@ class _Supervisor:
             self.sender.sent += 1
             self.dropping = False
         if not self.dropping:
-            self.sender.write_frame({"t": "artifact", **fields})
+            self.sender.write_frame({"t": "artifact", **fields})  # (the sender tags it)
 
     def _write(self, seq: int, frame: dict[str, Any], *, reset: bool) -> None:
         """End call `seq` with `frame`: after every process it started is gone,
         and after the files it wrote to outputs/ are sent."""
+        ours = self.running == seq
+        if ours:  # what the call leaves running, told before the sweep ends it
+            left = self._left()
         if not self.keep:
             self.sweep(everything=False)
+        # Everything the call printed is in the relay pipes now (the interpreter
+        # flushed before its result; the sweep ended the call's processes).
+        self.relay.drain(forward=ours)
+        if ours:
+            frame["left"] = left
         if self.running == seq and self.sender is not None:
             try:
                 _artifacts.send_outputs(self.sender, self.root, self.outputs_before)
@@ -392,12 +452,30 @@ class _Supervisor:
             frame["usage"] = self.usage.end(self)
             self.usage = None
         frame["seq"] = seq
+        if self.tag[0] == seq:
+            frame["tag"] = self.tag[1]
         frame["reset"] = reset or self.reset_pending
         frame["resets"] = self.resets
         self.reset_pending = False
         if self.running == seq:
             self.running = None
         self.runner._write_frame(frame)
+
+    def _left(self) -> dict[str, Any]:
+        """What the running call leaves behind: its processes (read here), the
+        threads the interpreter counted (its word: see _turn.py), and the output
+        dropped since the call before (the relay's count, and the interpreter's)."""
+        told = self.told
+        processes = sum(1 for pid in self._below(False) if _alive(pid))
+        return {
+            "processes": processes,
+            "kept": self.keep,
+            "threads": told.get("threads", 0),
+            "earlier_threads": told.get("earlier_threads", 0),
+            "dropped_bytes": self.relay.take_dropped() + told.get("dropped_bytes", 0),
+            "dropped_frames": told.get("dropped_frames", 0),
+            "os_threads_at_start": self.threads_at_start,
+        }
 
     # ------------------------------------------------------------ the sweep
 
@@ -438,6 +516,15 @@ class _Supervisor:
 
 
 _RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
+_LEFT_KEYS = ("threads", "earlier_threads", "dropped_bytes", "dropped_frames")
+"""What the interpreter's result says the call left (_turn.Turn.close)."""
+
+
+def _count(value: Any) -> int:
+    """A count the interpreter told: a non-negative int, else 0."""
+    return min(value, 1 << 62) if type(value) is int and value > 0 else 0
+
+
 _ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
 
 
@@ -620,6 +707,13 @@ def _children_by_scan(pid: int, single: bool = False) -> list[int]:
     ]
 
 
+def _read_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def _read(path: str) -> bytes:
     """A small /proc file's content; b"" when it is gone."""
     try:
@@ -698,6 +792,11 @@ def _interpreter(
         os._exit(0)  # the supervisor died before the line above
     # The runner's own frames (yields, the result) go to the supervisor from now on.
     runner.__dict__["_frame_fd"] = messages
+    # Taken now, before any tool code runs: what tool code later does to the
+    # runner module or to sys does not change how a result is written.
+    write_frame = runner._write_frame
+    streams = (sys.stdout, sys.stderr)
+    flush = [stream.flush for stream in streams]
     limits = dict(session.get("limits") or {})
     cpu_s = int(limits.pop("cpu_s", 0) or 0)
     # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
@@ -711,17 +810,36 @@ def _interpreter(
     sys.modules["__main__"] = main
     keep = bool(session.get("keep_processes"))
     lines = _Lines(1 << 62)
-    pending: list[bytes] = []
+    pending: list[tuple[bytes, list[int]]] = []
+    carried: list[int] = []  # a call's output pipes, for the next line to come
+    sock = socket.socket(fileno=requests)
+    turn: Any = None
     while True:
         try:
             while not pending:
-                data = os.read(requests, _CHUNK)
+                data, fds, _, _ = socket.recv_fds(sock, _CHUNK, 4)
                 if not data:
                     os._exit(0)
-                pending += lines.feed(data)
-            message = json.loads(pending.pop(0))
+                # A read ends with the byte that carried pipes: they are for the
+                # line that follows it (the supervisor sends them just before it).
+                for line in lines.feed(data):
+                    pending.append((line, carried))
+                    carried = []
+                if fds:
+                    _close_fds(carried)
+                    carried = fds
+            line, pipes = pending.pop(0)
+            message = json.loads(line)
         except (InterruptedError, KeyboardInterrupt):
             continue  # a stray signal while idle
+        if len(pipes) == 2:  # the call's own stdout and stderr, from now on
+            for each in flush:
+                with contextlib.suppress(Exception):
+                    each()
+            os.dup2(pipes[0], 1)
+            os.dup2(pipes[1], 2)
+        _close_fds(pipes)
+        turn = _begin_turn(runner, message, turn, streams, write_frame)
         frame = _interpret(
             runner,
             message,
@@ -731,11 +849,31 @@ def _interpreter(
             tooldef=session.get("tooldef"),
             session=session,
         )
-        for stream in (sys.stdout, sys.stderr):
+        # Closed first: what a thread prints from here on is nobody's.
+        left = turn.close()
+        for each in flush:
             with contextlib.suppress(Exception):
-                stream.flush()
-        frame["seq"] = message.get("seq")
-        runner._write_frame(frame)
+                each()
+        frame.update(left, seq=message.get("seq"), n=turn.nonce)
+        write_frame(frame)
+
+
+def _begin_turn(
+    runner: types.ModuleType,
+    message: dict[str, Any],
+    previous: Any,
+    streams: tuple[Any, Any],
+    write_frame: Any,
+) -> Any:
+    """Open the call's turn: its own sys.stdout, sys.stderr and frame writer
+    (see _turn.py), which no code of an earlier call holds."""
+    turn = _turn.Turn(str(message.get("n") or ""))
+    if previous is not None:  # what threads wrote between the calls is told now
+        turn.dropped_bytes = previous.dropped_bytes - previous.reported
+    sys.stdout, sys.stderr = turn.streams(*streams)
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
+    runner.__dict__["_write_frame"] = turn.frame_writer(write_frame)
+    return turn
 
 
 def _interpret(
@@ -771,6 +909,12 @@ def _interpret(
     except BaseException as exc:
         error = runner._error(exc.with_traceback(_without_own_frames(exc.__traceback__)))
         return {"t": "result", "ok": False, "exit_code": 1, "error": error}
+
+
+def _close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _close_all_but(keep: tuple[int, ...]) -> None:

@@ -373,6 +373,8 @@ def install_runner(state_dir: Path) -> Path:
         RUNNER_PATH,
         RUNNER_PATH.with_name("_zygote.py"),
         RUNNER_PATH.with_name("_session.py"),
+        RUNNER_PATH.with_name("_turn.py"),
+        RUNNER_PATH.with_name("_relay.py"),
         RUNNER_PATH.with_name("_workspace.py"),
         RUNNER_PATH.with_name("_workspace_paths.py"),
         RUNNER_PATH.with_name("_workspace_read.py"),
@@ -395,7 +397,7 @@ def install_runner(state_dir: Path) -> Path:
         "_workspace_read.py",
         "_workspace_write.py",
     )
-    for name in ("_session.py", *workspace, "_artifacts.py"):
+    for name in ("_session.py", "_turn.py", "_relay.py", *workspace, "_artifacts.py"):
         with contextlib.suppress(OSError):  # then each session compiles it, as before
             compiled = py_compile.compile(str(target / name), quiet=2)
             if compiled is not None:

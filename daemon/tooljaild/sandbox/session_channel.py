@@ -8,13 +8,14 @@ more lines; each frame the supervisor writes names the call it belongs to.
 The daemon's lines (request pipe), one JSON object each:
 
     {"kind": "session", "keep_processes": bool, "quota_bytes": int,
-     "limits", "cwd", "env", "tooldef", "seal": false}
+     "idle_output_bytes_per_s": int, "limits", "cwd", "env", "tooldef", "seal": false}
         first, once, after the ready frame (`runner_line`): the worker becomes
         the supervisor, forks the interpreter (which applies the limits, moves
         to the workspace, takes the env and holds one ``__main__`` namespace)
         and answers {"t": "session"}.
-    {"op": "call", "seq": n, "request": {"kind", ...payload, "limits"}}
-        one call; ``seq`` counts from 1. Kinds code, file and user run in the
+    {"op": "call", "seq": n, "tag": hex, "request": {"kind", ...payload, "limits"}}
+        one call; ``seq`` counts from 1; ``tag`` is random per call, and every
+        frame of the call carries it. Kinds code, file and user run in the
         interpreter; kind "workspace" ({"op", "args", "quota_bytes"}) runs in
         the supervisor itself (`_workspace.run`), where tool code cannot reach.
     {"op": "interrupt", "seq": n}
@@ -30,16 +31,17 @@ The supervisor's frames (frame pipe), each on a line of its own:
 
     {"t": "ready", ...}                       as for every sandbox, first.
     {"t": "session", "interpreter": pid}      the session runs.
-    {"t": "yield", "seq": n, "v": <json>}     a user tool's value.
-    {"t": "artifact", "seq": n, <the runner's artifact fields>}
+    {"t": "yield", "seq": n, "tag", "v": <json>}     a user tool's value.
+    {"t": "artifact", "seq": n, "tag", <the runner's artifact fields>}
         one part of an artifact call n made (runner_channel), before its result.
-    {"t": "result", "seq": n, <the runner's result fields>, "reset": bool,
-     "resets": int, "usage": {"cpu_s", "memory_peak_bytes"}}
+    {"t": "result", "seq": n, "tag", <the runner's result fields>, "reset": bool,
+     "resets": int, "usage": {"cpu_s", "memory_peak_bytes"}, "left": {...}}
         call n is over: its output is all written, and (unless the session
         keeps processes) every process it started is dead. ``reset``: the
         interpreter was restarted during the call or while idle before it;
-        ``resets``: restarts so far; ``usage``: what call n used (below).
-    {"t": "result", "seq": n, "lost": {"code", "signal"}, "asked": bool,
+        ``resets``: restarts so far; ``usage``: what call n used (below);
+        ``left``: what it left running and met of earlier calls (`LeftRunning`).
+    {"t": "result", "seq": n, "tag", "lost": {"code", "signal"}, "asked": bool,
      "reset": true, "resets": int, "usage": {...}}
         call n's interpreter died: killed by a reset the daemon asked for
         (``asked``), or by itself (os._exit, a signal, SIGXCPU, the OOM
@@ -47,22 +49,34 @@ The supervisor's frames (frame pipe), each on a line of its own:
     {"t": "reset", "seq": n, "resets": int}    a reset asked for is done.
     {"t": "exit", ...}                         a keeper's, when the sandbox ends.
 
-Output is cut exactly per call. The interpreter flushes before it hands its
-result to the supervisor, the supervisor writes the result frame after that,
-and the daemon, on that frame, reads stdout and stderr until they are empty
-(`RunnerPipes.read_output_now`) before it detaches the call's sink. Between
-calls no sink is attached: what a kept process prints then is counted and
-dropped.
+Output is cut exactly per call, in the sandbox. The interpreter's stdout and
+stderr are pipes the supervisor reads (runner/_relay.py), fresh for each call
+(so a process a call started writes into that call's pipes for good), and
+only the running call's reach the daemon's pipes: what kept processes and
+threads of ended calls write is dropped in the sandbox, counted (the next
+result's ``left``), and read at a bounded rate (`idle_output_bytes_per_s`).
+The interpreter flushes before it hands its result to the supervisor, the
+supervisor drains the call's pipes into the daemon's and then writes the
+result frame, and the daemon, on that frame, reads stdout and stderr until
+they are empty (`RunnerPipes.read_output_now`) before it detaches the call's
+sink.
 
 A hostile sandbox, again. In a session the interpreter closes the frame pipe
 (and the request pipe) right after its fork, before any tool code runs, and
 the supervisor is not dumpable: tool code cannot write a frame at all (which
 closes, for sessions, the residual risk runner_channel describes, decision 37).
 What it can still write is the private pipe to the supervisor, which takes
-from it only a yield or the running call's result, bounded per line: so it
-can claim its own call's result, as it could by printing it. Frames are still
-checked as in a single call (`CallFrames`); one that breaks the protocol ends
-the session.
+from it only a yield, an artifact part or the running call's result, bounded
+per line, and only with the nonce the supervisor chose for the running call
+(sent with its request: code of an earlier call has never seen it). Inside
+the interpreter, per-call guards (runner/_turn.py) keep threads of earlier
+calls out of the call's sys.stdout, sys.stderr and frame writer. A thread
+that outlives its call shares the interpreter's memory, so it can still
+dig the live nonce out and speak for a later call: such threads are counted,
+and the later call's result says they ran beside it. Frames to the daemon
+carry the call's tag; one of another call (or none) is dropped
+(`stale_frames`). Frames are still checked as in a single call
+(`CallFrames`); one that breaks the protocol ends the session.
 
 Usage per call, not per session. The supervisor measures each call from its
 request to its result (runner/_session.py `_CallUsage`: the interpreter's CPU
@@ -83,6 +97,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
@@ -116,6 +131,71 @@ _CALL_FRAMES = frozenset({"yield", "artifact", "result"})
 
 
 @dataclass(frozen=True)
+class LeftRunning:
+    """What a session call left behind it, and what of others' it met.
+
+    Read from the supervisor's result frame: ``processes`` and the dropped
+    output of kept processes are the supervisor's own counts; the thread counts
+    and the dropped output of threads are the interpreter's (runner/_turn.py).
+    """
+
+    processes: int = 0
+    """Processes the call started that were alive at its end: killed then,
+    unless the session keeps processes (`kept`)."""
+    kept: bool = False
+    """The session keeps processes: those `processes` run on."""
+    threads: int = 0
+    """Threads alive in the interpreter at the call's end (the main one aside),
+    this call's and earlier calls'; they run on into later calls."""
+    earlier_threads: int = 0
+    """Threads of earlier calls alive when this call started: code this call
+    did not send ran beside it, and could have spoken for it."""
+    dropped_bytes: int = 0
+    """Output dropped since the call before began to end: written between calls,
+    or by threads of earlier calls during this one."""
+    dropped_frames: int = 0
+    """Frames (yields, artifacts, results) threads of earlier calls tried to send."""
+    os_threads_at_start: int = 0
+    """Other threads of the interpreter at the call's start as the kernel counts
+    them (the supervisor reads it: unlike `earlier_threads`, no code in the
+    interpreter can hide one), a library's own worker threads included."""
+
+    @classmethod
+    def of(cls, frame: Frame) -> LeftRunning:
+        """From a result frame's "left" (anything malformed reads as 0)."""
+        left = frame.get("left")
+        if not isinstance(left, dict):
+            return cls()
+
+        def count(key: str) -> int:
+            value = left.get(key)
+            return (
+                value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+            )
+
+        return cls(
+            processes=count("processes"),
+            kept=left.get("kept") is True,
+            threads=count("threads"),
+            earlier_threads=count("earlier_threads"),
+            dropped_bytes=count("dropped_bytes"),
+            dropped_frames=count("dropped_frames"),
+            os_threads_at_start=count("os_threads_at_start"),
+        )
+
+    def __bool__(self) -> bool:
+        return any(
+            (
+                self.processes,
+                self.threads,
+                self.earlier_threads,
+                self.dropped_bytes,
+                self.dropped_frames,
+            )
+        )
+
+
+@dataclass(frozen=True)
 class SessionCallEnd:
     """How one call in a session ended."""
 
@@ -128,11 +208,15 @@ class SessionCallEnd:
     interrupted: bool
     """`interrupt()` was called during this call and the call then ended on its
     own (its code saw KeyboardInterrupt): the variables are kept."""
+    left: LeftRunning = LeftRunning()
+    """What the call left running, and what of earlier calls' it met."""
 
 
 @dataclass
 class _Call:
     seq: int
+    tag: str
+    """The call's tag, chosen here: every frame of the call must carry it."""
     frames: CallFrames
     end: asyncio.Future[Frame | None]
     """The call's result frame, or None when the sandbox ended first."""
@@ -174,6 +258,8 @@ class SessionSandbox:
         self._sandbox = sandbox
         self._pipes = pipes
         self._seq = 0
+        self.stale_frames = 0
+        """Frames naming a call that is not the running one (dropped)."""
         self._call: _Call | None = None
         self._started: asyncio.Future[bool] = loop.create_future()
         self._resets = _Waiters()
@@ -188,6 +274,7 @@ class SessionSandbox:
         quota_bytes: int,
         limits: Limits,
         timeout_s: float,
+        idle_output_bytes_per_s: int = 65536,
     ) -> SessionSandbox:
         """Turn a started, unused sandbox (from a pool or a factory) into a session.
 
@@ -197,6 +284,9 @@ class SessionSandbox:
             quota_bytes: The workspace quota, for workspace operations (0: none known).
             limits: The session's limits (rlimits of its interpreter; cpu_s per call).
             timeout_s: How long the runner may take to confirm.
+            idle_output_bytes_per_s: Output written between calls (by kept
+                processes, by threads of ended calls) is dropped in the sandbox;
+                past this rate it is not even read (its writers wait).
 
         Raises:
             SandboxError: When the sandbox is not started, or is used (then it is
@@ -205,7 +295,11 @@ class SessionSandbox:
         pipes, spec = sandbox.hand_over()
         session = cls(sandbox, pipes)
         pipes.frames.on_frame = session._on_frame
-        options = {"keep_processes": keep_processes, "quota_bytes": quota_bytes}
+        options = {
+            "keep_processes": keep_processes,
+            "quota_bytes": quota_bytes,
+            "idle_output_bytes_per_s": idle_output_bytes_per_s,
+        }
         pipes.send(runner_line("session", options, limits, {}, replace(spec, seal=False)))
         timer = asyncio.get_running_loop().call_later(timeout_s, _settle, session._started, False)
         try:
@@ -257,14 +351,15 @@ class SessionSandbox:
             keeper=False,
             artifacts=request.artifacts,
         )
-        call = _Call(self._seq, frames, asyncio.get_running_loop().create_future())
+        tag = secrets.token_hex(16)
+        call = _Call(self._seq, tag, frames, asyncio.get_running_loop().create_future())
         self._call = call
         pipes.frames.limit(MAX_FRAME_BYTES_PER_CALL)
         pipes.stdout.attach(sink)
         pipes.stderr.attach(sink)
         self._sandbox.usage_from_now()  # the call's usage is its own, not the session's
         body = {"kind": request.kind, **request.payload, "limits": request.limits.rlimits()}
-        pipes.send(_line({"op": "call", "seq": call.seq, "request": body}))
+        pipes.send(_line({"op": "call", "seq": call.seq, "tag": tag, "request": body}))
         return self._until_end(call)
 
     async def _until_end(self, call: _Call) -> SessionCallEnd:
@@ -280,9 +375,10 @@ class SessionSandbox:
             return SessionCallEnd(await sandbox.outcome_of(frames), False, False)
         reset = result.get("reset") is True
         interrupted = call.interrupted and not reset
+        left = LeftRunning.of(result)
         lost = result.get("lost")
         if not isinstance(lost, dict):
-            return SessionCallEnd(await sandbox.outcome_of(frames), reset, interrupted)
+            return SessionCallEnd(await sandbox.outcome_of(frames), reset, interrupted, left)
         if result.get("asked") is True:
             # Ended by a reset the daemon asked for: as a kill of a fresh sandbox.
             outcome = RunOutcome(
@@ -295,7 +391,7 @@ class SessionSandbox:
         # frame of its own), then the backend's own where it has them.
         read_usage(outcome, result)
         sandbox.measure(outcome)
-        return SessionCallEnd(outcome, reset, interrupted)
+        return SessionCallEnd(outcome, reset, interrupted, left)
 
     def interrupt(self) -> None:
         """KeyboardInterrupt in the running call's code; a no-op when idle."""
@@ -344,8 +440,11 @@ class SessionSandbox:
                 self._check(call)
             return
         kind = item.get("t")
-        if kind in _CALL_FRAMES and call is not None and item.get("seq") == call.seq:
-            self._on_call_frame(call, item)
+        if kind in _CALL_FRAMES:
+            if call is not None and item.get("seq") == call.seq and item.get("tag") == call.tag:
+                self._on_call_frame(call, item)
+            else:  # not the running call's (it ended, or it never was): nobody's
+                self.stale_frames += 1
         elif kind == "session" and _is_int(item.get("interpreter")):
             _settle(self._started, True)
         elif kind == "reset":

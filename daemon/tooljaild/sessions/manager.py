@@ -201,6 +201,7 @@ class SessionManager:
                 quota_bytes=terms.limits.workspace_bytes,
                 limits=terms.limits,
                 timeout_s=self._open_timeout_s,
+                idle_output_bytes_per_s=s.idle_output_bytes_per_s,
             )
         finally:
             self._opening[client] -= 1

@@ -36,6 +36,12 @@ class SessionSettings(BaseModel):
     reset_timeout_s: float = Field(default=10.0, gt=0, le=120)
     """How long a restart of the interpreter may take before the whole session
     is destroyed instead (reason "sandbox_died")."""
+    idle_output_bytes_per_s: int = Field(default=65536, ge=0)
+    """Output written in a session between its calls (by processes it keeps,
+    by threads of calls that ended) is nobody's: it is dropped inside the
+    sandbox, counted, and never reaches the daemon. Past this many bytes a
+    second it is not even read: its writers wait on a full pipe until the next
+    call starts. 0: nothing is read between calls."""
     remembered_ended: int = Field(default=10_000, ge=0)
     """Ended sessions kept in memory to say why they ended; older ones are
     answered from the journal."""
