@@ -33,7 +33,7 @@ from typing import Any
 from tests.plotting import CACHE_ENV, DEFAULT_CACHE, READY, _make_readable_dir, _run
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("omnicoreagent==0.6.0", "pyagenity==0.3.3")
+FRAMEWORKS = ("omnicoreagent==0.6.0", "pyagenity==0.3.9")
 """Pinned: the cache is keyed by them, so a new release does not rebuild it unasked."""
 
 
