@@ -1,8 +1,8 @@
 """Runs the daemon's tools through a PyAgenity graph, offline; prints what happened as JSON.
 
 Run by tests/integration/test_integration_pyagenity.py in a Python >= 3.12
-venv with pyagenity (tests/py312.py: pyagenity 0.3.3 is written in 3.12
-syntax), against the daemon the test serves:
+venv with pyagenity 0.3.9 (tests/py312.py: it needs Python >= 3.12), against
+the daemon the test serves:
 
     python pyagenity_driver.py <target>
 
@@ -53,7 +53,7 @@ class Collecting(BasePublisher):
         pass
 
 
-# One publisher for every graph: pyagenity 0.3.3 sends every event of the
+# One publisher for every graph: pyagenity 0.3.9 (as 0.3.3) sends every event of the
 # process to the first publisher a StateGraph was given (see the docs page).
 PUBLISHER = Collecting()
 CALL_NUMBERS = itertools.count(1)

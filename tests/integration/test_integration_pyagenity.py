@@ -1,6 +1,6 @@
 """PyAgenity runs the daemon's tools: `tooljail.integrations.pyagenity` through a graph's ToolNode.
 
-pyagenity 0.3.3 is written in Python 3.12 syntax, so the graph runs in its own
+pyagenity 0.3.9 needs Python >= 3.12, so the graph runs in its own
 venv (`pyagenity_python`, tests/py312.py): the daemon is served here, and
 pyagenity_driver.py runs compiled `StateGraph`s against it, a scripted model
 node asking for each tool call (offline) and a `ToolNode` of our functions

@@ -26,11 +26,13 @@ The message's metadata holds the outcome under `"tooljail"`.
 
 A streaming tool publishes each output chunk as it arrives through the graph's
 publisher (`StateGraph(publisher=...)`): an `EventModel` with
-`event="tool_execution"`, `event_type="progress"`, `delta=True` and the chunk
-in `content`; the tool message at the end holds the whole output.
+`event="tool_execution"`, `event_type="progress"`, `content_type=["text"]`,
+the chunk in `content` and its place in `data["chunk_index"]`; the tool message
+at the end holds the whole output.
 
-pyagenity 0.3.3 declares Python >= 3.10 but is written in 3.12 syntax: it
-imports only on Python >= 3.12, and this module says so on an older one.
+Needs pyagenity >= 0.3.9 (tested with 0.3.9), which needs Python >= 3.12: on
+an older pyagenity, or an older Python where pip installed 0.3.3 (it declares
+>= 3.10 but is written in 3.12 syntax), importing this module says which.
 """
 
 from __future__ import annotations
