@@ -132,18 +132,16 @@ PYAGENITY_LIKE = {
     "pyagenity/utils/constants.py": "START = '__start__'\n",
     "pyagenity/state/__init__.py": """
         from .agent_state import AgentState
-        from .message import ErrorBlock, Message, ToolResultBlock
+        from .message import Message
+        from .message_block import ErrorBlock, ToolResultBlock
         """,
     "pyagenity/state/agent_state.py": """
         from pyagenity.utils import START
         class AgentState: ...
         """,
     "pyagenity/state/reducers.py": "def add_messages(left, right): return left + right\n",
-    "pyagenity/state/message.py": """
-        class Message: ...
-        class ToolResultBlock: ...
-        class ErrorBlock: ...
-        """,
+    "pyagenity/state/message.py": "class Message: ...\n",
+    "pyagenity/state/message_block.py": "class ToolResultBlock: ...\nclass ErrorBlock: ...\n",
     "pyagenity/publisher/__init__.py": "",
     "pyagenity/publisher/events.py": "",
     "pyagenity/publisher/publish.py": "",
@@ -167,7 +165,7 @@ def test_pyagenity_is_imported_by_its_public_entry_first(tmp_path: Path) -> None
     assert done.stdout.strip() == "imported", done.stderr
 
 
-# pyagenity 0.3.3's shape: Message in `utils.message`, no `state.message`.
+# pyagenity 0.3.3's shape: Message in `utils.message`; a `state` package without it.
 PYAGENITY_0_3_3_LIKE = {
     **{
         k: v
@@ -178,6 +176,8 @@ PYAGENITY_0_3_3_LIKE = {
     "pyagenity/graph/__init__.py": "class ToolNode: ...\n",
     "pyagenity/utils/__init__.py": "",
     "pyagenity/utils/message.py": "class Message: ...\n",
+    "pyagenity/state/__init__.py": "from .agent_state import AgentState\n",
+    "pyagenity/state/agent_state.py": "class AgentState: ...\n",
 }
 
 

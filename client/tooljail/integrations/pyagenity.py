@@ -84,9 +84,11 @@ def _older_than_minimum() -> str | None:
 
 
 try:
-    # pyagenity.state, not pyagenity.utils.message: 0.3.9 moved Message and its
-    # blocks there (0.3.3's `pyagenity.utils.message` is gone).
-    _message = _require("pyagenity.state", "pyagenity", entry=_ENTRY)
+    # pyagenity.state.message(_block), not pyagenity.utils.message: 0.3.9 moved
+    # Message and its blocks there (0.3.3's `pyagenity.utils.message` is gone, and
+    # its `pyagenity.state` package, which exists, has no Message: ask for the modules).
+    _message = _require("pyagenity.state.message", "pyagenity", entry=_ENTRY)
+    _blocks = _require("pyagenity.state.message_block", "pyagenity", entry=_ENTRY)
     _events = _require("pyagenity.publisher.events", "pyagenity", entry=_ENTRY)
     _publish = _require("pyagenity.publisher.publish", "pyagenity", entry=_ENTRY)
     _constants = _require("pyagenity.graph.tool_node.constants", "pyagenity", entry=_ENTRY)
@@ -122,7 +124,7 @@ def tool_message(outcome: Outcome, tool_call_id: str) -> Any:
     `ToolResultBlock` and an `ErrorBlock` (code: how it ended), each with the text.
     """
     details = {key: value for key, value in outcome.as_dict().items() if key != "text"}
-    result = _message.ToolResultBlock(
+    result = _blocks.ToolResultBlock(
         call_id=tool_call_id,
         output=outcome.text,
         is_error=not outcome.ok,
@@ -131,7 +133,7 @@ def tool_message(outcome: Outcome, tool_call_id: str) -> Any:
     content = [result]
     if not outcome.ok:
         content.append(
-            _message.ErrorBlock(message=outcome.text, code=outcome.kind.value, data=details)
+            _blocks.ErrorBlock(message=outcome.text, code=outcome.kind.value, data=details)
         )
     return _message.Message.tool_message(content=content, meta={"tooljail": details})
 
