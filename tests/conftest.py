@@ -261,7 +261,7 @@ def omnicore_python() -> str:
 
 @pytest.fixture(scope="session")
 def pyagenity_python(omnicore_python: str) -> str:
-    """The same venv: pyagenity 0.3.3 is written in Python 3.12 syntax."""
+    """The same venv: pyagenity 0.3.9 needs Python >= 3.12 and installs beside omnicoreagent."""
     return omnicore_python
 
 

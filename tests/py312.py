@@ -1,17 +1,18 @@
 """A Python >= 3.12 virtualenv with the frameworks that need it, built once per machine.
 
 omnicoreagent 0.6 requires Python >= 3.12 and pins versions that conflict with
-lightagent; pyagenity 0.3.3 says ">=3.10" but its code uses 3.12 syntax
-(`class BeforeInvokeCallback[T, R]`), so neither imports in the test
-interpreter (3.11). Their tests serve a daemon in the pytest process and run a
-driver script in this venv against it. The venv holds the frameworks and the
+lightagent; pyagenity (0.3.9, the release users run) needs Python >= 3.12, so
+neither imports in the test interpreter (3.11). The two install together, so one
+venv holds both (a pin that conflicted would get a venv of its own, keyed the
+same way, rather than a downgrade). Their tests serve a daemon in the pytest
+process and run a driver script in this venv against it. The venv holds the frameworks and the
 SDK's own dependencies, not the SDK: a driver runs with `PYTHONPATH` set to the
 tree's `client/` (`driver_env`), so it tests the code in the tree, and the
 cache does not go stale when that code changes.
 
 Cache: as tests/plotting.py's ($TOOLJAIL_TEST_VENVS, default
 /var/tmp/tooljail-test-venvs), one venv per requirement set, e.g.
-frameworks-omnicoreagent-0.6.0-pyagenity-0.3.3-py3.12-<hash of the SDK's
+frameworks-omnicoreagent-0.6.0-pyagenity-0.3.9-py3.12-<hash of the SDK's
 requirements>. Built from PyPI the first time (a minute or two); concurrent
 runs wait on the same lock file instead of building twice.
 """
@@ -33,7 +34,7 @@ from typing import Any
 from tests.plotting import CACHE_ENV, DEFAULT_CACHE, READY, _make_readable_dir, _run
 
 ROOT = Path(__file__).resolve().parent.parent
-FRAMEWORKS = ("omnicoreagent==0.6.0", "pyagenity==0.3.3")
+FRAMEWORKS = ("omnicoreagent==0.6.0", "pyagenity==0.3.9")
 """Pinned: the cache is keyed by them, so a new release does not rebuild it unasked."""
 
 

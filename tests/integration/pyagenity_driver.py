@@ -1,8 +1,8 @@
 """Runs the daemon's tools through a PyAgenity graph, offline; prints what happened as JSON.
 
 Run by tests/integration/test_integration_pyagenity.py in a Python >= 3.12
-venv with pyagenity (tests/py312.py: pyagenity 0.3.3 is written in 3.12
-syntax), against the daemon the test serves:
+venv with pyagenity 0.3.9 (tests/py312.py: it needs Python >= 3.12), against
+the daemon the test serves:
 
     python pyagenity_driver.py <target>
 
@@ -21,13 +21,12 @@ import itertools
 import json
 import sys
 import time
-from datetime import datetime
 from typing import Any
 
 from pyagenity.graph import StateGraph, ToolNode
 from pyagenity.publisher.base_publisher import BasePublisher
-from pyagenity.state import AgentState
-from pyagenity.utils import END, Message
+from pyagenity.state import AgentState, Message
+from pyagenity.utils import END
 
 from tooljail import AsyncClient, Client
 from tooljail.errors import ToolNotFoundError
@@ -54,7 +53,7 @@ class Collecting(BasePublisher):
         pass
 
 
-# One publisher for every graph: pyagenity 0.3.3 sends every event of the
+# One publisher for every graph: pyagenity 0.3.9 (as 0.3.3) sends every event of the
 # process to the first publisher a StateGraph was given (see the docs page).
 PUBLISHER = Collecting()
 CALL_NUMBERS = itertools.count(1)
@@ -95,15 +94,21 @@ async def run_graph(
     for _ in range(10):  # events go out on background tasks: let them land
         await asyncio.sleep(0.01)
     tool_messages = [m.model_dump(mode="json") for m in result["messages"] if m.role == "tool"]
-    # When each tool message was made (ToolNode stamps it with local time).
-    ends = {
-        m["metadata"]["tool_call_id"]: datetime.fromisoformat(m["timestamp"]).timestamp()
-        for m in tool_messages
-    }
+    # When each tool message was made (a Unix time: Message's default stamp).
+    ends = {m["metadata"]["tool_call_id"]: float(m["timestamp"]) for m in tool_messages}
     chunks = [
-        {"content": e.content, "tool_call_id": e.data.get("tool_call_id"), "at": at}
+        {
+            "content": e.content,
+            "tool_call_id": e.data.get("tool_call_id"),
+            "index": e.data["chunk_index"],
+            "type": e.event_type,
+            "content_type": e.content_type,
+            "at": at,
+        }
         for at, e in PUBLISHER.events
-        if e.delta and e.event == "tool_execution" and e.data.get("tool_call_id") in ends
+        if e.event == "tool_execution"
+        and "chunk_index" in e.data
+        and e.data.get("tool_call_id") in ends
     ]
     return {"messages": tool_messages, "chunks": chunks, "ends": ends}
 

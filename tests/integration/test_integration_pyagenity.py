@@ -1,6 +1,6 @@
 """PyAgenity runs the daemon's tools: `tooljail.integrations.pyagenity` through a graph's ToolNode.
 
-pyagenity 0.3.3 is written in Python 3.12 syntax, so the graph runs in its own
+pyagenity 0.3.9 needs Python >= 3.12, so the graph runs in its own
 venv (`pyagenity_python`, tests/py312.py): the daemon is served here, and
 pyagenity_driver.py runs compiled `StateGraph`s against it, a scripted model
 node asking for each tool call (offline) and a `ToolNode` of our functions
@@ -20,6 +20,7 @@ from tests.py312 import lookup_tools_dir, run_driver
 pytestmark = pytest.mark.timeout(600)  # the first run builds the venv (a minute or two)
 
 DRIVER = Path(__file__).with_name("pyagenity_driver.py")
+FIRST_IMPORT = Path(__file__).with_name("pyagenity_first_import.py")
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +122,9 @@ def test_a_streaming_tool_publishes_chunks_while_it_runs(driven: dict[str, Any])
     assert result_of(streamed)["output"] == "line 0\nline 1\nline 2"
     chunks = [c for c in run["chunks"] if c["tool_call_id"] == call]
     assert [c["content"] for c in chunks] == ["line 0\n", "line 1\n", "line 2\n"]
+    assert [c["index"] for c in chunks] == [0, 1, 2]
+    assert {c["type"] for c in chunks} == {"progress"}
+    assert {tuple(c["content_type"]) for c in chunks} == {("text",)}
     # The first line arrived while the call still ran (it sleeps 0.2 s a line).
     assert chunks[0]["at"] < run["ends"][call] - 0.2
 
@@ -157,3 +161,24 @@ def test_an_async_client_gives_coroutine_functions_that_stream(driven: dict[str,
     call = streamed["metadata"]["tool_call_id"]
     chunks = [c["content"] for c in driven["async"]["chunks"] if c["tool_call_id"] == call]
     assert chunks == ["line 0\n", "line 1\n", "line 2\n"]
+
+
+def test_the_adapter_imported_first_works_as_the_issues_user_ran_it(
+    pyagenity_python: str,
+) -> None:
+    # Issue 21: `from tooljail.integrations import pyagenity` before anything of
+    # pyagenity's, then `pyagenity.tools(client)`, said pyagenity "is not
+    # installed" on 0.3.9 (its `pyagenity.utils` imported first is a circular
+    # import, and the module the adapter asked for had moved to `pyagenity.state`).
+    with tooljail.testing.daemon(pool_size=1) as target:
+        done = run_driver(pyagenity_python, FIRST_IMPORT, target)
+    assert done["before"] == []  # nothing of pyagenity's was imported before the adapter
+    assert "execute_python_code" in done["names"]
+    assert done["toolnode_tools"] == done["names"]
+    assert result_of(done["message"]) == {
+        "type": "tool_result",
+        "call_id": "call_1",
+        "output": "42",
+        "is_error": False,
+        "status": "completed",
+    }

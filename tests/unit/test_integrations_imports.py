@@ -107,21 +107,41 @@ def test_an_installed_framework_that_fails_to_import_shows_the_real_error(
     assert "libfoo.so: cannot open" in done.stdout
 
 
-# pyagenity 0.3.9's shape: `utils.message` imported first runs into a circular
-# import through `graph`; entered by `graph` (as its users do), both import.
+def _metadata(version: str) -> str:
+    """A distribution's METADATA: what importlib.metadata reads the version from."""
+    return f"Metadata-Version: 2.1\nName: pyagenity\nVersion: {version}\n"
+
+
+# pyagenity 0.3.9's shape: `pyagenity.utils` imported first is a circular import
+# (utils -> state.reducers -> state -> state.agent_state -> utils' START, not yet
+# set); entered by `graph` (as its users do), or by `state`, everything imports.
+# Message and its blocks live in `state` (0.3.3 had them in `utils.message`).
 PYAGENITY_LIKE = {
     "pyagenity/__init__.py": "",
+    "pyagenity-0.3.9.dist-info/METADATA": _metadata("0.3.9"),
     "pyagenity/graph/__init__.py": """
+        from pyagenity.state import Message
         class ToolNode: ...
-        from pyagenity.utils.message import Message
         """,
     "pyagenity/graph/tool_node/__init__.py": "",
     "pyagenity/graph/tool_node/constants.py": "INJECTABLE_PARAMS = {'tool_call_id', 'state'}\n",
-    "pyagenity/utils/__init__.py": "",
-    "pyagenity/utils/message.py": """
-        from pyagenity.graph import ToolNode
-        class Message: ...
+    "pyagenity/utils/__init__.py": """
+        from pyagenity.state.reducers import add_messages
+        from .constants import START
         """,
+    "pyagenity/utils/constants.py": "START = '__start__'\n",
+    "pyagenity/state/__init__.py": """
+        from .agent_state import AgentState
+        from .message import Message
+        from .message_block import ErrorBlock, ToolResultBlock
+        """,
+    "pyagenity/state/agent_state.py": """
+        from pyagenity.utils import START
+        class AgentState: ...
+        """,
+    "pyagenity/state/reducers.py": "def add_messages(left, right): return left + right\n",
+    "pyagenity/state/message.py": "class Message: ...\n",
+    "pyagenity/state/message_block.py": "class ToolResultBlock: ...\nclass ErrorBlock: ...\n",
     "pyagenity/publisher/__init__.py": "",
     "pyagenity/publisher/events.py": "",
     "pyagenity/publisher/publish.py": "",
@@ -136,10 +156,44 @@ def test_pyagenity_is_imported_by_its_public_entry_first(tmp_path: Path) -> None
         {{}}
         print("imported")
         """
-    # The package's own shape: its inner module first fails, its entry first works.
-    first = _python(check.format("import pyagenity.utils.message"))
+    # The package's own shape: its utils first fails, its entry first works.
+    first = _python(check.format("import pyagenity.utils"))
     assert "circular import" in first.stderr
     assert _python(check.format("import pyagenity.graph")).stdout.strip() == "imported"
     # The adapter, imported before anything of pyagenity's (the reported case).
     done = _python(check.format("from tooljail.integrations import pyagenity"))
     assert done.stdout.strip() == "imported", done.stderr
+
+
+# pyagenity 0.3.3's shape: Message in `utils.message`; a `state` package without it.
+PYAGENITY_0_3_3_LIKE = {
+    **{
+        k: v
+        for k, v in PYAGENITY_LIKE.items()
+        if not k.startswith(("pyagenity-", "pyagenity/state"))
+    },
+    "pyagenity-0.3.3.dist-info/METADATA": _metadata("0.3.3"),
+    "pyagenity/graph/__init__.py": "class ToolNode: ...\n",
+    "pyagenity/utils/__init__.py": "",
+    "pyagenity/utils/message.py": "class Message: ...\n",
+    "pyagenity/state/__init__.py": "from .agent_state import AgentState\n",
+    "pyagenity/state/agent_state.py": "class AgentState: ...\n",
+}
+
+
+def test_an_older_pyagenity_names_the_release_to_install(tmp_path: Path) -> None:
+    _package(tmp_path, PYAGENITY_0_3_3_LIKE)
+    done = _python(
+        f"""
+        import sys
+        sys.path.insert(0, {str(tmp_path)!r})
+        try:
+            from tooljail.integrations import pyagenity
+        except ImportError as e:
+            print(e)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert "needs pyagenity >= 0.3.9, and 0.3.3 is installed" in done.stdout
+    assert "pip install -U 'tooljail[pyagenity]'" in done.stdout
+    assert "not installed" not in done.stdout

@@ -26,20 +26,24 @@ The message's metadata holds the outcome under `"tooljail"`.
 
 A streaming tool publishes each output chunk as it arrives through the graph's
 publisher (`StateGraph(publisher=...)`): an `EventModel` with
-`event="tool_execution"`, `event_type="progress"`, `delta=True` and the chunk
-in `content`; the tool message at the end holds the whole output.
+`event="tool_execution"`, `event_type="progress"`, `content_type=["text"]`,
+the chunk in `content` and its place in `data["chunk_index"]`; the tool message
+at the end holds the whole output.
 
-pyagenity 0.3.3 declares Python >= 3.10 but is written in 3.12 syntax: it
-imports only on Python >= 3.12, and this module says so on an older one.
+Needs pyagenity >= 0.3.9 (tested with 0.3.9), which needs Python >= 3.12: on
+an older pyagenity, or an older Python where pip installed 0.3.3 (it declares
+>= 3.10 but is written in 3.12 syntax), importing this module says which.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import inspect
 import keyword
 import platform
+import re
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Literal, cast, overload
 
@@ -61,12 +65,30 @@ from tooljail.integrations.core import (
 from tooljail.integrations.core import require as _require
 
 # Entered by its public entry first, as its users do (`from pyagenity.graph import
-# ToolNode`): pyagenity 0.3.9's `pyagenity.utils.message`, imported first, runs
-# into a circular import inside pyagenity.
+# ToolNode`): in pyagenity 0.3.9, `pyagenity.utils` imported before anything else
+# of pyagenity's is a circular import (utils -> state -> state.agent_state -> utils),
+# while every other order works. The modules below avoid `pyagenity.utils` too.
 _ENTRY = "pyagenity.graph"
+MINIMUM = (0, 3, 9)
+"""The oldest pyagenity this adapter is tested with (its messages moved to `pyagenity.state`)."""
+
+
+def _older_than_minimum() -> str | None:
+    """The installed pyagenity's version if it is older than `MINIMUM`, else None."""
+    try:
+        version = importlib.metadata.version("pyagenity")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    release = tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+    return version if release < MINIMUM else None
+
 
 try:
-    _message = _require("pyagenity.utils.message", "pyagenity", entry=_ENTRY)
+    # pyagenity.state.message(_block), not pyagenity.utils.message: 0.3.9 moved
+    # Message and its blocks there (0.3.3's `pyagenity.utils.message` is gone, and
+    # its `pyagenity.state` package, which exists, has no Message: ask for the modules).
+    _message = _require("pyagenity.state.message", "pyagenity", entry=_ENTRY)
+    _blocks = _require("pyagenity.state.message_block", "pyagenity", entry=_ENTRY)
     _events = _require("pyagenity.publisher.events", "pyagenity", entry=_ENTRY)
     _publish = _require("pyagenity.publisher.publish", "pyagenity", entry=_ENTRY)
     _constants = _require("pyagenity.graph.tool_node.constants", "pyagenity", entry=_ENTRY)
@@ -76,6 +98,15 @@ except SyntaxError as e:
     raise ImportError(
         f"pyagenity needs Python >= 3.12 (this is {platform.python_version()}; {e}): "
         "on 3.12 or later, pip install 'tooljail[pyagenity]'"
+    ) from e
+except ImportError as e:
+    # An older release has another layout: say which one to install, not only what broke.
+    old = _older_than_minimum()
+    if old is None:
+        raise
+    raise ImportError(
+        f"this integration needs pyagenity >= {'.'.join(map(str, MINIMUM))}, and "
+        f"{old} is installed: pip install -U 'tooljail[pyagenity]' ({e})"
     ) from e
 
 __all__ = ["atools", "tool_message", "tools"]
@@ -93,7 +124,7 @@ def tool_message(outcome: Outcome, tool_call_id: str) -> Any:
     `ToolResultBlock` and an `ErrorBlock` (code: how it ended), each with the text.
     """
     details = {key: value for key, value in outcome.as_dict().items() if key != "text"}
-    result = _message.ToolResultBlock(
+    result = _blocks.ToolResultBlock(
         call_id=tool_call_id,
         output=outcome.text,
         is_error=not outcome.ok,
@@ -102,7 +133,7 @@ def tool_message(outcome: Outcome, tool_call_id: str) -> Any:
     content = [result]
     if not outcome.ok:
         content.append(
-            _message.ErrorBlock(message=outcome.text, code=outcome.kind.value, data=details)
+            _blocks.ErrorBlock(message=outcome.text, code=outcome.kind.value, data=details)
         )
     return _message.Message.tool_message(content=content, meta={"tooljail": details})
 
@@ -205,18 +236,18 @@ def _arguments(given: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, An
 def _publish_chunk(
     config: dict[str, Any], spec: ToolSpec, tool_call_id: str, index: int, text: str
 ) -> None:
+    # pyagenity 0.3.9's EventModel has no delta fields (its docstring still names
+    # them, its model refuses them): a chunk is a TEXT progress event with the
+    # text in `content` and its place in `data["chunk_index"]`.
     event = _events.EventModel.default(
         base_config=config,
-        data={"tool_call_id": tool_call_id, "function_name": spec.name},
+        data={"tool_call_id": tool_call_id, "function_name": spec.name, "chunk_index": index},
         content_type=[_events.ContentType.TEXT],
         event=_events.Event.TOOL_EXECUTION,
         event_type=_events.EventType.PROGRESS,
         node_name="ToolNode",
     )
     event.content = text
-    event.delta = True
-    event.delta_type = "text"
-    event.chunk_index = index
     _publish.publish_event(event)  # to the graph's publisher, as ToolNode's own events
 
 
