@@ -31,6 +31,7 @@ import pytest
 
 import tooljail.testing
 from tests.conftest import RunningDaemon, ServedDaemon
+from tests.holds import daemon_holds
 from tooljail import CallState, Client, ToolResult
 from tooljail.errors import (
     CallNotFoundError,
@@ -180,7 +181,8 @@ def test_calls_waiting_for_approval_have_their_own_bound_and_starve_nobody(
     )
     a, b, plain, ops = (clients(served.target, n) for n in ("gated-a", "gated-b", "plain", "ops"))
     waiting: list[tuple[Client, str]] = []
-    with ThreadPoolExecutor(8) as pool:
+    # The daemon holds throughout: its loop answers, its memory stays put.
+    with daemon_holds(served.target, token=TOKENS["plain"]), ThreadPoolExecutor(8) as pool:
         futures = []
         for who, name in ((a, "a"), (b, "b")):
             for i in range(3):
@@ -193,6 +195,12 @@ def test_calls_waiting_for_approval_have_their_own_bound_and_starve_nobody(
         with pytest.raises(OverloadedError, match="waiting for approval") as refused:
             a.call(TOOL, {"code": "print(7)"}, call_id="a-3")
         assert refused.value.retry_after_s > 0
+        # The flood: past their bounds, both identities keep asking; each
+        # ask is refused at once, and holds nothing.
+        for i in range(60):
+            who = a if i % 2 else b
+            with pytest.raises(OverloadedError, match="waiting for approval"):
+                who.call(TOOL, {"code": "print(7)"}, call_id=f"flood-{i}")
         # Everyone else is served as if nobody waited: 4 at once, the whole bound.
         started = time.monotonic()
         ran = list(pool.map(lambda i: plain.call(TOOL, {"code": f"print({i})"}), range(4)))

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from tests.conftest import ServedDaemon, _reachable
-from tests.integration.test_artifact_search_attacks import Probe
+from tests.holds import Probe
 from tests.integration.test_artifacts_from_calls import SEND_ARTIFACT
 from tooljail import ArtifactGoneError, Client
 from tooljail.v1 import tooljail_pb2 as pb

@@ -11,73 +11,20 @@ event loop and cached (~90 MiB): both fail here.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
 
-import grpc
 import psutil
 import pytest
 
 from tests.conftest import RunningDaemon
+from tests.holds import MiB, Probe
 from tooljail import CallStatus, Client
-from tooljail.v1 import tooljail_pb2 as pb
-from tooljail.v1 import tooljail_pb2_grpc
 
 pytestmark = pytest.mark.timeout(120)
 
-MiB = 1024**2
-PROBE_BOUND_S = 1.0
-"""The slowest answer to GetDaemonInfo accepted while an attack runs (it takes
-~1 ms; the bound leaves room for a loaded 2-core machine, not for a freeze)."""
-
 LINE = "a" * 40 + "!"
 """`(a+)+$` backtracks 2**40 times over it in Python's `re`."""
-
-
-class Probe:
-    """Asks the daemon's GetDaemonInfo in a loop on a thread; keeps the slowest answer."""
-
-    def __init__(self, target: str) -> None:
-        self._channel = grpc.insecure_channel(target)
-        self._stub: Any = tooljail_pb2_grpc.ToolRunnerStub(self._channel)  # type: ignore[no-untyped-call]
-        self._stop = threading.Event()
-        self.slowest = 0.0
-        self.answers = 0
-        self.failures: list[str] = []
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            start = time.monotonic()
-            try:
-                self._stub.GetDaemonInfo(pb.GetDaemonInfoRequest(), timeout=PROBE_BOUND_S * 5)
-            except grpc.RpcError as exc:
-                self.failures.append(str(exc.code()))
-            self.slowest = max(self.slowest, time.monotonic() - start)
-            self.answers += 1
-            self._stop.wait(0.02)
-
-    @contextmanager
-    def running(self) -> Iterator[Probe]:
-        self._stub.GetDaemonInfo(pb.GetDaemonInfoRequest(), timeout=30)  # connected first
-        self._thread.start()
-        try:
-            yield self
-            deadline = time.monotonic() + 10
-            while self.answers < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)  # a few answers after the attack too: it left no stall
-        finally:
-            self._stop.set()
-            self._thread.join(30)
-            self._channel.close()
-
-    def assert_responsive(self) -> None:
-        assert not self.failures, self.failures
-        assert self.answers >= 3, "the probe got too few answers"
-        assert self.slowest < PROBE_BOUND_S, f"GetDaemonInfo took {self.slowest:.2f}s"
 
 
 def _rss(daemon: RunningDaemon) -> int:

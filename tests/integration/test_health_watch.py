@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.conftest import ServedDaemon
+from tests.holds import MiB, daemon_holds
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljaild.health_watch import MAX_SERVICE_NAME, peer_key
 
@@ -40,6 +41,12 @@ def test_watch_streams_past_the_bound_are_refused_and_check_still_answers(
         try:
             for stream in held:
                 assert next(stream).status == health_pb2.HealthCheckResponse.SERVING  # type: ignore[call-overload, attr-defined]
+            # A flood of Watch streams past the bound: each refused at once, none
+            # held, while the daemon's loop answers and its memory stays put.
+            with daemon_holds(served.target, rss_bytes=32 * MiB):
+                for _ in range(200):
+                    flood = _refused(_watch(stub))
+                    assert flood.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
             error = _refused(_watch(stub))
             assert error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
             assert "health Watch streams" in (error.details() or "")  # type: ignore[attr-defined]
