@@ -519,7 +519,7 @@ def _prepare(
         args, timeout = split_arguments(spec, arguments)
     except ValueError as e:
         return _bad_timeout(spec.tool, call_id, str(e))
-    return client, args, {"timeout": timeout, "call_id": call_id, "session_id": session_id}
+    return client, args, {"tool_timeout_s": timeout, "call_id": call_id, "session_id": session_id}
 
 
 def run(
