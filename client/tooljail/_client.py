@@ -15,10 +15,6 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 `DaemonUnavailableError`). Bad arguments to the methods themselves raise
 `TypeError` (wrong Python type) or a `TooljailError` that is also a
 `ValueError` (wrong value) before anything is sent.
-
-Over 500 lines, on purpose: `Client` carries the full contract (arguments,
-errors, retries) of every method in its docstrings, which `AsyncClient` refers
-to; the logic is in `_BaseClient` and the `_*_base` modules.
 """
 
 from __future__ import annotations

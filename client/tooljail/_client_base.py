@@ -4,9 +4,7 @@
 and decoding, and hands its router a `ClientLink` (metadata, credentials,
 the retry policy). What each method sends and how it reads the answer is a
 flow of `_ClientPlans` (`tooljail._client_plans`); `Client` and `AsyncClient`
-only run those flows, so a fix to the logic is made once for both. Where a
-request goes (one daemon or many) is `tooljail._routing`'s; here only which
-route each request names.
+only run those flows, so a fix to the logic is made once for both.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from tooljail._link import (
     renamed_keyword,
 )
 from tooljail._router_base import RouterBase
-from tooljail._routing import Route, RouteKind, Targets, parse_targets
+from tooljail._routing import Targets, parse_targets
 from tooljail._session_base import check_session_id
 from tooljail._types import CallInfo, CallState, Diagnostic, ToolInfo
 from tooljail._wire import (
@@ -424,40 +422,6 @@ class _BaseClient:
             call_id=self._check_call_id(call_id, required=True),
             from_seq=self._check_seq(from_seq),
         )
-
-    # --- routing ---
-
-    @staticmethod
-    def _call_route(request: pb.CallRequest) -> Route:
-        """A call goes to its session's daemon, else to its call id's."""
-        if request.session_id:
-            return Route(RouteKind.SESSION, request.session_id)
-        return Route(RouteKind.NEW_CALL, request.call_id)
-
-    @staticmethod
-    def _approve_route(request: pb.ApproveRequest) -> Route:
-        return Route(RouteKind.CALL, request.call_id)
-
-    @staticmethod
-    def _session_route(request: Any) -> Route:
-        """The daemon of the session a request names (`session_id`)."""
-        return Route(RouteKind.SESSION, request.session_id)
-
-    @staticmethod
-    def _lost_info(result: pb.Result) -> pb.CallInfo:
-        """What `get_call` answers for a call whose daemon is gone."""
-        return pb.CallInfo(
-            call_id=result.call_id,
-            state=pb.CALL_STATE_LOST,
-            has_result=True,
-            result=result,
-            daemon_id=result.daemon_id,
-        )
-
-    @staticmethod
-    def _lost_cancel(result: pb.Result) -> pb.CancelResponse:
-        """What `cancel` answers for a call whose daemon is gone."""
-        return pb.CancelResponse(state=pb.CALL_STATE_LOST)
 
     # --- decoding ---
 

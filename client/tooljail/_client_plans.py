@@ -4,7 +4,9 @@ Each `_plan_*` method checks its arguments at once (so a bad argument raises
 where the method is called, even for a stream) and returns a flow
 (`tooljail._steps`) of the router's policies; `Client` runs it with blocking
 calls and `AsyncClient` awaits it, each method one line. The method's contract
-(arguments, retries, errors) is in `Client`'s docstrings.
+(arguments, retries, errors) is in `Client`'s docstrings; which daemon each
+request names (its `Route`) is decided here, how a route is followed in
+`tooljail._routing` and `RouterBase`.
 """
 
 from __future__ import annotations
@@ -49,6 +51,40 @@ class _ClientPlans(_BaseClient):
         options.setdefault("retry", False)
         flow = self._router.unary(route, self._link.rpc(method, request), **options)
         return then(flow, lambda answer: answer[1])
+
+    # --- routing ---
+
+    @staticmethod
+    def _call_route(request: pb.CallRequest) -> Route:
+        """A call goes to its session's daemon, else to its call id's."""
+        if request.session_id:
+            return Route(RouteKind.SESSION, request.session_id)
+        return Route(RouteKind.NEW_CALL, request.call_id)
+
+    @staticmethod
+    def _approve_route(request: pb.ApproveRequest) -> Route:
+        return Route(RouteKind.CALL, request.call_id)
+
+    @staticmethod
+    def _session_route(request: Any) -> Route:
+        """The daemon of the session a request names (`session_id`)."""
+        return Route(RouteKind.SESSION, request.session_id)
+
+    @staticmethod
+    def _lost_info(result: pb.Result) -> pb.CallInfo:
+        """What `get_call` answers for a call whose daemon is gone."""
+        return pb.CallInfo(
+            call_id=result.call_id,
+            state=pb.CALL_STATE_LOST,
+            has_result=True,
+            result=result,
+            daemon_id=result.daemon_id,
+        )
+
+    @staticmethod
+    def _lost_cancel(result: pb.Result) -> pb.CancelResponse:
+        """What `cancel` answers for a call whose daemon is gone."""
+        return pb.CancelResponse(state=pb.CALL_STATE_LOST)
 
     # --- tools and calls ---
 
