@@ -423,7 +423,9 @@ def by_id_side(sessions: Warm, got: Measured) -> Warm | None:
 def request_bytes(target: str, session_id: str) -> bytes:
     """The CallRequest a warm session call sends, serialized: what the echo carries."""
     with Client(target) as client:
-        request = client._build_call_request(TOOL, {"code": WARM_CODE}, timeout=None, call_id=None)
+        request = client._build_call_request(
+            TOOL, {"code": WARM_CODE}, tool_timeout_s=None, call_id=None
+        )
     request.session_id = session_id
     return bytes(request.SerializeToString())
 

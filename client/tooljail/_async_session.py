@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Self
 
 from tooljail._session_base import _SessionBase
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
-from tooljail.errors import TooljailError
 from tooljail.v1 import tooljail_pb2 as pb
 
 if TYPE_CHECKING:
@@ -35,9 +34,7 @@ class AsyncSession(_SessionBase):
             print(result.data["stdout"])  # 42
     """
 
-    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
-        super().__init__(info)
-        self._client = client
+    _client: AsyncClient
 
     async def __aenter__(self) -> Self:
         return self
@@ -48,37 +45,35 @@ class AsyncSession(_SessionBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
+        with self._closing_after(exc):
             await self.close()
-        except TooljailError as error:
-            if exc is None:
-                raise
-            self._note_close_failure(exc, error)
 
     async def call(
         self,
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        # The tool call's own timeout, enforced by the daemon: not an await deadline.
-        timeout: float | None = None,  # noqa: ASYNC109
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
+        # Deprecated name of tool_timeout_s (a tool's run time, not an await deadline).
+        timeout: float | None = None,  # noqa: ASYNC109
     ) -> ToolResult:
         """Runs a tool in this session. See `Session.call`."""
-        return await self._client.call(
-            tool, args, timeout=timeout, call_id=call_id, session_id=self.id
-        )
+        options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        return await self._client.call(tool, args, session_id=self.id, timeout=timeout, **options)
 
     def stream(
         self,
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
+        timeout: float | None = None,
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Runs a tool in this session, yielding its output. See `Session.stream`."""
-        return self._client.stream(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+        options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        return self._client.stream(tool, args, session_id=self.id, timeout=timeout, **options)
 
     async def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
         """Writes `data` to `path` in the workspace. See `Session.upload`."""

@@ -1,10 +1,12 @@
 """The SDK's clients: `Client` (blocking) here, and `AsyncClient` (asyncio).
 
-Everything that does no I/O lives in `_BaseClient` (`tooljail._client_base`):
-target normalisation, argument checks, request building, event decoding, error
-mapping and the retry policy. `Client` and `AsyncClient`
-(`tooljail._async_client`) add only the methods that touch the channel, so a
-fix to the logic is made once for both. Both stay importable from here.
+Everything that does no I/O lives below them: checks, requests and decoding
+in `_BaseClient` (`tooljail._client_base`), what each method sends and reads
+as a flow in `_ClientPlans` (`tooljail._client_plans`), the retry, routing and
+resume policies as flows in `RouterBase`. `Client` runs each flow with
+blocking calls (`Router`) and `AsyncClient` (`tooljail._async_client`) awaits
+it (`AsyncRouter`), so a fix to the logic is made once for both. Both stay
+importable from here.
 
 Error contract: a tool that fails is not an exception, it is a `ToolResult` with
 `status != SUCCESS`. Methods raise only for problems outside the tool: the
@@ -13,51 +15,26 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 `DaemonUnavailableError`). Bad arguments to the methods themselves raise
 `TypeError` (wrong Python type) or a `TooljailError` that is also a
 `ValueError` (wrong value) before anything is sent.
-
-Over 500 lines, on purpose: `Client` carries the full contract (arguments,
-errors, retries) of every method in its docstrings, which `AsyncClient` refers
-to; the logic is in `_BaseClient` and the `_*_base` modules.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Generator
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
-from tooljail._artifact_base import (
-    delete_artifact_request,
-    get_artifact_request,
-    join_chunks,
-    join_pages,
-    list_artifacts_request,
-    merge_artifacts,
-    next_page,
-)
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
     CLIENT_KEY,
     MAX_RECEIVE_MESSAGE_BYTES,
     TARGET_ENV,
-    _BaseClient,
     default_socket_path,
     default_target,
 )
+from tooljail._client_plans import _ClientPlans
 from tooljail._router import Router
-from tooljail._routing import ANY, Route, RouteKind
 from tooljail._session import Session
-from tooljail._session_base import (
-    close_session_request,
-    create_session_request,
-    decode_file_info,
-    decode_session_info,
-    decode_sessions,
-    download_request,
-    list_sessions_request,
-    session_closed_with_daemon,
-    upload_messages,
-)
+from tooljail._session_base import SessionOptions, create_session_request
 from tooljail._types import (
     ArtifactInfo,
     CallInfo,
@@ -68,8 +45,6 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
-from tooljail.errors import SessionEndedError
-from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
     "CLIENT_KEY",
@@ -82,7 +57,7 @@ __all__ = [
 ]
 
 
-class Client(_BaseClient):
+class Client(_ClientPlans):
     """A blocking client of one tooljail daemon, or of many.
 
     Example:
@@ -108,10 +83,11 @@ class Client(_BaseClient):
             "dns:///name:port" target that the SDK resolves itself (every
             address of the name is a daemon; resolved again every 2 s), e.g.
             a Kubernetes headless Service. The credentials apply to each.
-        timeout: The deadline in seconds of each unary RPC (`list_tools`,
-            `get_call`, `cancel`, the session and file methods, ...), per try.
-            None means no deadline. It does not bound `call`/`stream`, which
-            last as long as the tool's own timeout.
+        rpc_timeout_s: The deadline in seconds of each try of a request that
+            is answered at once (`list_tools`, `get_call`, `cancel`, the
+            session, file and artifact methods, ...). None means no deadline.
+            It does not bound `call`/`stream`/`attach`, which last as long as
+            the tool may run (`tool_timeout_s` of `call`).
         retries: How many times `call`, `stream` and `attach` try again when the
             daemon cannot be reached or the connection drops (UNAVAILABLE), with
             backoff (0.1 s, 0.3 s, 0.9 s, ...). Every try carries the same call
@@ -140,35 +116,21 @@ class Client(_BaseClient):
             requires client certificates (its subject's CN names the
             identity). None: $TOOLJAIL_TLS_CERT, else none.
         tls_key_file: Its private key (PEM). None: $TOOLJAIL_TLS_KEY.
+        timeout: Deprecated (a DeprecationWarning): the old name of `rpc_timeout_s`.
 
     Raises:
         TypeError: When an argument has the wrong type.
-        InvalidRequestError: When the target is unusable, the timeout is not
+        InvalidRequestError: When the target is unusable, `rpc_timeout_s` is not
             a positive number, or the client name is empty, too long (over 128
             characters) or not printable ASCII, the token is empty or not
             printable ASCII, a certificate comes without its key, or a TLS file
             cannot be read.
     """
 
-    def __init__(
-        self,
-        target: str | list[str] | tuple[str, ...] | None = None,
-        *,
-        timeout: float | None = None,
-        retries: int = 3,
-        client_name: str | None = None,
-        token: str | None = None,
-        tls_ca_file: str | os.PathLike[str] | None = None,
-        tls_cert_file: str | os.PathLike[str] | None = None,
-        tls_key_file: str | os.PathLike[str] | None = None,
-    ) -> None:
-        super().__init__(
-            target, timeout=timeout, retries=retries, client_name=client_name, token=token,
-            tls_ca_file=tls_ca_file, tls_cert_file=tls_cert_file, tls_key_file=tls_key_file,
-        )  # fmt: skip
-        self._router = Router(self, self._targets)
-        if not self._targets.routed:
-            self._channel, self._stub = self._router.table.daemons[0].channel_and_stub
+    _router: Router
+
+    def _new_router(self) -> Router:
+        return Router(self._link, self._targets)
 
     def __enter__(self) -> Self:
         return self
@@ -185,20 +147,13 @@ class Client(_BaseClient):
         """Closes the channels; RPCs still in flight fail. Calling it twice is fine."""
         self._router.close()
 
-    def _unary(self, route: Route, method: str, request: Any, **options: Any) -> Any:
-        """`method` of the daemon `route` names; `options` as `Router.unary`
-        (not retried unless `retry=True`)."""
-        options.setdefault("retry", False)
-        return self._router.unary(route, self._sender(method, request), **options)
-
     def list_tools(self) -> list[ToolInfo]:
         """The tools the daemon serves.
 
         Raises:
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        resp: pb.ListToolsResponse = self._unary(ANY, "ListTools", pb.ListToolsRequest())
-        return self._decode_tools(resp)
+        return self._router.run(self._plan_list_tools())
 
     def diagnostics(self) -> list[Diagnostic]:
         """The problems the daemon found while loading user tools.
@@ -206,8 +161,7 @@ class Client(_BaseClient):
         Raises:
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        resp: pb.ListToolsResponse = self._unary(ANY, "ListTools", pb.ListToolsRequest())
-        return self._decode_diagnostics(resp)
+        return self._router.run(self._plan_diagnostics())
 
     def openai_tools(self) -> list[dict[str, Any]]:
         """The served tools as OpenAI function-calling tool definitions.
@@ -222,9 +176,10 @@ class Client(_BaseClient):
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
         session_id: str | None = None,
+        timeout: float | None = None,
     ) -> ToolResult:
         """Runs a tool and waits for its result; output chunks are not kept.
 
@@ -234,13 +189,17 @@ class Client(_BaseClient):
         Args:
             tool: The tool's name.
             args: The tool's arguments (a JSON-serialisable dict); None means {}.
-            timeout: The call's timeout in seconds, within the tool's bounds.
-                None means the tool's default. Sent to the daemon, which enforces it.
+            tool_timeout_s: How long the tool may run, in seconds, within the
+                tool's bounds; None means the tool's default (its `timeout_s`).
+                Sent to the daemon, which enforces it: past it the result is
+                TIMEOUT (the call may still take effect). Not an RPC deadline.
             call_id: An idempotency key: the same id and arguments return the
                 stored outcome instead of running again. None: the SDK makes one.
             session_id: Run in this session (its interpreter and workspace),
                 which any client may name; None means a fresh sandbox. A call
                 in a session waits for the session's calls before it.
+            timeout: Deprecated (a DeprecationWarning): the old name of
+                `tool_timeout_s`.
 
         Returns:
             The call's one final result; over many daemons, LOST (effect
@@ -259,24 +218,20 @@ class Client(_BaseClient):
             SessionEndedError: When the session has ended (`reason` says why).
             TransportError: When the RPC fails or ends without a result.
         """
-        request = self._build_call_request(
-            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        )
-        resp: pb.Result = self._router.unary(
-            self._call_route(request),
-            lambda stub: stub.Run(request, wait_for_ready=False, metadata=self._metadata),
-            on_lost=lambda lost: lost,
-        )
-        return self._decode_result(resp)
+        return self._router.run(
+            self._plan_call(tool, args, tool_timeout_s=tool_timeout_s, call_id=call_id,
+                            session_id=session_id, timeout=timeout)
+        )  # fmt: skip
 
     def stream(
         self,
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
         session_id: str | None = None,
+        timeout: float | None = None,
     ) -> Generator[Output | ToolResult, None, None]:
         """Runs a tool and yields its output as it arrives, then its result.
 
@@ -290,9 +245,11 @@ class Client(_BaseClient):
         Args:
             tool: The tool's name.
             args: The tool's arguments (a JSON-serialisable dict); None means {}.
-            timeout: The call's timeout in seconds; None means the tool's default.
+            tool_timeout_s: How long the tool may run, in seconds; None means
+                the tool's default. As for `call`.
             call_id: An idempotency key; None lets the SDK make one.
             session_id: Run in this session; None means a fresh sandbox.
+            timeout: Deprecated: the old name of `tool_timeout_s`.
 
         Returns:
             An iterator of `Output` chunks in order, and the `ToolResult` last.
@@ -301,14 +258,10 @@ class Client(_BaseClient):
             TypeError, InvalidRequestError, BadTimeoutError: As for `call`, at once.
             TooljailError: As for `call`, from the iterator.
         """
-        request = self._build_call_request(
-            tool, args, timeout=timeout, call_id=call_id, session_id=session_id
-        )
-        return self._router.follow(
-            self._call_route(request),
-            lambda stub: stub.Call(request, wait_for_ready=False, metadata=self._metadata),
-            request,
-        )
+        return self._router.stream(
+            self._plan_stream(tool, args, tool_timeout_s=tool_timeout_s, call_id=call_id,
+                              session_id=session_id, timeout=timeout)
+        )  # fmt: skip
 
     def attach(
         self, call_id: str, *, from_seq: int = 0
@@ -324,12 +277,7 @@ class Client(_BaseClient):
             CallNotFoundError: When the daemon does not know the call.
             TooljailError: As for `stream`.
         """
-        request = self._build_attach_request(call_id, from_seq)
-        return self._router.follow(
-            Route(RouteKind.CALL, request.call_id),
-            lambda stub: stub.Attach(request, wait_for_ready=False, metadata=self._metadata),
-            request,
-        )
+        return self._router.stream(self._plan_attach(call_id, from_seq))
 
     def get_call(self, call_id: str) -> CallInfo:
         """What the daemon knows of a call: its state and, once ended, its result.
@@ -338,11 +286,7 @@ class Client(_BaseClient):
             CallNotFoundError: When the daemon does not remember the call.
             TransportError: When the RPC fails.
         """
-        request = pb.GetCallRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CallInfo = self._unary(
-            Route(RouteKind.CALL, request.call_id), "GetCall", request, on_lost=self._lost_info
-        )
-        return self._decode_call_info(resp)
+        return self._router.run(self._plan_get_call(call_id))
 
     def cancel(self, call_id: str) -> CallState:
         """Stops a queued or running call; effects already done stay done.
@@ -355,11 +299,7 @@ class Client(_BaseClient):
             CallNotFoundError: When the daemon does not remember the call.
             TransportError: When the RPC fails.
         """
-        request = pb.CancelRequest(call_id=self._check_call_id(call_id, required=True))
-        resp: pb.CancelResponse = self._unary(
-            Route(RouteKind.CALL, request.call_id), "Cancel", request, on_lost=self._lost_cancel
-        )
-        return self._decode_cancel(resp)
+        return self._router.run(self._plan_cancel(call_id))
 
     def approve(self, call_id: str) -> CallInfo:
         """Approves a call that waits for approval: it runs.
@@ -375,28 +315,16 @@ class Client(_BaseClient):
             PermissionDeniedError: When this identity may not approve.
             TransportError: When the RPC fails.
         """
-        request = self._build_approve_request(call_id, True, "")
-        return self._decode_call_info(self._unary(self._approve_route(request), "Approve", request))
+        return self._router.run(self._plan_approve(call_id, True))
 
     def deny(self, call_id: str, reason: str = "") -> CallInfo:
         """Denies a call that waits for approval: it ends with effect none,
         its message carrying `reason` (for the model to act on). As `approve`."""
-        request = self._build_approve_request(call_id, False, reason)
-        return self._decode_call_info(self._unary(self._approve_route(request), "Approve", request))
+        return self._router.run(self._plan_approve(call_id, False, reason))
 
     # --- sessions and workspace files ---
 
-    def session(
-        self,
-        *,
-        idle_ttl_s: float | None = None,
-        max_lifetime_s: float | None = None,
-        memory_bytes: int | None = None,
-        pids: int | None = None,
-        cpus: float | None = None,
-        workspace_bytes: int | None = None,
-        keep_processes: bool = False,
-    ) -> Session:
+    def session(self, **options: Unpack[SessionOptions]) -> Session:
         """Opens a session now: a sandbox kept for a sequence of calls.
 
         Use it in a `with` block (closed at its end), or close it yourself.
@@ -431,19 +359,8 @@ class Client(_BaseClient):
             ShuttingDownError: When the daemon is draining.
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        request = create_session_request(
-            idle_ttl_s=idle_ttl_s,
-            max_lifetime_s=max_lifetime_s,
-            memory_bytes=memory_bytes,
-            pids=pids,
-            cpus=cpus,
-            workspace_bytes=workspace_bytes,
-            keep_processes=keep_processes,
-        )
-        daemon, resp = self._router.unary_at(
-            Route(RouteKind.NEW_SESSION), self._sender("CreateSession", request), retry=False
-        )
-        return Session(self, self._router.opened_session(daemon, decode_session_info(resp)))
+        request = create_session_request(**options)
+        return Session(self, self._router.run(self._plan_open_session(request)))
 
     def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
         """The open sessions of this client (its host and process), or of every client.
@@ -452,10 +369,7 @@ class Client(_BaseClient):
             TypeError: When `all_clients` is not a bool.
             TransportError: When the RPC fails (DaemonUnavailableError: no daemon).
         """
-        answers = self._router.each(
-            self._sender("ListSessions", list_sessions_request(all_clients))
-        )
-        return [info for resp in answers for info in decode_sessions(resp)]
+        return self._router.run(self._plan_list_sessions(all_clients))
 
     def close_session(self, session_id: str) -> SessionInfo:
         """Ends a session: its sandbox, interpreter and workspace are destroyed.
@@ -472,12 +386,7 @@ class Client(_BaseClient):
             SessionNotFoundError: When the daemon never knew the session.
             TransportError: When the RPC fails.
         """
-        request = close_session_request(session_id)
-        try:
-            resp = self._unary(self._session_route(request), "CloseSession", request, retry=True)
-        except SessionEndedError as e:
-            return session_closed_with_daemon(request.session_id, e)
-        return decode_session_info(resp)
+        return self._router.run(self._plan_close_session(session_id))
 
     def upload_file(self, session_id: str, path: str, data: bytes | bytearray | memoryview) -> int:
         """Writes `data` to `path` in a session's workspace, replacing any file there.
@@ -505,14 +414,7 @@ class Client(_BaseClient):
             SessionNotFoundError, SessionEndedError: As for `call`.
             TransportError: When the RPC fails.
         """
-        make_chunks = upload_messages(session_id, path, data)
-        resp: pb.FileInfo = self._router.unary(
-            Route(RouteKind.SESSION, session_id),
-            lambda stub: stub.UploadFile(
-                make_chunks(), timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-            ),
-        )
-        return decode_file_info(resp)
+        return self._router.run(self._plan_upload_file(session_id, path, data))
 
     def download_file(self, session_id: str, path: str) -> bytes:
         """The content of `path` in a session's workspace, gathered from its chunks.
@@ -528,15 +430,7 @@ class Client(_BaseClient):
             SessionNotFoundError, SessionEndedError: As for `call`.
             TransportError: When the RPC fails.
         """
-        request = download_request(session_id, path)
-
-        def gather(stub: Any) -> bytes:
-            rpc = stub.DownloadFile(
-                request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-            )
-            return b"".join(chunk.data for chunk in rpc)
-
-        return self._router.unary(self._session_route(request), gather)
+        return self._router.run(self._plan_download_file(session_id, path))
 
     # --- artifacts ---
 
@@ -544,7 +438,7 @@ class Client(_BaseClient):
         """The bytes of an artifact this client's calls made (`ToolResult.artifacts`).
 
         Streamed from the daemon in chunks and joined in memory; the client's
-        `timeout` bounds the whole read. Retried like `call` (reading again is
+        `rpc_timeout_s` bounds the whole read. Retried like `call` (reading again is
         harmless), from the start.
 
         Raises:
@@ -556,15 +450,7 @@ class Client(_BaseClient):
                 is "evicted", "expired" or "deleted".
             TransportError: When the RPC fails or the stream breaks off.
         """
-        request = get_artifact_request(artifact_id)
-        return self._router.unary(
-            Route(RouteKind.ARTIFACT, request.artifact_id),
-            lambda stub: join_chunks(
-                stub.GetArtifact(
-                    request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-                )
-            ),
-        )
+        return self._router.run(self._plan_get_artifact(artifact_id))
 
     def list_artifacts(
         self, *, call_id: str | None = None, session_id: str | None = None
@@ -583,18 +469,7 @@ class Client(_BaseClient):
             InvalidRequestError: When an id is empty.
             TransportError: When the RPC fails.
         """
-        first = list_artifacts_request(call_id, session_id)
-
-        def every_page(stub: Any) -> pb.ListArtifactsResponse:
-            # Each daemon's pages in turn; a retry of this daemon starts over.
-            pages: list[pb.ListArtifactsResponse] = []
-            request: pb.ListArtifactsRequest | None = first
-            while request is not None:
-                pages.append(self._sender("ListArtifacts", request)(stub))
-                request = next_page(first, pages[-1], len(pages))
-            return join_pages(pages)
-
-        return merge_artifacts(self._router.each(every_page))
+        return self._router.run(self._plan_list_artifacts(call_id, session_id))
 
     def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's; reading it later says it was deleted.
@@ -610,7 +485,4 @@ class Client(_BaseClient):
             ArtifactNotFoundError: When no artifact of that id is this client's.
             TransportError: When the RPC fails.
         """
-        request = delete_artifact_request(artifact_id)
-        route = Route(RouteKind.ARTIFACT, request.artifact_id)
-        resp: pb.DeleteArtifactResponse = self._unary(route, "DeleteArtifact", request, retry=True)
-        return resp.deleted
+        return self._router.run(self._plan_delete_artifact(artifact_id))

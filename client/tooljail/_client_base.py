@@ -1,15 +1,10 @@
-"""What `Client` and `AsyncClient` share: targets, `_BaseClient` and resuming a stream.
+"""What `Client` and `AsyncClient` share: targets and `_BaseClient`, no I/O.
 
-Everything that does no I/O lives in `_BaseClient`: target normalisation,
-argument checks, request building, event decoding, error mapping and the retry
-policy. `Client` (`tooljail._client`) and `AsyncClient`
-(`tooljail._async_client`) add only the methods that touch the channel, so a
-fix to the logic is made once for both. Where a request goes (one daemon or
-many) is `tooljail._routing`'s; here only which route each request names.
-
-Over 500 lines, on purpose: it is the one home of every check, builder and
-decoder the two clients share; the session and artifact ones are already in
-their own modules, and splitting the rest would split one class.
+`_BaseClient` holds target normalisation, argument checks, request building
+and decoding, and hands its router a `ClientLink` (metadata, credentials,
+the retry policy). What each method sends and how it reads the answer is a
+flow of `_ClientPlans` (`tooljail._client_plans`); `Client` and `AsyncClient`
+only run those flows, so a fix to the logic is made once for both.
 """
 
 from __future__ import annotations
@@ -17,37 +12,36 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import socket
 import uuid
-from collections.abc import Callable
+import warnings
 from pathlib import Path
 from typing import Any
 
 import grpc
-import grpc.aio
 
 from tooljail._credentials import Credentials
-from tooljail._routing import Route, RouteKind, Targets, parse_targets
+from tooljail._link import (
+    ClientLink,
+    backoff_s,
+    decode_event,
+    decode_result,
+    no_result_error,
+    protocol_error,
+    renamed_keyword,
+)
+from tooljail._router_base import RouterBase
+from tooljail._routing import Targets, parse_targets
 from tooljail._session_base import check_session_id
-from tooljail._types import CallInfo, CallState, Diagnostic, Output, ToolInfo, ToolResult
+from tooljail._types import CallInfo, CallState, Diagnostic, ToolInfo
 from tooljail._wire import (
     call_info_from_proto,
     call_state_from_proto,
     diagnostic_from_proto,
-    error_from_rpc,
-    output_from_proto,
-    result_from_proto,
     tool_info_from_proto,
 )
-from tooljail.errors import (
-    BadTimeoutError,
-    InvalidRequestError,
-    TooljailError,
-    TransportError,
-)
+from tooljail.errors import BadTimeoutError, InvalidRequestError, TooljailError
 from tooljail.v1 import tooljail_pb2 as pb
-from tooljail.v1 import tooljail_pb2_grpc
 
 __all__ = [
     "CLIENT_ENV",
@@ -73,9 +67,6 @@ TARGET_ENV = "TOOLJAIL_TARGET"
 
 MAX_RECEIVE_MESSAGE_BYTES = 64 * 1024 * 1024
 """Largest message the SDK accepts (a result carries a tool's whole data)."""
-
-# The generated stub is untyped; this alias gives mypy a typed constructor.
-_new_stub: Callable[[Any], Any] = tooljail_pb2_grpc.ToolRunnerStub
 
 # Target schemes gRPC resolves itself; anything else with "://" is a mistake such
 # as "http://host:port", which gRPC would only reject later and obscurely.
@@ -113,30 +104,39 @@ def default_target() -> str:
 
 
 class _BaseClient:
-    """What `Client` and `AsyncClient` share: everything that does no I/O."""
+    """What `Client` and `AsyncClient` share: everything that does no I/O.
 
+    Its arguments are `Client`'s (documented there). A subclass makes its
+    router (`_new_router`); the base alone opens no channel.
+    """
+
+    _router: RouterBase
     _target: str
     _targets: Targets
-    _timeout: float | None
+    _rpc_timeout_s: float | None
     _retries: int
 
     def __init__(
         self,
         target: str | list[str] | tuple[str, ...] | None = None,
         *,
-        timeout: float | None = None,
+        rpc_timeout_s: float | None = None,
         retries: int = 3,
         client_name: str | None = None,
         token: str | None = None,
         tls_ca_file: str | os.PathLike[str] | None = None,
         tls_cert_file: str | os.PathLike[str] | None = None,
         tls_key_file: str | os.PathLike[str] | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._targets = parse_targets(
             default_target() if target is None else target, self._normalize_target
         )
         self._target = self._targets.display
-        self._timeout = self._check_seconds(timeout, "timeout", InvalidRequestError)
+        rpc_timeout_s = renamed_keyword("timeout", "rpc_timeout_s", rpc_timeout_s, timeout)
+        self._rpc_timeout_s = self._check_seconds(
+            rpc_timeout_s, "rpc_timeout_s", InvalidRequestError
+        )
         if isinstance(retries, bool) or not isinstance(retries, int):
             raise TypeError(f"retries must be an int, got {retries!r}")
         if retries < 0:
@@ -147,6 +147,19 @@ class _BaseClient:
         # of what our calls make (artifacts).
         self._credentials = Credentials.resolve(token, tls_ca_file, tls_cert_file, tls_key_file)
         self._metadata = ((CLIENT_KEY, self._client_name), *self._credentials.metadata())
+        # All the router sees of this client.
+        self._link = ClientLink(
+            self._target, self._metadata, self._rpc_timeout_s, retries, self._open_channel
+        )
+        router = self._new_router()
+        if router is not None:
+            self._router = router
+            if not self._targets.routed:
+                self._channel, self._stub = self._router.table.daemons[0].channel_and_stub
+
+    def _new_router(self) -> RouterBase | None:
+        """The router that sends this client's requests (`self._link`); None: none."""
+        return None
 
     @staticmethod
     def _resolve_client_name(client_name: str | None) -> str:
@@ -194,26 +207,10 @@ class _BaseClient:
         return uuid.uuid4().hex
 
     def _should_retry(self, error: TooljailError, attempt: int) -> bool:
-        """Whether to send the same call again after `error` (attempt 0 is the first).
+        """The retry policy (`ClientLink.should_retry`): after `error`, try again?"""
+        return self._link.should_retry(error, attempt)
 
-        The retry policy, in one place: only when the daemon could not be
-        reached or the connection dropped, i.e. UNAVAILABLE without tooljail's
-        `ErrorDetail` (`DaemonUnavailableError`). Anything the daemon answered
-        (a `ShuttingDownError`, a `JournalUnavailableError`, or a code this SDK
-        does not know, `UnknownError`) is not a transport failure and is never
-        retried. The call id makes the retry join the call the daemon may
-        already run, never start a second one.
-        """
-        return (
-            attempt < self._retries
-            and isinstance(error, TransportError)
-            and error.status == "UNAVAILABLE"
-        )
-
-    @staticmethod
-    def _backoff_s(attempt: int) -> float:
-        """0.1 s, 0.3 s, 0.9 s, ... (at most 3 s), each with up to 25% jitter."""
-        return min(3.0, 0.1 * float(3**attempt)) * (1 + random.random() / 4)
+    _backoff_s = staticmethod(backoff_s)
 
     @property
     def target(self) -> str:
@@ -227,12 +224,23 @@ class _BaseClient:
         return self._client_name
 
     @property
+    def rpc_timeout_s(self) -> float | None:
+        """The deadline in seconds of each try of a unary RPC; None means no deadline."""
+        return self._rpc_timeout_s
+
+    @property
     def timeout(self) -> float | None:
-        """The deadline of each unary RPC in seconds; None means no deadline."""
-        return self._timeout
+        """Deprecated: the old name of `rpc_timeout_s`."""
+        warnings.warn(
+            "Client.timeout is deprecated: it is now called rpc_timeout_s",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._rpc_timeout_s
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(target={self._target!r}, timeout={self._timeout!r})"
+        name, timeout = type(self).__name__, self._rpc_timeout_s
+        return f"{name}(target={self._target!r}, rpc_timeout_s={timeout!r})"
 
     # --- target and channel ---
 
@@ -375,19 +383,24 @@ class _BaseClient:
         tool: str,
         args: dict[str, Any] | None,
         *,
-        timeout: float | None,
+        tool_timeout_s: float | None,
         call_id: str | None,
         session_id: str | None = None,
+        timeout: float | None = None,
     ) -> pb.CallRequest:
         """The `CallRequest` for a call, after checking every argument.
 
+        `timeout` is `tool_timeout_s`'s old name (a DeprecationWarning).
+
         Raises:
-            TypeError: When an argument has the wrong type.
+            TypeError: When an argument has the wrong type, or both
+                `tool_timeout_s` and `timeout` are given.
             InvalidRequestError: When the tool name, call id or session id is
                 empty, or the arguments are not JSON-serialisable.
             BadTimeoutError: When the timeout is not a positive finite number.
         """
-        checked_timeout = self._check_seconds(timeout, "timeout", BadTimeoutError)
+        tool_timeout_s = renamed_keyword("timeout", "tool_timeout_s", tool_timeout_s, timeout)
+        checked_timeout = self._check_seconds(tool_timeout_s, "tool_timeout_s", BadTimeoutError)
         return pb.CallRequest(
             tool=self._check_tool(tool),
             arguments_json=self._encode_args(args),
@@ -410,80 +423,12 @@ class _BaseClient:
             from_seq=self._check_seq(from_seq),
         )
 
-    # --- routing ---
-
-    def _sender(self, method: str, request: Any) -> Callable[[Any], Any]:
-        """One try of unary `method` with `request`, given a daemon's stub."""
-        return lambda stub: getattr(stub, method)(
-            request, timeout=self._timeout, wait_for_ready=False, metadata=self._metadata
-        )
-
-    @staticmethod
-    def _call_route(request: pb.CallRequest) -> Route:
-        """A call goes to its session's daemon, else to its call id's."""
-        if request.session_id:
-            return Route(RouteKind.SESSION, request.session_id)
-        return Route(RouteKind.NEW_CALL, request.call_id)
-
-    @staticmethod
-    def _approve_route(request: pb.ApproveRequest) -> Route:
-        return Route(RouteKind.CALL, request.call_id)
-
-    @staticmethod
-    def _session_route(request: Any) -> Route:
-        """The daemon of the session a request names (`session_id`)."""
-        return Route(RouteKind.SESSION, request.session_id)
-
-    @staticmethod
-    def _lost_info(result: pb.Result) -> pb.CallInfo:
-        """What `get_call` answers for a call whose daemon is gone."""
-        return pb.CallInfo(
-            call_id=result.call_id,
-            state=pb.CALL_STATE_LOST,
-            has_result=True,
-            result=result,
-            daemon_id=result.daemon_id,
-        )
-
-    @staticmethod
-    def _lost_cancel(result: pb.Result) -> pb.CancelResponse:
-        """What `cancel` answers for a call whose daemon is gone."""
-        return pb.CancelResponse(state=pb.CALL_STATE_LOST)
-
     # --- decoding ---
 
-    @staticmethod
-    def _protocol_error(e: ValueError) -> TransportError:
-        return TransportError(f"the daemon sent a message this SDK cannot read: {e}")
-
-    @classmethod
-    def _decode_event(cls, event: pb.CallEvent) -> Output | ToolResult | None:
-        """One event of a call's stream; None for events the caller does not see.
-
-        `Started` is skipped, and so is an event kind a newer daemon may add.
-
-        Raises:
-            TransportError: When the event cannot be decoded.
-        """
-        kind = event.WhichOneof("event")
-        try:
-            if kind == "output":
-                return output_from_proto(event.output)
-            if kind == "result":
-                return result_from_proto(event.result)
-        except ValueError as e:
-            raise cls._protocol_error(e) from e
-        return None
-
-    @classmethod
-    def _decode_result(cls, m: pb.Result) -> ToolResult:
-        if m.status == pb.STATUS_UNSPECIFIED:
-            # A Result with no status is no result at all.
-            raise cls._no_result_error()
-        try:
-            return result_from_proto(m)
-        except ValueError as e:
-            raise cls._protocol_error(e) from e
+    _protocol_error = staticmethod(protocol_error)
+    _decode_event = staticmethod(decode_event)
+    _decode_result = staticmethod(decode_result)
+    _no_result_error = staticmethod(no_result_error)
 
     @classmethod
     def _decode_tools(cls, resp: pb.ListToolsResponse) -> list[ToolInfo]:
@@ -520,72 +465,12 @@ class _BaseClient:
         except ValueError as e:
             raise cls._protocol_error(e) from e
 
-    @staticmethod
-    def _no_result_error() -> TransportError:
-        return TransportError(
-            "the call's stream ended without a result; the call may still be running on "
-            "the daemon: ask for it with get_call(call_id)"
-        )
-
     # --- errors ---
 
     def _map_rpc_error(self, e: grpc.RpcError) -> TooljailError:
-        """Our exception for a failed RPC (the one mapping of the SDK's edge)."""
-        # A bare grpc.RpcError carries no status; every real call error does.
-        code = e.code() if hasattr(e, "code") else None
-        details = e.details() if hasattr(e, "details") else None
-        trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
-        code_name = code.name if code is not None else "UNKNOWN"
-        return error_from_rpc(code_name, details, trailing, target=self._target)
+        """Our exception for a failed RPC (`ClientLink.map_error`)."""
+        return self._link.map_error(e)
 
     @staticmethod
     def _openai_tools(tools: list[ToolInfo]) -> list[dict[str, Any]]:
         return [t.openai_schema() for t in tools]
-
-
-class _Progress:
-    """How far a caller got in one call's events, to resume it after a drop."""
-
-    def __init__(self, request: pb.CallRequest | pb.AttachRequest) -> None:
-        self._request = request
-        self._last_seq = (
-            max(0, request.from_seq - 1) if isinstance(request, pb.AttachRequest) else 0
-        )
-        self._seen = False
-        self.result: ToolResult | None = None
-
-    @property
-    def fresh(self) -> bool:
-        """Nothing of the call came back yet (not even `Started`)."""
-        return not self._seen
-
-    def take(self, item: Output | ToolResult | None) -> Output | ToolResult | None:
-        """Note an event; return it unless it is one the caller already has."""
-        if item is None:
-            self._seen = True  # Started: the daemon has the call
-            return None
-        self._seen = True
-        if isinstance(item, ToolResult):
-            self.result = item
-            return item
-        if item.seq:
-            if item.seq <= self._last_seq:
-                return None  # replayed after a resume: the caller has it
-            self._last_seq = item.seq
-        return item
-
-    def resume(self, stub: Any, start: Callable[[], Any], metadata: Any) -> Any:
-        """The RPC that picks up where the broken one stopped.
-
-        Before the daemon was seen to have the call, the same request again
-        (its call id makes the daemon join a call it already runs); after,
-        Attach from the chunk after the last one the caller got.
-        """
-        if not self._seen and isinstance(self._request, pb.CallRequest):
-            return start()
-        call_id = self._request.call_id
-        return stub.Attach(
-            pb.AttachRequest(call_id=call_id, from_seq=self._last_seq + 1),
-            wait_for_ready=False,
-            metadata=metadata,
-        )

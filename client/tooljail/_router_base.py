@@ -1,19 +1,26 @@
-"""`RouterBase`: what the sync and async routers decide alike, without I/O.
+"""`RouterBase`: every routing policy of the SDK, once, as flows of I/O-free steps.
 
-After each failed try, whether to pass to the next daemon, retry, or answer
-that the holding daemon is gone; what a pinned id's daemon's answers mean
-(restarted, forgot a session); how a lost call or session is answered. The
-rules themselves are in `tooljail._routing`.
+What to decide after each failed try (pass to the next daemon, retry, or answer
+that the holding daemon is gone), what a pinned id's daemon's answers mean
+(restarted, forgot a session), how a lost call or session is answered; and the
+loops that use those decisions (retry, route, look up, fan out, resume a
+stream), written once as flows (`tooljail._steps`) that `Router` drives with
+blocking calls and `AsyncRouter` awaited. The rules themselves are in
+`tooljail._routing`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
 
+from tooljail._link import ClientLink, Rpc, backoff_s, decode_event, decode_result, no_result_error
 from tooljail._routing import (
+    ANY,
     Daemon,
     DaemonTable,
     Pin,
@@ -26,7 +33,8 @@ from tooljail._routing import (
     never_reached,
     session_lost,
 )
-from tooljail._types import SessionInfo, ToolResult
+from tooljail._steps import END, Emit, Flow, Read, Refresh, Start, Try, Wait
+from tooljail._types import Output, SessionInfo, ToolResult
 from tooljail._wire import result_to_proto
 from tooljail.errors import (
     InvalidRequestError,
@@ -38,7 +46,12 @@ from tooljail.errors import (
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
 
-__all__ = ["Gone", "RouterBase", "Skip"]
+__all__ = ["Gone", "RouterBase", "Send", "Skip"]
+
+_T = TypeVar("_T")
+
+Send = Rpc | Callable[[Daemon], Flow[Any]]
+"""One try of a request on a daemon: an `Rpc`, or a flow of several (a listing's pages)."""
 
 
 class Skip(Exception):
@@ -58,20 +71,20 @@ _NOT_FOUND_CODES = frozenset({"call_not_found", "session_not_found", "artifact_n
 
 
 class RouterBase:
-    """What the sync and async routers share: the table and every decision.
+    """What the sync and async routers share: the table, every decision and every loop.
 
-    The subclasses add the loops that send (`_attempts`), look up, fan out and
-    run the health loop, each once with blocking calls and once awaited.
+    The subclasses drive the flows (`run`, `stream`) and keep the table fresh
+    (`refresh`, the health loop), once with blocking calls and once awaited.
 
     Args:
-        client: The client whose retry policy, metadata and credentials apply
-            to every daemon (`_BaseClient`).
+        link: What the client hands in: its retry policy, metadata and how to
+            open a channel to a daemon (with its credentials).
         targets: What it was told to dial.
         module: `grpc` or `grpc.aio`, whose channels to open.
     """
 
-    def __init__(self, client: Any, targets: Targets, module: Any) -> None:
-        self._client = client
+    def __init__(self, link: ClientLink, targets: Targets, module: Any) -> None:
+        self._link = link
         self.targets = targets
         self._module = module
         self.table = DaemonTable()
@@ -84,13 +97,18 @@ class RouterBase:
         return self.targets.routed
 
     def _add(self, address: str) -> Daemon:
-        channel = self._client._open_channel(self._module, address)
+        channel = self._link.open_channel(self._module, address)
         stub: Any = tooljail_pb2_grpc.ToolRunnerStub(channel)  # type: ignore[no-untyped-call]
         return self.table.add(address, channel, stub)
 
+    def _relist(self, addresses: list[str]) -> None:
+        """A dns name's addresses now: channels to the new ones (the gone ones stay, unlisted)."""
+        for address in self.table.relist(addresses):
+            self._add(address)
+
     def _map(self, daemon: Daemon, e: grpc.RpcError) -> TooljailError:
         if not self.routed:
-            return self._client._map_rpc_error(e)  # type: ignore[no-any-return]
+            return self._link.map_error(e)
         return map_rpc_error(e, daemon.address)
 
     def _verdict(
@@ -98,7 +116,7 @@ class RouterBase:
     ) -> str:
         """After a failed try: "skip" (next daemon), "retry", "gone" or "raise"."""
         if not self.routed:
-            return "retry" if retry and self._client._should_retry(error, attempt) else "raise"
+            return "retry" if retry and self._link.should_retry(error, attempt) else "raise"
         if is_unavailable(error) or isinstance(error, ShuttingDownError):
             self._note_failure(daemon, error)
         if fresh and attempt == 0 and never_reached(error):
@@ -106,7 +124,7 @@ class RouterBase:
         # A request bound to its daemon (pinned, or asked of it by lookup) is
         # retried before that daemon is called gone, even a read that one
         # daemon alone would not retry: "lost" must mean the retries failed too.
-        if (retry or not fresh) and self._client._should_retry(error, attempt):
+        if (retry or not fresh) and self._link.should_retry(error, attempt):
             return "retry"
         return "gone" if is_unavailable(error) else "raise"
 
@@ -203,9 +221,7 @@ class RouterBase:
 
     def _lost_event(self, route: Route, daemon: Daemon, error: TooljailError) -> ToolResult:
         """The last item of a stream whose daemon is gone (a session's raises)."""
-        answer = self._gone(route, Gone(daemon, error), lambda r: r)
-        decoded: ToolResult = self._client._decode_result(answer)
-        return decoded
+        return decode_result(self._gone(route, Gone(daemon, error), lambda r: r))
 
     @staticmethod
     def _is_not_found(error: TooljailError) -> bool:
@@ -218,3 +234,263 @@ class RouterBase:
         if skipped:
             last.add_note("not asked, unreachable: " + ", ".join(d.describe() for d in skipped))
         raise last
+
+    # --- flows: the loops, once for both routers ---
+
+    def _ready(self) -> Flow[None]:
+        """Before a routed request: the table is known (the first asks every daemon)."""
+        if not self._started:
+            yield Start()
+        self._check_config()
+
+    def _attempts(self, daemon: Daemon, send: Send, *, retry: bool, fresh: bool) -> Flow[Any]:
+        """`send` on `daemon` under the retry policy.
+
+        Raises:
+            Skip: When `fresh` and the daemon never had the request.
+            Gone: When routed and the daemon stays unreachable.
+            TooljailError: The daemon's answer, or a transport failure.
+        """
+        attempt = 0
+        while True:
+            try:
+                if isinstance(send, Rpc):
+                    return (yield Try(daemon, send))
+                return (yield from send(daemon))
+            except grpc.RpcError as e:
+                error = self._map(daemon, e)
+                verdict = self._verdict(daemon, error, attempt, retry=retry, fresh=fresh)
+                if verdict == "skip":
+                    raise Skip() from e
+                if verdict == "gone":
+                    raise Gone(daemon, error) from e
+                if verdict == "raise":
+                    raise error from e
+            yield Wait(backoff_s(attempt))
+            attempt += 1
+
+    def unary(
+        self,
+        route: Route,
+        send: Send,
+        *,
+        retry: bool = True,
+        on_lost: Callable[[pb.Result], Any] | None = None,
+    ) -> Flow[tuple[Daemon, Any]]:
+        """`send` to the daemon `route` names: that daemon, and its answer.
+
+        Args:
+            route: Which daemon: see `RouteKind`.
+            send: One try of the request, given the daemon.
+            retry: Whether the retry policy applies.
+            on_lost: For a call whose daemon is gone: the answer made of its
+                LOST result; None raises the transport error instead.
+
+        Raises:
+            SessionEndedError: reason "daemon_lost", when a session's daemon is
+                gone or was restarted.
+            TooljailError: As the RPC, or when no daemon takes new calls.
+        """
+        if not self.routed:
+            daemon = self.table.daemons[0]
+            return daemon, (yield from self._attempts(daemon, send, retry=retry, fresh=False))
+        yield from self._ready()
+        pinned = self._pinned(route)
+        try:
+            if pinned is not None:
+                try:
+                    answer = yield from self._attempts(pinned, send, retry=retry, fresh=False)
+                except TooljailError as error:
+                    return pinned, self._pinned_error(route, pinned, error, on_lost)
+                return pinned, answer
+            if route.kind in (RouteKind.CALL, RouteKind.SESSION, RouteKind.ARTIFACT):
+                return (yield from self._lookup(route, send, retry=retry))
+            return (yield from self._fresh(route, send, retry=retry))
+        except Gone as gone:
+            return gone.daemon, self._gone(route, gone, on_lost)
+
+    def _fresh(self, route: Route, send: Send, *, retry: bool) -> Flow[tuple[Daemon, Any]]:
+        """To the first serving daemon by rendezvous of the route's id (or a fresh
+        one), passing on only while a daemon never had the request."""
+        key = route.key or uuid.uuid4().hex
+        for again in (False, True):
+            if again:
+                yield Refresh()  # our view may be stale: ask once more before giving up
+            for daemon in self.table.ranked(key, serving=True):
+                self.pin(route, daemon)
+                try:
+                    answer = yield from self._attempts(daemon, send, retry=retry, fresh=True)
+                except Skip:
+                    continue
+                except Gone:
+                    if route.kind is not RouteKind.ANY:
+                        raise
+                    continue
+                return daemon, answer
+        raise self.table.none_serving()
+
+    def _lookup(self, route: Route, send: Send, *, retry: bool) -> Flow[tuple[Daemon, Any]]:
+        """To each reachable daemon in rendezvous order until one knows the id."""
+        last: TooljailError | None = None
+        skipped: list[Daemon] = []
+        for daemon in self.table.ranked(route.key, serving=False):
+            if not daemon.reachable:
+                skipped.append(daemon)
+                continue
+            try:
+                answer = yield from self._attempts(daemon, send, retry=retry, fresh=False)
+            except Gone:
+                skipped.append(daemon)
+                continue
+            except TooljailError as error:
+                if not self._is_not_found(error):
+                    raise
+                last = error
+                continue
+            self.pin(route, daemon)
+            return daemon, answer
+        self._not_found(route, last, skipped)
+        raise AssertionError("unreachable")  # _not_found always raises
+
+    def each(self, send: Send) -> Flow[list[Any]]:
+        """`send` to every reachable daemon (merged listings), retried each."""
+        if not self.routed:
+            return [(yield from self.unary(ANY, send))[1]]
+        yield from self._ready()
+        answers = []
+        for daemon in [d for d in self.table.daemons if d.reachable and d.listed]:
+            try:
+                answers.append((yield from self._attempts(daemon, send, retry=True, fresh=False)))
+            except Gone:
+                continue
+        if not answers:
+            raise self.table.none_serving()
+        return answers
+
+    def follow(self, route: Route, rpc: Rpc) -> Flow[None]:
+        """The events of one call from its daemon (`rpc`: its Call or Attach), emitted;
+        a dropped connection is resumed where it broke (Attach after the last
+        chunk), on the same daemon."""
+        progress = _Progress(rpc)
+        attempt = 0
+        # Only a call this client never sent anywhere may pass on to another daemon.
+        unsent = route.kind is RouteKind.NEW_CALL and self._pinned(route) is None
+        daemon = yield from self._stream_daemon(route)
+        call = rpc.start(daemon.stub)
+        while True:
+            verdict = "retry"
+            try:
+                while (event := (yield Read(call))) is not END:
+                    if progress.result is not None:
+                        # Nothing may follow the Result; read on only to reach the status.
+                        continue
+                    item = progress.take(decode_event(event))
+                    if item is not None:
+                        yield Emit(item)
+                break
+            except grpc.RpcError as e:
+                # Once the result is in, the call's outcome is known: a failure while
+                # reading the final status changes nothing for the caller.
+                if progress.result is not None:
+                    break
+                error = self._map(daemon, e)
+                fresh = unsent and progress.fresh
+                verdict = self._verdict(daemon, error, attempt, retry=True, fresh=fresh)
+                if verdict == "gone":
+                    yield Emit(self._lost_event(route, daemon, error))
+                    return
+                if verdict == "raise":
+                    raise error from e
+            finally:
+                # Left early (caller closed us, or an error): stop the RPC. Not after
+                # the result, so the daemon's handler finishes undisturbed.
+                if progress.result is None:
+                    call.cancel()
+            if verdict == "skip":
+                daemon = yield from self._stream_daemon(route, fresh_only=True)
+                call = rpc.start(daemon.stub)
+                continue
+            yield Wait(backoff_s(attempt))
+            attempt += 1
+            call = progress.resume(daemon.stub)
+        if progress.result is None:
+            raise no_result_error()
+
+    def _stream_daemon(self, route: Route, *, fresh_only: bool = False) -> Flow[Daemon]:
+        """The daemon a stream goes to, pinned before its first byte is sent."""
+        if not self.routed:
+            return self.table.daemons[0]
+        yield from self._ready()
+        pinned = None if fresh_only else self._pinned(route)
+        if pinned is not None:
+            return pinned
+        if route.kind in (RouteKind.CALL, RouteKind.SESSION):
+            return (yield from self._locate(route))
+        for daemon in self.table.ranked(route.key, serving=True):
+            self.pin(route, daemon)
+            return daemon
+        raise self.table.none_serving()
+
+    def _locate(self, route: Route) -> Flow[Daemon]:
+        """The daemon of a call (GetCall) or session (ListSessions: nothing else
+        asks without acting) this client did not send."""
+        if route.kind is RouteKind.CALL:
+            call = pb.GetCallRequest(call_id=route.key)
+            daemon, _ = yield from self.unary(route, self._link.rpc("GetCall", call))
+            return daemon
+        listing = self._link.rpc("ListSessions", pb.ListSessionsRequest(all_clients=True))
+        for daemon in self.table.ranked(route.key, serving=False):
+            if not daemon.reachable:
+                continue
+            try:
+                answer = yield from self._attempts(daemon, listing, retry=True, fresh=False)
+            except (Gone, TooljailError):
+                continue
+            if any(s.session_id == route.key for s in answer.sessions):
+                self.pin(route, daemon)
+                return daemon
+        raise self.table.none_serving()
+
+
+class _Progress:
+    """How far a caller got in one call's events, to resume it after a drop."""
+
+    def __init__(self, rpc: Rpc) -> None:
+        self._rpc = rpc
+        request = rpc.message
+        self._last_seq = (
+            max(0, request.from_seq - 1) if isinstance(request, pb.AttachRequest) else 0
+        )
+        self._seen = False
+        self.result: ToolResult | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing of the call came back yet (not even `Started`)."""
+        return not self._seen
+
+    def take(self, item: Output | ToolResult | None) -> Output | ToolResult | None:
+        """Note an event; return it unless it is one the caller already has."""
+        self._seen = True  # even Started (None): the daemon has the call
+        if item is None:
+            return None
+        if isinstance(item, ToolResult):
+            self.result = item
+            return item
+        if item.seq:
+            if item.seq <= self._last_seq:
+                return None  # replayed after a resume: the caller has it
+            self._last_seq = item.seq
+        return item
+
+    def resume(self, stub: Any) -> Any:
+        """The RPC that picks up where the broken one stopped.
+
+        Before the daemon was seen to have the call, the same request again
+        (its call id makes the daemon join a call it already runs); after,
+        Attach from the chunk after the last one the caller got.
+        """
+        if not self._seen and isinstance(self._rpc.message, pb.CallRequest):
+            return self._rpc.start(stub)
+        attach = pb.AttachRequest(call_id=self._rpc.message.call_id, from_seq=self._last_seq + 1)
+        return Rpc("Attach", attach, self._rpc.metadata).start(stub)

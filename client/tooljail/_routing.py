@@ -17,9 +17,10 @@ keeps one channel per daemon address and routes each request:
 
 A request may go to the next daemon only when the first never had it: the
 daemon refused it as draining (`ShuttingDownError`), or the connection to it
-could not be made (see `never_reached`). The sync and async routers
-(`tooljail._router`, `tooljail._async_router`) add the RPCs and the health loop;
-what they decide alike is `tooljail._router_base`.
+could not be made (see `never_reached`). The policies that follow these rules
+(retry, route, look up, resume) are flows of `tooljail._router_base`, done by
+the sync and async routers (`tooljail._router`, `tooljail._async_router`),
+which also keep the table fresh.
 """
 
 from __future__ import annotations
@@ -392,7 +393,7 @@ class DaemonTable:
 
 
 def map_rpc_error(e: grpc.RpcError, target: str) -> TooljailError:
-    """Our exception for a failed RPC to `target` (see `_BaseClient._map_rpc_error`)."""
+    """Our exception for a failed RPC to `target` (see `ClientLink.map_error`)."""
     code = e.code() if hasattr(e, "code") else None
     details = e.details() if hasattr(e, "details") else None
     trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, Self
 
 from tooljail._session_base import _SessionBase
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
-from tooljail.errors import TooljailError
 
 if TYPE_CHECKING:
     from tooljail._client import Client
@@ -43,9 +42,7 @@ class Session(_SessionBase):
     after that raise `SessionEndedError`, whose `reason` says why.
     """
 
-    def __init__(self, client: Client, info: SessionInfo) -> None:
-        super().__init__(info)
-        self._client = client
+    _client: Client
 
     def __enter__(self) -> Self:
         return self
@@ -56,41 +53,42 @@ class Session(_SessionBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
+        with self._closing_after(exc):
             self.close()
-        except TooljailError as error:
-            if exc is None:
-                raise
-            self._note_close_failure(exc, error)
 
     def call(
         self,
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
+        timeout: float | None = None,
     ) -> ToolResult:
         """Runs a tool in this session and waits for its result.
 
-        As `Client.call` with this session's id: the same arguments, retries and
-        errors (`SessionEndedError` once the session has ended).
+        As `Client.call` with this session's id: the same arguments (`timeout`
+        is the deprecated name of `tool_timeout_s`), retries and errors
+        (`SessionEndedError` once the session has ended).
         """
-        return self._client.call(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+        options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        return self._client.call(tool, args, session_id=self.id, timeout=timeout, **options)
 
     def stream(
         self,
         tool: str,
         args: dict[str, Any] | None = None,
         *,
-        timeout: float | None = None,
+        tool_timeout_s: float | None = None,
         call_id: str | None = None,
+        timeout: float | None = None,
     ) -> Generator[Output | ToolResult, None, None]:
         """Runs a tool in this session, yielding its output, then its result.
 
         As `Client.stream` with this session's id.
         """
-        return self._client.stream(tool, args, timeout=timeout, call_id=call_id, session_id=self.id)
+        options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        return self._client.stream(tool, args, session_id=self.id, timeout=timeout, **options)
 
     def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
         """Writes `data` to `path` in the workspace. As `Client.upload_file`.

@@ -7,8 +7,10 @@ these functions, so the twins cannot drift.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator
+from typing import Any, TypedDict, Unpack
 
 from tooljail._types import SessionInfo, SessionState
 from tooljail._wire import session_info_from_proto
@@ -130,35 +132,49 @@ def _check_count_bound(value: int | None, what: str, most: int) -> int:
     return value
 
 
-def create_session_request(
-    *,
-    idle_ttl_s: float | None,
-    max_lifetime_s: float | None,
-    memory_bytes: int | None,
-    pids: int | None,
-    cpus: float | None,
-    workspace_bytes: int | None,
-    keep_processes: bool,
-) -> pb.CreateSessionRequest:
+class SessionOptions(TypedDict, total=False):
+    """The options of `session(...)`; see `Client.session` for each.
+
+    Each bound may only lower the daemon's own; None (or 0, or left out) takes
+    the daemon's.
+    """
+
+    idle_ttl_s: float | None
+    max_lifetime_s: float | None
+    memory_bytes: int | None
+    pids: int | None
+    cpus: float | None
+    workspace_bytes: int | None
+    keep_processes: bool
+
+
+def create_session_request(**options: Unpack[SessionOptions]) -> pb.CreateSessionRequest:
     """The `CreateSessionRequest` for `session(...)`, after checking every option.
 
     None (or 0) leaves an option to the daemon's bound; a value may only lower
     it, which the daemon judges (this checks only what the wire can carry).
 
     Raises:
-        TypeError: When an option has the wrong type (bool is not a number here).
+        TypeError: When an option has the wrong type (bool is not a number
+            here), or is not one of `SessionOptions`.
         InvalidRequestError: When a number is negative, not finite, or too large
             for the wire.
     """
+    unknown = set(options) - set(SessionOptions.__annotations__)
+    if unknown:
+        raise TypeError(f"session() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+    keep_processes = options.get("keep_processes", False)
     if not isinstance(keep_processes, bool):
         raise TypeError(f"keep_processes must be a bool, got {keep_processes!r}")
     return pb.CreateSessionRequest(
-        idle_ttl_s=_check_float_bound(idle_ttl_s, "idle_ttl_s"),
-        max_lifetime_s=_check_float_bound(max_lifetime_s, "max_lifetime_s"),
-        memory_bytes=_check_count_bound(memory_bytes, "memory_bytes", _UINT64_MAX),
-        pids=_check_count_bound(pids, "pids", _UINT32_MAX),
-        cpus=_check_float_bound(cpus, "cpus"),
-        workspace_bytes=_check_count_bound(workspace_bytes, "workspace_bytes", _UINT64_MAX),
+        idle_ttl_s=_check_float_bound(options.get("idle_ttl_s"), "idle_ttl_s"),
+        max_lifetime_s=_check_float_bound(options.get("max_lifetime_s"), "max_lifetime_s"),
+        memory_bytes=_check_count_bound(options.get("memory_bytes"), "memory_bytes", _UINT64_MAX),
+        pids=_check_count_bound(options.get("pids"), "pids", _UINT32_MAX),
+        cpus=_check_float_bound(options.get("cpus"), "cpus"),
+        workspace_bytes=_check_count_bound(
+            options.get("workspace_bytes"), "workspace_bytes", _UINT64_MAX
+        ),
         keep_processes=keep_processes,
     )
 
@@ -217,9 +233,15 @@ def decode_file_info(m: pb.FileInfo) -> int:
 
 
 class _SessionBase:
-    """What `Session` and `AsyncSession` share: the session's id and description."""
+    """What `Session` and `AsyncSession` share: the session's id and description.
 
-    def __init__(self, info: SessionInfo) -> None:
+    Args:
+        client: The client whose methods the session's fill in with its id.
+        info: The session as the daemon described it when it opened.
+    """
+
+    def __init__(self, client: Any, info: SessionInfo) -> None:
+        self._client = client
         self._info = info
         # Kept apart from `info`: a close answered by the SDK (its daemon lost)
         # names no daemon, and the session still belonged to this one.
@@ -245,14 +267,21 @@ class _SessionBase:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.id!r}, state={self._info.state.value!r})"
 
-    def _note_close_failure(self, exc: BaseException, error: TooljailError) -> None:
-        """At the end of a `with` block left by `exc`, closing failed with `error`.
+    @contextlib.contextmanager
+    def _closing_after(self, exc: BaseException | None) -> Iterator[None]:
+        """Around the close at the end of a `with` block that `exc` left (None: none).
 
-        The exception that left the block is what the caller must see (its type
-        is what their `except` expects), so it goes on, with a note of this one;
-        the session ends anyway at its idle TTL.
+        When the close fails too, the exception that left the block is what the
+        caller must see (its type is what their `except` expects), so it goes
+        on, with a note of the close's error; the session ends anyway at its
+        idle TTL. Without `exc`, the close's error is raised.
         """
-        exc.add_note(
-            f"closing session {self.id} failed too: {type(error).__name__}: {error} "
-            "(it ends at its idle TTL)"
-        )
+        try:
+            yield
+        except TooljailError as error:
+            if exc is None:
+                raise
+            exc.add_note(
+                f"closing session {self.id} failed too: {type(error).__name__}: {error} "
+                "(it ends at its idle TTL)"
+            )

@@ -220,7 +220,7 @@ def stream_with_times(
     chunks: list[tuple[float, Output]] = []
     result: ToolResult | None = None
     with Client(daemon.target) as client:
-        for item in client.stream(tool, args, timeout=timeout):
+        for item in client.stream(tool, args, tool_timeout_s=timeout):
             if isinstance(item, Output):
                 chunks.append((time.time(), item))
             else:

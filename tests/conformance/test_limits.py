@@ -15,8 +15,8 @@ MiB = 2**20
 def test_memory_past_the_sandbox_limit_is_out_of_memory_not_a_hang(daemon: SecurityDaemon) -> None:
     """`hog` runs in a 160 MiB sandbox (its own profile, so its own pool)."""
     with Client(daemon.target) as client:
-        small = client.call("hog", {"mib": 32}, timeout=60)
-        big = client.call("hog", {"mib": 320}, timeout=60)
+        small = client.call("hog", {"mib": 32}, tool_timeout_s=60)
+        big = client.call("hog", {"mib": 320}, tool_timeout_s=60)
     assert small.ok and small.data == "fit", small
     assert big.status is CallStatus.ERROR, big
     assert big.error is not None and big.error.type == "OutOfMemory", big.error
@@ -27,7 +27,7 @@ def test_memory_past_the_sandbox_limit_is_out_of_memory_not_a_hang(daemon: Secur
 
 def test_endless_output_stops_at_the_output_limit(daemon: SecurityDaemon) -> None:
     with Client(daemon.target) as client:
-        result = client.call("shout", {}, timeout=60)
+        result = client.call("shout", {}, tool_timeout_s=60)
     assert result.status is CallStatus.ERROR, result
     assert result.effect is Effect.UNKNOWN
     assert result.error is not None and result.error.type == "OutputLimit", result.error
@@ -37,7 +37,7 @@ def test_endless_output_stops_at_the_output_limit(daemon: SecurityDaemon) -> Non
 
 def test_cpu_seconds_past_the_limit_end_as_cpu_limit(daemon: SecurityDaemon) -> None:
     with Client(daemon.target) as client:
-        result = client.call("spin", {"seconds": 20}, timeout=60)
+        result = client.call("spin", {"seconds": 20}, tool_timeout_s=60)
     assert result.status is CallStatus.ERROR, result
     assert result.error is not None and result.error.type == "CpuLimit", result.error
     assert result.duration_s < 15

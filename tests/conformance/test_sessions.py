@@ -131,7 +131,7 @@ def test_a_timeout_interrupts_and_keeps_the_variables(daemon: SecurityDaemon) ->
     with Client(daemon.target) as client, client.session() as s:
         s.call("execute_python_code", {"code": "x = 7"})
         started = time.monotonic()
-        result = s.call("execute_python_code", {"code": "while True: pass"}, timeout=1)
+        result = s.call("execute_python_code", {"code": "while True: pass"}, tool_timeout_s=1)
         assert time.monotonic() - started < 10
         assert result.status is CallStatus.TIMEOUT, result
         assert result.effect is Effect.UNKNOWN
@@ -147,7 +147,7 @@ def test_code_deaf_to_the_interrupt_is_reset_and_the_session_works_on(
     with Client(daemon.target) as client, client.session() as s:
         s.call("execute_python_code", {"code": "x = 7\nopen('kept.txt', 'w').write('kept')"})
         deaf = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True: pass"
-        result = s.call("execute_python_code", {"code": deaf}, timeout=1)
+        result = s.call("execute_python_code", {"code": deaf}, tool_timeout_s=1)
         assert result.status is CallStatus.TIMEOUT, result
         assert result.session_reset
         assert "variable" in result.message and "gone" in result.message

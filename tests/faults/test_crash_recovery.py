@@ -61,7 +61,7 @@ def test_sigkill_during_20_calls_then_restart_every_call_has_an_honest_answer(
         try:
             with Client(target, retries=0) as client:
                 results[call_id] = client.call(
-                    "execute_python_code", {"code": body}, call_id=call_id, timeout=60
+                    "execute_python_code", {"code": body}, call_id=call_id, tool_timeout_s=60
                 )
         except BaseException as exc:  # the daemon dies under most of them
             results[call_id] = exc

@@ -310,7 +310,7 @@ def test_mtls_the_certificate_names_the_identity_and_another_cas_is_refused(
                 tls_cert_file=None if pair is None else pair.cert,
                 tls_key_file=None if pair is None else pair.key,
                 retries=0,
-                timeout=10,
+                rpc_timeout_s=10,
             ) as client,
             pytest.raises(TransportError),
         ):
@@ -340,9 +340,9 @@ def test_tls_with_tokens_serves_beyond_loopback_and_the_sdk_reads_its_environmen
     with Client(target) as client:
         assert [t.name for t in client.list_tools()] == ["execute_python_code"]
     monkeypatch.delenv("TOOLJAIL_TLS_CA")
-    with Client(target, retries=0, timeout=10) as plaintext, pytest.raises(TransportError):
+    with Client(target, retries=0, rpc_timeout_s=10) as plaintext, pytest.raises(TransportError):
         plaintext.list_tools()
-    unverified = Client(target, tls_ca_file=theirs.ca_file, retries=0, timeout=10)
+    unverified = Client(target, tls_ca_file=theirs.ca_file, retries=0, rpc_timeout_s=10)
     with unverified, pytest.raises(TransportError):
         unverified.list_tools()
 

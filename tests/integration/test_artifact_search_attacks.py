@@ -37,7 +37,7 @@ def daemon_and_artifact(
 ) -> tuple[RunningDaemon, Client, str]:
     """A daemon, a client, and an artifact of that client's holding `LINE`."""
     daemon = start_daemon(pool_size=1)
-    client = Client(daemon.target, client_name="searcher", timeout=60)
+    client = Client(daemon.target, client_name="searcher", rpc_timeout_s=60)
     code = (
         "import os\nos.makedirs('outputs', exist_ok=True)\n"
         f"open('outputs/line.txt', 'w').write({LINE!r} * 1 + '\\n' + 'b' * 30 + '\\n')\n"
@@ -56,7 +56,9 @@ def test_a_backtracking_pattern_is_linear_and_freezes_nothing(
         start = time.monotonic()
         for pattern in (r"(a+)+$", r"(a|aa)+$", r"(a*)*b", r"^(a|a?)+$"):
             found = client.call(
-                "search_artifact", {"artifact_id": artifact_id, "pattern": pattern}, timeout=2
+                "search_artifact",
+                {"artifact_id": artifact_id, "pattern": pattern},
+                tool_timeout_s=2,
             )
             assert found.status == CallStatus.SUCCESS, found
             assert found.data["match_count"] == (1 if pattern == r"(a*)*b" else 0), found.data
@@ -76,7 +78,7 @@ def test_a_huge_pattern_is_refused_before_it_is_compiled(
             # No valid id needed to try it: refused all the same, by the size first.
             {"artifact_id": "0" * 32, "pattern": "a" * (4 * MiB)},
         ):
-            refused = client.call("search_artifact", args, timeout=5)
+            refused = client.call("search_artifact", args, tool_timeout_s=5)
             assert refused.status == CallStatus.ERROR, refused
             assert refused.error is not None and refused.error.type == "PatternTooLong"
             assert "max_search_pattern_bytes" in refused.message

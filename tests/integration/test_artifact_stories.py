@@ -43,7 +43,7 @@ def test_fifty_megabytes_of_output_come_back_whole_and_searchable(
 ) -> None:
     served = serve()
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": FIFTY_MB}, timeout=120)
+        result = client.call("execute_python_code", {"code": FIFTY_MB}, tool_timeout_s=120)
         assert result.status is CallStatus.SUCCESS, result.message
         assert result.truncated
         assert len(json.dumps(result.data)) < 2 * 2**20  # the result stays small
@@ -93,7 +93,7 @@ def test_a_plot_comes_back_as_a_png(
     served = serve(sandbox={"python": plotting_python})
     code = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()"
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=120)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=120)
         assert result.status is CallStatus.SUCCESS, (result.message, result.data)
         [png] = result.artifacts
         assert png.mime_type == "image/png"

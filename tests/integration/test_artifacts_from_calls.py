@@ -112,7 +112,7 @@ def assert_spilled(result: ToolResult, state: Path) -> dict[str, str]:
 
 def test_printing_50_mb_keeps_it_all_in_an_artifact(served: ServedDaemon, state: Path) -> None:
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": PRINT_50_MB}, timeout=120)
+        result = client.call("execute_python_code", {"code": PRINT_50_MB}, tool_timeout_s=120)
     row = assert_spilled(result, state)
     assert row["session_id"] == "" and row["tool"] == "execute_python_code"
     served.assert_serving()
@@ -120,14 +120,14 @@ def test_printing_50_mb_keeps_it_all_in_an_artifact(served: ServedDaemon, state:
 
 def test_in_a_session_the_artifact_carries_the_session(served: ServedDaemon, state: Path) -> None:
     with Client(served.target) as client, client.session() as session:
-        result = session.call("execute_python_code", {"code": PRINT_50_MB}, timeout=120)
+        result = session.call("execute_python_code", {"code": PRINT_50_MB}, tool_timeout_s=120)
         row = assert_spilled(result, state)
         assert row["session_id"] == session.id == result.session_id
 
 
 def test_a_5_mb_result_becomes_a_preview_and_an_artifact(served: ServedDaemon, state: Path) -> None:
     with Client(served.target) as client:
-        result = client.call("five_megabytes", {}, timeout=60)
+        result = client.call("five_megabytes", {}, tool_timeout_s=60)
     assert result.status is CallStatus.SUCCESS, result.message
     (ref,) = result.artifacts
     assert (ref.name, ref.mime_type) == ("result.json", "application/json")
@@ -152,7 +152,7 @@ def test_artifact_frames_from_the_sandbox_are_stored_in_order(
         + "print('sent')\n"
     )
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=60)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=60)
     assert result.status is CallStatus.SUCCESS, result
     assert result.data["stdout"] == "sent\n"
     assert [(r.name, r.size_bytes) for r in result.artifacts] == [
@@ -170,7 +170,7 @@ def test_a_malformed_artifact_frame_ends_the_call_with_a_protocol_error(
     code = SEND_ARTIFACT + "frame(name='x', mime_type='a/b', source='outputs', part=3, last=True,"
     code += " data_b64='')\nimport time; time.sleep(30)\n"
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=60)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=60)
     assert result.status is CallStatus.ERROR, result
     assert result.error is not None and result.error.type == "ProtocolError", result
     assert "out of order" in result.error.message

@@ -288,7 +288,7 @@ def test_sdk_maps_each_refusal_to_its_exception(served: ServedDaemon) -> None:
             client.call("execute_python_code", {"code": "1"}, call_id="has space")
 
         with pytest.raises(tooljail.BadTimeoutError):
-            client.call("execute_python_code", {"code": "1"}, timeout=5000)
+            client.call("execute_python_code", {"code": "1"}, tool_timeout_s=5000)
 
         assert client.call("execute_python_code", {"code": "1"}, call_id="sdk-1").ok
         with pytest.raises(tooljail.CallIdConflictError, match="sdk-1"):

@@ -52,7 +52,7 @@ os.read(r, 1)  # the child has printed
 print("from the tool")
 """
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=30)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.effect is Effect.APPLIED
     assert result.data["stdout"].splitlines() == ["from the child", "from the tool"]
@@ -74,7 +74,7 @@ threading.Thread(target=forever).start()
 print("returned")
 """
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=30)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.data["stdout"] == "returned\n"
     _assert_none_left(token)
@@ -97,7 +97,7 @@ sys.stdout.flush()
 os.close(1)
 """
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=30)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=30)
     assert result.status is CallStatus.SUCCESS, result
     assert result.data["stdout"] == "via the copy\n"
     _assert_none_left(token)

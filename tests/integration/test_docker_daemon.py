@@ -81,7 +81,7 @@ def test_a_tool_picks_the_python_image_and_streams_from_it(
     daemon = start_daemon("--tools-dir", str(tools_dir))  # process is the default backend
     items: list[Any] = []
     with Client(daemon.target) as client:
-        for item in client.stream("ticks", {"n": 3}, timeout=60):
+        for item in client.stream("ticks", {"n": 3}, tool_timeout_s=60):
             items.append(item)
         builtin = client.call(
             "execute_python_code", {"code": "import os; print(os.path.exists('/.dockerenv'))"}
@@ -94,7 +94,7 @@ def test_a_tool_picks_the_python_image_and_streams_from_it(
     ]
     assert builtin.data["stdout"] == "False\n", builtin  # the built-ins stay on process
     with Client(daemon.target) as client:
-        unbuilt = client.call("unbuilt", {}, timeout=30)
+        unbuilt = client.call("unbuilt", {}, tool_timeout_s=30)
     assert unbuilt.status is CallStatus.ERROR and unbuilt.effect is Effect.NONE, unbuilt
     assert unbuilt.error is not None
     assert "tooljail/nosuchimage:latest is not in the Docker engine" in unbuilt.error.message
@@ -160,7 +160,7 @@ def test_without_an_engine_process_tools_work_and_docker_tools_say_why(
         assert "ticks" in {t.name for t in client.list_tools()}
         for _ in range(3):  # every call: fast, clear, and the daemon is unharmed
             started = time.monotonic()
-            result = client.call("ticks", {"n": 1}, timeout=30)
+            result = client.call("ticks", {"n": 1}, tool_timeout_s=30)
             assert time.monotonic() - started < 5
             assert result.status is CallStatus.ERROR, result
             assert result.effect is Effect.NONE

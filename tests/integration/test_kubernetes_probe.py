@@ -119,7 +119,10 @@ def test_ready_once_warm_then_not_ready_while_draining_and_calls_finish(
     # A call that outlasts the SIGTERM keeps the daemon draining for a while.
     results: list[Any] = []
     client = Client(
-        f"127.0.0.1:{pod_daemon.port}", token=TOKEN, tls_ca_file=str(pod_daemon.ca), timeout=60
+        f"127.0.0.1:{pod_daemon.port}",
+        token=TOKEN,
+        tls_ca_file=str(pod_daemon.ca),
+        rpc_timeout_s=60,
     )
     code = "import time; time.sleep(5); print('finished in the drain')"
     caller = threading.Thread(

@@ -21,7 +21,7 @@ def test_the_sandbox_memory_limit_ends_in_an_out_of_memory_result(
         "chunks = []\nfor _ in range(40):\n    chunks.append(bytearray(16 * 2**20))\nprint('fit')"
     )
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=60)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=60)
     assert result.status is CallStatus.ERROR, result
     assert result.error is not None and result.error.type == "OutOfMemory", result.error
     assert "memory" in result.message
@@ -35,7 +35,7 @@ def test_endless_output_is_stopped_at_the_output_limit(
     served = serve(limits={"output_limit_bytes": 20 * 1024**2})
     code = "import sys\nwhile True:\n    sys.stdout.write('y' * 65536 + '\\n')"
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=60)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=60)
     assert result.status is CallStatus.ERROR, result
     assert result.effect is Effect.UNKNOWN
     assert result.error is not None and result.error.type == "OutputLimit"
@@ -57,7 +57,7 @@ def test_a_file_past_the_file_size_limit_cannot_be_written(
         "    f.flush()\n"
     )
     with Client(served.target) as client:
-        result = client.call("execute_python_code", {"code": code}, timeout=30)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=30)
     assert result.status is CallStatus.ERROR, result
     assert result.data["stdout"] == "first MiB written\n"
     assert result.error is not None and "File too large" in result.error.message, result.error

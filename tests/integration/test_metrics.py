@@ -76,8 +76,8 @@ def test_the_metrics_add_up_to_the_calls_made_and_count_their_endings(
         for i in range(5):
             assert client.call(run, {"code": f"print({i})"}).status is CallStatus.SUCCESS
         failed = client.call(run, {"code": "raise ValueError('no')"})
-        oom = client.call(run, {"code": HOLD_TOO_MUCH}, timeout=60)
-        slow = client.call(run, {"code": "import time\ntime.sleep(30)"}, timeout=1)
+        oom = client.call(run, {"code": HOLD_TOO_MUCH}, tool_timeout_s=60)
+        slow = client.call(run, {"code": "import time\ntime.sleep(30)"}, tool_timeout_s=1)
         with pytest.raises(ToolNotFoundError):
             client.call("no_such_tool", {})
     assert failed.status is CallStatus.ERROR
@@ -131,8 +131,8 @@ def test_each_result_says_what_the_call_used_and_the_metrics_sum_it(
 ) -> None:
     daemon, port = metered
     with Client(daemon.target) as client:
-        burn = client.call("execute_python_code", {"code": BURN_CPU}, timeout=30)
-        hold = client.call("execute_python_code", {"code": HOLD_110_MB}, timeout=30)
+        burn = client.call("execute_python_code", {"code": BURN_CPU}, tool_timeout_s=30)
+        hold = client.call("execute_python_code", {"code": HOLD_110_MB}, tool_timeout_s=30)
         quiet = client.call("execute_python_code", {"code": "print('hi')"})
     for result in (burn, hold, quiet):
         assert result.status is CallStatus.SUCCESS, result
@@ -179,8 +179,8 @@ def test_a_docker_sandbox_reports_usage_and_its_pool_too(
     port = free_port()
     daemon = start_daemon("--backend", "docker", "--metrics-listen", f"127.0.0.1:{port}")
     with Client(daemon.target) as client:
-        burn = client.call("execute_python_code", {"code": BURN_CPU}, timeout=60)
-        hold = client.call("execute_python_code", {"code": HOLD_110_MB}, timeout=60)
+        burn = client.call("execute_python_code", {"code": BURN_CPU}, tool_timeout_s=60)
+        hold = client.call("execute_python_code", {"code": HOLD_110_MB}, tool_timeout_s=60)
     assert burn.usage is not None and hold.usage is not None, (burn, hold)
     assert burn.usage.cpu_s > 0.45
     assert hold.usage.memory_peak_bytes > 110 * 2**20

@@ -180,7 +180,7 @@ def test_upload_an_artifact_and_a_session_file(
     big = os.urandom(3 * 1024 * 1024) * 4  # 12 MiB: past the multipart threshold
     with Client(served.target) as client:
         artifact_id = _put_artifact(state_dir, _owner(client), big)
-        result = client.call("upload_file", {"artifact_id": artifact_id}, timeout=120)
+        result = client.call("upload_file", {"artifact_id": artifact_id}, tool_timeout_s=120)
         assert result.status == CallStatus.SUCCESS, result
         assert result.data["key"].startswith("agents/out/")
         assert result.data["key"].endswith("/report.csv")
@@ -308,7 +308,7 @@ def test_a_store_that_is_down_fails_clearly_in_bounded_time(
     with Client(served.target) as client:
         artifact_id = _put_artifact(state_dir, _owner(client), b"data\n")
         started = time.monotonic()
-        result = client.call("upload_file", {"artifact_id": artifact_id}, timeout=60)
+        result = client.call("upload_file", {"artifact_id": artifact_id}, tool_timeout_s=60)
         elapsed = time.monotonic() - started
     assert result.status == CallStatus.ERROR
     assert result.error is not None and result.error.type == "StorageUnavailable"

@@ -32,7 +32,7 @@ def test_printing_200_mb_keeps_the_daemon_flat_and_truncates_the_result(
 ) -> None:
     with Client(daemon.target) as client:
         before = warmed_rss(client, daemon)
-        result = client.call("execute_python_code", {"code": PRINT_200_MB}, timeout=120)
+        result = client.call("execute_python_code", {"code": PRINT_200_MB}, tool_timeout_s=120)
         after = int(psutil.Process(daemon.pid).memory_info().rss)
     assert result.status is CallStatus.SUCCESS, result.message
     assert result.truncated
@@ -51,7 +51,10 @@ def test_a_stalled_stream_reader_of_200_mb_keeps_the_daemon_flat(daemon: Running
     with Client(daemon.target) as client:
         before = warmed_rss(client, daemon)
         stream = client.stream(
-            "execute_python_code_stream", {"code": PRINT_200_MB}, timeout=120, call_id=call_id
+            "execute_python_code_stream",
+            {"code": PRINT_200_MB},
+            tool_timeout_s=120,
+            call_id=call_id,
         )
         first = next(stream)
         assert isinstance(first, Output)

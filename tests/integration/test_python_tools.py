@@ -21,7 +21,7 @@ def run_code(
     daemon: ServedDaemon | RunningDaemon, code: str, timeout: float | None = None
 ) -> ToolResult:
     with Client(daemon.target) as client:
-        return client.call("execute_python_code", {"code": code}, timeout=timeout)
+        return client.call("execute_python_code", {"code": code}, tool_timeout_s=timeout)
 
 
 # ------------------------------------------------------------------ results

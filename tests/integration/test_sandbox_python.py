@@ -55,7 +55,7 @@ def _serve(
 
 def _run(served: ServedDaemon, code: str) -> ToolResult:
     with Client(served.target) as client:
-        return client.call("execute_python_code", {"code": code}, timeout=60)
+        return client.call("execute_python_code", {"code": code}, tool_timeout_s=60)
 
 
 def _zygote_interpreters() -> list[str]:

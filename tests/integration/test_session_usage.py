@@ -44,10 +44,10 @@ def _usage(result: ToolResult) -> tuple[float, int]:
 def _assert_per_call(client: Client, *, timeout: float = 30) -> None:
     """CPU and memory of one call, then of the small call after it: each its own."""
     with client.session() as s:
-        burn = s.call("execute_python_code", {"code": BURN_CPU}, timeout=timeout)
-        after_burn = s.call("execute_python_code", {"code": QUIET}, timeout=timeout)
-        hold = s.call("execute_python_code", {"code": HOLD_110_MB}, timeout=timeout)
-        after_hold = s.call("execute_python_code", {"code": QUIET}, timeout=timeout)
+        burn = s.call("execute_python_code", {"code": BURN_CPU}, tool_timeout_s=timeout)
+        after_burn = s.call("execute_python_code", {"code": QUIET}, tool_timeout_s=timeout)
+        hold = s.call("execute_python_code", {"code": HOLD_110_MB}, tool_timeout_s=timeout)
+        after_hold = s.call("execute_python_code", {"code": QUIET}, tool_timeout_s=timeout)
     for result in (burn, after_burn, hold, after_hold):
         assert result.status is CallStatus.SUCCESS, result
     burn_cpu, _ = _usage(burn)
@@ -93,10 +93,10 @@ def test_interrupted_and_reset_session_calls_report_usage_up_to_their_end(
     process_daemon: RunningDaemon,
 ) -> None:
     with Client(process_daemon.target) as client, client.session() as s:
-        s.call("execute_python_code", {"code": BURN_CPU}, timeout=30)  # the session's
-        interrupted = s.call("execute_python_code", {"code": SPIN}, timeout=4)
-        reset = s.call("execute_python_code", {"code": STUBBORN}, timeout=4)
-        after = s.call("execute_python_code", {"code": QUIET}, timeout=30)
+        s.call("execute_python_code", {"code": BURN_CPU}, tool_timeout_s=30)  # the session's
+        interrupted = s.call("execute_python_code", {"code": SPIN}, tool_timeout_s=4)
+        reset = s.call("execute_python_code", {"code": STUBBORN}, tool_timeout_s=4)
+        after = s.call("execute_python_code", {"code": QUIET}, tool_timeout_s=30)
     assert interrupted.status is CallStatus.TIMEOUT, interrupted
     assert not interrupted.session_reset, interrupted
     assert reset.status is CallStatus.TIMEOUT, reset
@@ -114,7 +114,7 @@ def test_interrupted_and_reset_session_calls_report_usage_up_to_their_end(
 def test_a_workspace_tool_in_a_session_reports_usage(serve: Callable[..., ServedDaemon]) -> None:
     served = serve(pool_size=1, isolation="none", sandbox={"use_cgroups": False})
     with Client(served.target) as client, client.session() as s:
-        s.call("execute_python_code", {"code": BURN_CPU}, timeout=30)
+        s.call("execute_python_code", {"code": BURN_CPU}, tool_timeout_s=30)
         wrote = s.call("write_file", {"path": "a.txt", "content": "hello"})
     assert wrote.status is CallStatus.SUCCESS, wrote
     cpu, peak = _usage(wrote)

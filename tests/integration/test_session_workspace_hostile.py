@@ -23,7 +23,7 @@ def client(served: ServedDaemon) -> Iterator[Client]:
 
 
 def _run(session: object, code: str) -> str:
-    result = session.call("execute_python_code", {"code": code}, timeout=30)  # type: ignore[attr-defined]
+    result = session.call("execute_python_code", {"code": code}, tool_timeout_s=30)  # type: ignore[attr-defined]
     assert result.ok, result
     return str(result.data["stdout"])
 
@@ -44,11 +44,11 @@ def test_grep_over_a_fifo_returns_and_the_session_lives(client: Client) -> None:
         s.call("write_file", {"path": "notes.txt", "content": "needle here\n"})
         for path in ("", "pipe", "link"):
             start = time.monotonic()
-            found = s.call("grep", {"pattern": "needle", "path": path}, timeout=30)
+            found = s.call("grep", {"pattern": "needle", "path": path}, tool_timeout_s=30)
             assert found.ok, found
             assert time.monotonic() - start < 5
         assert found.ok
-        everything = s.call("grep", {"pattern": "needle"}, timeout=30)
+        everything = s.call("grep", {"pattern": "needle"}, tool_timeout_s=30)
         assert everything.data["matches"] == ["notes.txt:1:needle here"]
         _alive(s)
 
@@ -58,13 +58,13 @@ def test_a_backtracking_pattern_is_a_clear_error_and_the_session_lives(client: C
         _run(s, "kept = 42")
         s.call("write_file", {"path": "a.txt", "content": "a" * 40 + "b\n"})
         start = time.monotonic()
-        slow = s.call("grep", {"pattern": "(a+)+$"}, timeout=60)
+        slow = s.call("grep", {"pattern": "(a+)+$"}, tool_timeout_s=60)
         assert time.monotonic() - start < 15
         message = _failed(slow, "PatternTimeoutError")
         assert "Simplify the pattern" in message
-        bad = s.call("grep", {"pattern": "(unclosed"}, timeout=30)
+        bad = s.call("grep", {"pattern": "(unclosed"}, tool_timeout_s=30)
         assert "not a valid Python regular expression" in _failed(bad, "PatternError")
-        huge = s.call("grep", {"pattern": "x" * 10_000}, timeout=30)
+        huge = s.call("grep", {"pattern": "x" * 10_000}, tool_timeout_s=30)
         assert "at most" in _failed(huge, "PatternError")
         _alive(s)
 

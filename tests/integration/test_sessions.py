@@ -116,7 +116,9 @@ def test_a_session_ends_at_its_lifetime_even_while_busy(
     served = serve()
     with Client(served.target) as client:
         s = client.session(max_lifetime_s=2)
-        result = s.call("execute_python_code", {"code": "import time; time.sleep(30)"}, timeout=20)
+        result = s.call(
+            "execute_python_code", {"code": "import time; time.sleep(30)"}, tool_timeout_s=20
+        )
         assert result.status in (CallStatus.CANCELLED, CallStatus.ERROR), result
         assert result.session_reset
         assert "max" in result.message.lower() or "lifetime" in result.message.lower()
@@ -188,7 +190,7 @@ def test_a_session_whose_supervisor_cannot_answer_is_given_up_in_bounded_time(
         s = client.session()
         freeze = "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True: pass"
         started = time.monotonic()
-        result = s.call("execute_python_code", {"code": freeze}, timeout=1)
+        result = s.call("execute_python_code", {"code": freeze}, tool_timeout_s=1)
         took = time.monotonic() - started
         assert result.status is CallStatus.TIMEOUT, result
         assert result.session_reset

@@ -93,7 +93,7 @@ def test_settings_reach_the_daemon_nested_tables_too(in_process: bool) -> None:
         Client(target) as client,
     ):
         with pytest.raises(BadTimeoutError):
-            client.call("execute_python_code", {"code": "print(1)"}, timeout=8)
+            client.call("execute_python_code", {"code": "print(1)"}, tool_timeout_s=8)
         result = client.call("execute_python_code", {"code": "print('x' * 10_000)"})
     assert result.ok, result
     assert len(result.data["stdout"]) < 10_000, "limits.output_bytes was not applied"

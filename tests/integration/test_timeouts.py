@@ -108,7 +108,7 @@ def test_a_call_that_loops_forever_times_out_and_leaves_no_process(
     code = spawn_escapees(host_dir, delay) + "while True:\n    pass\n"
     with Client(daemon.target) as client:
         start = time.monotonic()
-        result = client.call("execute_python_code", {"code": code}, timeout=2)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=2)
         elapsed = time.monotonic() - start
     assert 1.8 <= elapsed < 6, elapsed
     assert result.status is CallStatus.TIMEOUT, result
@@ -137,7 +137,7 @@ def test_a_daemonized_grandchild_dies_when_its_call_succeeds(
     code = spawn_escapees(host_dir, delay) + "print('done')\n"
     with Client(daemon.target) as client:
         start = time.monotonic()
-        result = client.call("execute_python_code", {"code": code}, timeout=30)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=30)
     assert result.status is CallStatus.SUCCESS, result
     assert time.monotonic() - start < delay, "the call waited for its grandchildren"
     *pids, last = result.data["stdout"].split()
@@ -151,14 +151,16 @@ def test_a_daemonized_grandchild_dies_when_its_call_succeeds(
 @pytest.mark.parametrize("timeout", [0.001, 0.5, 1000.5, 5000])
 def test_a_timeout_out_of_bounds_is_refused(daemon: RunningDaemon, timeout: float) -> None:
     with Client(daemon.target) as client, pytest.raises(BadTimeoutError) as info:
-        client.call("execute_python_code", {"code": "print(1)"}, timeout=timeout)
+        client.call("execute_python_code", {"code": "print(1)"}, tool_timeout_s=timeout)
     assert "1 to 1000" in str(info.value)
 
 
 def test_timeouts_at_the_bounds_are_accepted(daemon: RunningDaemon) -> None:
     with Client(daemon.target) as client:
         for timeout in (1, 1000):
-            result = client.call("execute_python_code", {"code": "print(1)"}, timeout=timeout)
+            result = client.call(
+                "execute_python_code", {"code": "print(1)"}, tool_timeout_s=timeout
+            )
             assert result.ok, result
 
 

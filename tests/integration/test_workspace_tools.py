@@ -22,7 +22,7 @@ MiB = 2**20
 
 def _call(daemon: ServedDaemon, tool: str, args: dict[str, Any]) -> ToolResult:
     with Client(daemon.target) as client:
-        return client.call(tool, args, timeout=30)
+        return client.call(tool, args, tool_timeout_s=30)
 
 
 def _failed(result: ToolResult, type_: str) -> str:

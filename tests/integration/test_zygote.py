@@ -40,7 +40,7 @@ def test_calls_go_on_when_the_zygote_dies(daemon: RunningDaemon) -> None:
     assert alive == [], f"sandbox processes outlived their zygote: {alive}"
     with Client(daemon.target) as client:
         for i in range(5):
-            result = client.call("execute_python_code", {"code": f"print({i})"}, timeout=30)
+            result = client.call("execute_python_code", {"code": f"print({i})"}, tool_timeout_s=30)
             assert result.ok, result
             assert result.data["stdout"] == f"{i}\n"
     wait_for(lambda: _zygotes(daemon), 10, interval=0.05, what="a new zygote")

@@ -107,7 +107,7 @@ def token() -> str:
 def run_code(daemon: RunningDaemon, code: str, timeout: float | None = None) -> ToolResult:
     """Run `code` with execute_python_code and return its result."""
     with Client(daemon.target) as client:
-        return client.call("execute_python_code", {"code": code}, timeout=timeout)
+        return client.call("execute_python_code", {"code": code}, tool_timeout_s=timeout)
 
 
 def report(result: ToolResult) -> dict[str, Any]:
@@ -140,7 +140,10 @@ class BackgroundCall:
         try:
             with Client(daemon.target) as client:
                 for item in client.stream(
-                    "execute_python_code", {"code": code}, timeout=timeout, call_id=self.call_id
+                    "execute_python_code",
+                    {"code": code},
+                    tool_timeout_s=timeout,
+                    call_id=self.call_id,
                 ):
                     with self._changed:
                         if isinstance(item, Output):

@@ -200,7 +200,7 @@ def test_200_mb_of_output_is_truncated_and_the_daemon_stays_flat(daemon: Securit
         warm = client.call("execute_python_code", {"code": "print('w' * 3 * 2**20)"})
         assert warm.ok and warm.truncated, warm
         before = psutil.Process(daemon.pid).memory_info().rss
-        result = client.call("execute_python_code", {"code": code}, timeout=120)
+        result = client.call("execute_python_code", {"code": code}, tool_timeout_s=120)
         after = psutil.Process(daemon.pid).memory_info().rss
     assert result.status is CallStatus.SUCCESS, result.message
     assert result.truncated

@@ -25,7 +25,7 @@ from tooljail.errors import InvalidPathError
 
 def _call(daemon: SecurityDaemon, tool: str, args: dict[str, Any]) -> ToolResult:
     with Client(daemon.target) as client:
-        return client.call(tool, args, timeout=30)
+        return client.call(tool, args, tool_timeout_s=30)
 
 
 def _state_file(daemon: SecurityDaemon) -> Path:

@@ -78,7 +78,7 @@ async def test_sync_methods_send_the_client_name_and_retry_reads(server) -> None
     servicer.drops = 2
 
     def run() -> tuple[bytes, list[Any], bool, bool]:
-        with Client(target, timeout=10, client_name="agent-a") as client:
+        with Client(target, rpc_timeout_s=10, client_name="agent-a") as client:
             return (
                 client.get_artifact("a" * 32),
                 client.list_artifacts(call_id="c1", session_id="s1"),
@@ -100,7 +100,7 @@ async def test_sync_methods_send_the_client_name_and_retry_reads(server) -> None
 async def test_async_methods_too(server) -> None:  # type: ignore[no-untyped-def]
     servicer, target = server
     servicer.drops = 1
-    async with AsyncClient(target, timeout=10, client_name="agent-b") as client:
+    async with AsyncClient(target, rpc_timeout_s=10, client_name="agent-b") as client:
         assert client.client_name == "agent-b"
         assert await client.get_artifact("a" * 32) == DATA
         assert servicer.reads == 2
@@ -113,7 +113,7 @@ async def test_async_methods_too(server) -> None:  # type: ignore[no-untyped-def
 async def test_a_stream_shorter_than_its_size_is_a_transport_error(server) -> None:  # type: ignore[no-untyped-def]
     servicer, target = server
     servicer.short = True
-    async with AsyncClient(target, timeout=10) as client:
+    async with AsyncClient(target, rpc_timeout_s=10) as client:
         with pytest.raises(TransportError, match="got 10000 bytes of 10001"):
             await client.get_artifact("a" * 32)
     assert servicer.reads == 1  # not retried: the daemon answered

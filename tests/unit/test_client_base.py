@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tooljail._client import (
+from tooljail._client_base import (
     MAX_RECEIVE_MESSAGE_BYTES,
     _BaseClient,
     default_socket_path,
@@ -120,20 +120,20 @@ def test_channel_options_raise_receive_limit() -> None:
 
 @pytest.mark.parametrize("ok", [None, 1, 0.5, 30.0])
 def test_client_timeout_accepts(ok) -> None:
-    c = _BaseClient("/x.sock", timeout=ok)
-    assert c.timeout == (None if ok is None else float(ok))
+    c = _BaseClient("/x.sock", rpc_timeout_s=ok)
+    assert c.rpc_timeout_s == (None if ok is None else float(ok))
 
 
 @pytest.mark.parametrize("bad", [0, -1, math.inf, math.nan])
 def test_client_timeout_refuses_values(bad) -> None:
     with pytest.raises(InvalidRequestError):
-        _BaseClient("/x.sock", timeout=bad)
+        _BaseClient("/x.sock", rpc_timeout_s=bad)
 
 
 @pytest.mark.parametrize("bad", ["5", True, [1]])
 def test_client_timeout_refuses_types(bad) -> None:
     with pytest.raises(TypeError):
-        _BaseClient("/x.sock", timeout=bad)
+        _BaseClient("/x.sock", rpc_timeout_s=bad)
 
 
 # --- call request ---
@@ -145,7 +145,9 @@ def base() -> _BaseClient:
 
 
 def test_request_is_built_from_checked_arguments(base: _BaseClient) -> None:
-    req = base._build_call_request("grep", {"pattern": "é", "n": [1]}, timeout=5, call_id="c:1")
+    req = base._build_call_request(
+        "grep", {"pattern": "é", "n": [1]}, tool_timeout_s=5, call_id="c:1"
+    )
     assert req.tool == "grep"
     assert json.loads(req.arguments_json) == {"pattern": "é", "n": [1]}
     assert req.timeout_s == 5.0
@@ -153,42 +155,47 @@ def test_request_is_built_from_checked_arguments(base: _BaseClient) -> None:
 
 
 def test_request_defaults(base: _BaseClient) -> None:
-    req = base._build_call_request("t", None, timeout=None, call_id=None)
+    req = base._build_call_request("t", None, tool_timeout_s=None, call_id=None)
     assert req.arguments_json == "{}"
     # 0 on the wire means "the tool's default"; the SDK makes each call an id
     # of its own (so that a retry is the same call), a new one per request.
     assert req.timeout_s == 0.0
     assert len(req.call_id) == 32
-    assert base._build_call_request("t", None, timeout=None, call_id=None).call_id != req.call_id
-    assert base._build_call_request("t", None, timeout=None, call_id="mine").call_id == "mine"
+    assert (
+        base._build_call_request("t", None, tool_timeout_s=None, call_id=None).call_id
+        != req.call_id
+    )
+    assert (
+        base._build_call_request("t", None, tool_timeout_s=None, call_id="mine").call_id == "mine"
+    )
 
 
 @pytest.mark.parametrize("tool", [None, 3, b"t"])
 def test_tool_name_must_be_str(base: _BaseClient, tool) -> None:
     with pytest.raises(TypeError, match="tool"):
-        base._build_call_request(tool, None, timeout=None, call_id=None)
+        base._build_call_request(tool, None, tool_timeout_s=None, call_id=None)
 
 
 def test_tool_name_must_not_be_empty(base: _BaseClient) -> None:
     with pytest.raises(InvalidRequestError, match="empty"):
-        base._build_call_request("", None, timeout=None, call_id=None)
+        base._build_call_request("", None, tool_timeout_s=None, call_id=None)
 
 
 @pytest.mark.parametrize("args", [[1, 2], "x=1", ("a",), 3])
 def test_args_must_be_a_dict(base: _BaseClient, args) -> None:
     with pytest.raises(TypeError, match="args must be a dict"):
-        base._build_call_request("t", args, timeout=None, call_id=None)
+        base._build_call_request("t", args, tool_timeout_s=None, call_id=None)
 
 
 def test_arg_names_must_be_str(base: _BaseClient) -> None:
     with pytest.raises(TypeError, match="argument names"):
-        base._build_call_request("t", {1: "x"}, timeout=None, call_id=None)
+        base._build_call_request("t", {1: "x"}, tool_timeout_s=None, call_id=None)
 
 
 @pytest.mark.parametrize("value", [{1, 2}, object(), b"bytes", math.nan, math.inf])
 def test_args_must_be_json(base: _BaseClient, value) -> None:
     with pytest.raises(InvalidRequestError, match="JSON") as info:
-        base._build_call_request("t", {"v": value}, timeout=None, call_id=None)
+        base._build_call_request("t", {"v": value}, tool_timeout_s=None, call_id=None)
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value, TooljailError)
 
@@ -196,20 +203,20 @@ def test_args_must_be_json(base: _BaseClient, value) -> None:
 @pytest.mark.parametrize("bad", [0, -2.5, math.nan, math.inf])
 def test_call_timeout_must_be_positive(base: _BaseClient, bad) -> None:
     with pytest.raises(BadTimeoutError):
-        base._build_call_request("t", None, timeout=bad, call_id=None)
+        base._build_call_request("t", None, tool_timeout_s=bad, call_id=None)
 
 
 @pytest.mark.parametrize("bad", ["10", False])
 def test_call_timeout_must_be_a_number(base: _BaseClient, bad) -> None:
     with pytest.raises(TypeError):
-        base._build_call_request("t", None, timeout=bad, call_id=None)
+        base._build_call_request("t", None, tool_timeout_s=bad, call_id=None)
 
 
 def test_call_id_must_be_str_or_none(base: _BaseClient) -> None:
     with pytest.raises(TypeError):
-        base._build_call_request("t", None, timeout=None, call_id=12)
+        base._build_call_request("t", None, tool_timeout_s=None, call_id=12)
     with pytest.raises(InvalidRequestError):
-        base._build_call_request("t", None, timeout=None, call_id="")
+        base._build_call_request("t", None, tool_timeout_s=None, call_id="")
 
 
 def test_call_id_is_required_for_lookups(base: _BaseClient) -> None:

@@ -216,7 +216,9 @@ async def test_sync_session_calls_streams_uploads_downloads_and_closes(server) -
     def run():
         with Client(target) as client:
             with client.session(idle_ttl_s=30, workspace_bytes=QUOTA_BYTES) as s:
-                first = s.call("execute_python_code", {"code": "x = 41"}, timeout=2, call_id="c1")
+                first = s.call(
+                    "execute_python_code", {"code": "x = 41"}, tool_timeout_s=2, call_id="c1"
+                )
                 items = list(s.stream("execute_python_code", {"code": "print(x + 1)"}))
                 size = s.upload("dir/big.bin", BIG)
                 back = s.download("dir/big.bin")

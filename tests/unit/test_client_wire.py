@@ -238,7 +238,9 @@ EXPECTED_OUTPUT = [
 async def test_async_stream_yields_outputs_in_order_then_result(server) -> None:
     servicer, target = server
     async with AsyncClient(target) as client:
-        items = [item async for item in client.stream("echo", {"x": "é"}, timeout=2, call_id="c1")]
+        items = [
+            item async for item in client.stream("echo", {"x": "é"}, tool_timeout_s=2, call_id="c1")
+        ]
     assert items[:3] == EXPECTED_OUTPUT
     assert items[2].value() == {"k": 1}
     result = items[3]
@@ -273,7 +275,7 @@ async def test_async_tool_failure_is_a_result(server) -> None:
 
 async def test_async_list_tools_diagnostics_openai(server) -> None:
     _, target = server
-    async with AsyncClient(target, timeout=5) as client:
+    async with AsyncClient(target, rpc_timeout_s=5) as client:
         tools = await client.list_tools()
         diags = await client.diagnostics()
         openai = await client.openai_tools()
@@ -412,13 +414,13 @@ async def test_async_argument_errors_raise_before_any_rpc(server) -> None:
         with pytest.raises(InvalidRequestError, match="JSON"):
             await client.call("echo", {"s": {1}})
         with pytest.raises(BadTimeoutError):
-            await client.call("echo", timeout=0)
+            await client.call("echo", tool_timeout_s=0)
     assert servicer.requests == []
 
 
 async def test_async_unary_deadline(server) -> None:
     _, target = server
-    async with AsyncClient(target, timeout=0.2) as client:
+    async with AsyncClient(target, rpc_timeout_s=0.2) as client:
         with pytest.raises(TransportError) as info:
             await client.get_call("slow")
     assert info.value.status == "DEADLINE_EXCEEDED"
@@ -426,7 +428,7 @@ async def test_async_unary_deadline(server) -> None:
 
 async def test_async_no_daemon(tmp_path: Path) -> None:
     sock = tmp_path / "absent.sock"
-    async with AsyncClient(str(sock), timeout=5) as client:
+    async with AsyncClient(str(sock), rpc_timeout_s=5) as client:
         with pytest.raises(DaemonUnavailableError, match="tooljail serve") as info:
             await client.list_tools()
     assert str(sock) in info.value.message
@@ -440,7 +442,7 @@ async def test_sync_stream_and_call(server) -> None:
 
     def run() -> tuple[list[Output | ToolResult], ToolResult]:
         with Client(target) as client:
-            items = list(client.stream("echo", {"x": "1"}, timeout=3))
+            items = list(client.stream("echo", {"x": "1"}, tool_timeout_s=3))
             return items, client.call("echo", None, call_id="c2")
 
     items, result = await asyncio.to_thread(run)
@@ -457,7 +459,7 @@ async def test_sync_unary_methods(server) -> None:
     _, target = server
 
     def run():
-        with Client(target, timeout=5) as client:
+        with Client(target, rpc_timeout_s=5) as client:
             return (
                 client.list_tools(),
                 client.diagnostics(),
@@ -522,7 +524,7 @@ async def test_sync_early_close_cancels_the_rpc(server) -> None:
 
 async def test_sync_no_daemon(tmp_path: Path) -> None:
     def run() -> None:
-        with Client(f"unix:{tmp_path}/absent.sock", timeout=5) as client:
+        with Client(f"unix:{tmp_path}/absent.sock", rpc_timeout_s=5) as client:
             client.list_tools()
 
     with pytest.raises(DaemonUnavailableError, match="tooljail serve"):

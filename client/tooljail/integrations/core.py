@@ -519,7 +519,7 @@ def _prepare(
         args, timeout = split_arguments(spec, arguments)
     except ValueError as e:
         return _bad_timeout(spec.tool, call_id, str(e))
-    return client, args, {"timeout": timeout, "call_id": call_id, "session_id": session_id}
+    return client, args, {"tool_timeout_s": timeout, "call_id": call_id, "session_id": session_id}
 
 
 def run(
@@ -587,7 +587,18 @@ def stream(
     *,
     call_id: str | None = None,
 ) -> Iterator[str | Outcome]:
-    """Calls one tool, yielding its output text as it arrives, then its `Outcome`."""
+    """Calls one tool, yielding its output text as it arrives, then its `Outcome`.
+
+    Args:
+        target: The client, or the session to run in.
+        spec: The tool.
+        arguments: The tool's arguments, with an optional `timeout_s`.
+        call_id: The call's id, as for `run`; None makes one.
+
+    Yields:
+        Each output chunk's text (`chunk_text`), then the call's `Outcome` (a
+        refusal or a failed RPC too is an `Outcome`, never an exception).
+    """
     prepared = _prepare(
         target, spec, arguments, call_id, Client, "stream needs a Client or Session; use astream"
     )
