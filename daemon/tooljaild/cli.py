@@ -430,7 +430,7 @@ def _call(args: argparse.Namespace) -> int:
             for item in client.stream(
                 args.tool,
                 arguments,
-                timeout=args.timeout,
+                tool_timeout_s=args.timeout,
                 call_id=args.call_id,
                 session_id=args.session,
             ):
@@ -601,7 +601,7 @@ def _demo(args: argparse.Namespace) -> int:
     target = default_target()
     daemon: subprocess.Popen[bytes] | None = None
     try:
-        with Client(target, timeout=5) as client:
+        with Client(target, rpc_timeout_s=5) as client:
             try:
                 client.list_tools()
                 print(f"using the daemon already serving at {target}", flush=True)

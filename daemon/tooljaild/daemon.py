@@ -582,6 +582,8 @@ class Daemon:
         await self._refusals.quiet(min(LINGER_MAX_S, grace - (time.monotonic() - began)))
         if self.sessions is not None:
             await self.sessions.stop()
+        if self._relay is not None:
+            self._relay.stop_accepting()  # as gRPC's own listener goes (below)
         if self._server is not None:
             # Calls are answered; give the streams a moment to deliver their results.
             await self._server.stop(2.0)

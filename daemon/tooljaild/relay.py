@@ -205,11 +205,21 @@ class PeerRelay:
         listening.setblocking(False)
         self._server = await loop.create_unix_server(lambda: _Caller(self), sock=listening)
 
-    async def close(self) -> None:
-        """Stop accepting and close every relayed connection. Idempotent."""
+    def stop_accepting(self) -> None:
+        """Accept no new connection; those open stay relayed. Idempotent.
+
+        The daemon calls it as gRPC's server stops, which is when gRPC stopped
+        listening before the relay stood in front of it: a client that
+        reconnects then finds no listener (and tries another daemon) instead of
+        a connection that is accepted and then closed under it.
+        """
         if self._server is not None:
             self._server.close()
             self._server = None
+
+    async def close(self) -> None:
+        """Stop accepting and close every relayed connection. Idempotent."""
+        self.stop_accepting()
         for link in list(self._links):
             link.close(abort=True)
         for task in list(self._tasks):
