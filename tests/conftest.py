@@ -265,6 +265,33 @@ def pyagenity_python(omnicore_python: str) -> str:
     return omnicore_python
 
 
+SANDBOX_IMAGE = "tooljail/python:latest"
+"""The docker backend's default image, which its tests run in."""
+
+
+def docker_problem() -> str | None:
+    """Why the docker backend cannot run here (no engine, no image), or None.
+
+    Here, not in a conftest of its own: the hook below calls it, and this file
+    is also run alone (tests/unit/test_ci_policy.py copies it into a temp dir).
+    """
+    from tooljaild.sandbox.docker_engine import EngineUnavailableError, connect_client
+
+    try:
+        client = connect_client(timeout=3.0)
+    except EngineUnavailableError as exc:
+        return str(exc)  # "no Docker engine answers at ...: start it ..."
+    from docker.errors import ImageNotFound
+
+    try:
+        client.images.get(SANDBOX_IMAGE)
+    except ImageNotFound:
+        return f"no image {SANDBOX_IMAGE}: build it with `tooljail images build python`"
+    finally:
+        client.close()
+    return None
+
+
 _DOCKER_PROBLEM: list[str | None] = []
 
 
@@ -279,7 +306,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if marker is None:
         return
     if not _DOCKER_PROBLEM:
-        from tests.conformance.conftest import docker_problem
         from tooljaild.sandbox.docker_engine import EngineUnavailableError, connect_client
 
         try:

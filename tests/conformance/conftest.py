@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.conftest import docker_problem
 from tests.security.conftest import (
     SecurityDaemon,
     launch_daemon,
@@ -34,7 +35,6 @@ from tests.security.conftest import (
 )
 from tooljail import Client, Output, ToolResult
 
-IMAGE = "tooljail/python:latest"
 LABEL_STATE_DIR = "org.tooljail.state-dir"
 
 TOOLS = '''
@@ -106,25 +106,6 @@ BACKENDS = [
     pytest.param("process", id="process"),
     pytest.param("docker", id="docker", marks=pytest.mark.docker),
 ]
-
-
-def docker_problem() -> str | None:
-    """Why the docker backend cannot run here (no engine, no image), or None."""
-    from tooljaild.sandbox.docker_engine import EngineUnavailableError, connect_client
-
-    try:
-        client = connect_client(timeout=3.0)
-    except EngineUnavailableError as exc:
-        return str(exc)  # "no Docker engine answers at ...: start it ..."
-    from docker.errors import ImageNotFound
-
-    try:
-        client.images.get(IMAGE)
-    except ImageNotFound:
-        return f"no image {IMAGE}: build it with `tooljail images build python`"
-    finally:
-        client.close()
-    return None
 
 
 @dataclass

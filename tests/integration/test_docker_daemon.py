@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.conformance.conftest import IMAGE, LABEL_STATE_DIR, docker_problem
-from tests.conftest import RunningDaemon, spawn_daemon, wait_serving
+from tests.conformance.conftest import LABEL_STATE_DIR
+from tests.conftest import SANDBOX_IMAGE as IMAGE
+from tests.conftest import RunningDaemon, docker_problem, spawn_daemon, wait_serving
 from tests.security.conftest import BackgroundCall
 from tooljail import CallStatus, Client, Effect, Output, StreamKind
 

@@ -123,7 +123,7 @@ def test_a_workspace_tool_in_a_session_reports_usage(serve: Callable[..., Served
 
 @pytest.fixture
 def docker_daemon(start_daemon: Callable[..., RunningDaemon]) -> Iterator[RunningDaemon]:
-    from tests.conformance.conftest import docker_problem
+    from tests.conftest import docker_problem
 
     problem = docker_problem()
     if problem is not None:

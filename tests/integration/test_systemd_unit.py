@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.conftest import docker_problem
+from tests.conftest import docker_problem
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -425,14 +425,22 @@ async def session_pipes() -> AsyncIterator[_Session]:
 RESULT_1 = {**OK, "seq": 1, "reset": False, "resets": 0}
 
 
+def _tag(session_pipes: _Session) -> str:
+    """The running call's tag: every frame of the call must carry it."""
+    running = session_pipes.session._call
+    assert running is not None
+    return running.tag
+
+
 async def test_a_sessions_artifact_frames_reach_the_calls_sink(session_pipes: _Session) -> None:
     parts: list[ArtifactPart] = []
     request = RunRequest("code", {"code": "pass"}, artifacts=lambda p: parts.append(p) is None)
     waiting = session_pipes.session.begin(request, lambda k, d: None)
+    tag = _tag(session_pipes)
     session_pipes.write(
-        {**frame("fig.png", b"P1", 0, False), "seq": 1},
-        {**frame("fig.png", b"P2", 1, True), "seq": 1},
-        RESULT_1,
+        {**frame("fig.png", b"P1", 0, False), "seq": 1, "tag": tag},
+        {**frame("fig.png", b"P2", 1, True), "seq": 1, "tag": tag},
+        {**RESULT_1, "tag": tag},
     )
     end = await asyncio.wait_for(waiting, 10)
     assert end.outcome.termination is Termination.RETURNED
@@ -443,11 +451,32 @@ async def test_a_sessions_artifact_frames_reach_the_calls_sink(session_pipes: _S
     assert not session_pipes.sandbox.closed
 
 
+async def test_artifact_frames_of_no_call_or_another_are_dropped(
+    session_pipes: _Session,
+) -> None:
+    """A frame without the running call's seq and tag is nobody's: dropped and
+    counted, never the call's, and the session lives on (issue 21, finding 7)."""
+    parts: list[ArtifactPart] = []
+    request = RunRequest("code", {"code": "pass"}, artifacts=lambda p: parts.append(p) is None)
+    waiting = session_pipes.session.begin(request, lambda k, d: None)
+    tag = _tag(session_pipes)
+    session_pipes.write(
+        frame(),  # no seq, no tag
+        {**frame(), "seq": 2, "tag": tag},  # a later call's seq
+        {**frame(), "seq": 1, "tag": "f" * 32},  # a forged tag
+        {**RESULT_1, "tag": "f" * 32},  # a forged result
+        {**RESULT_1, "tag": tag},
+    )
+    end = await asyncio.wait_for(waiting, 10)
+    assert end.outcome.termination is Termination.RETURNED
+    assert parts == []
+    assert session_pipes.session.stale_frames == 4
+    assert not session_pipes.sandbox.closed
+
+
 @pytest.mark.parametrize(
     ("kind", "sent", "why"),
     [
-        ("code", [frame()], "a frame of type 'artifact' in a session"),  # no seq
-        ("code", [{**frame(), "seq": 2}], "a frame of type 'artifact' in a session"),
         ("workspace", [{**frame(), "seq": 1}], "from a 'workspace' request"),
         ("code", [{**frame(part=1), "seq": 1}], "out of order"),
     ],
@@ -461,7 +490,7 @@ async def test_a_bad_artifact_frame_in_a_session_ends_it(
     waiting = session_pipes.session.begin(request, lambda k, d: None)
     running = session_pipes.session._call
     assert running is not None
-    session_pipes.write(*sent)
+    session_pipes.write(*({**item, "tag": running.tag} for item in sent))
     end = await asyncio.wait_for(waiting, 10)
     assert end.outcome.termination is Termination.RUNNER_LOST
     assert running.frames.broken is not None and why in running.frames.broken

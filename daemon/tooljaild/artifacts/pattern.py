@@ -22,6 +22,8 @@ from typing import Any
 
 import re2  # type: ignore[import-untyped]
 
+from tooljail.errors import TooljailError
+
 __all__ = ["MAX_PATTERN_MEMORY", "BadPattern", "Pattern"]
 
 MAX_PATTERN_MEMORY = 8 * 1024**2
@@ -34,7 +36,7 @@ _UNSUPPORTED = re.compile(r"invalid perl operator: \(\?<?[=!]|invalid escape seq
 backreference."""
 
 
-class BadPattern(ValueError):
+class BadPattern(TooljailError, ValueError):
     """A pattern that cannot be searched with; `str()` says why, for a model.
 
     Args:

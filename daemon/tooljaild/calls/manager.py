@@ -277,14 +277,20 @@ class CallManager:
         Raises:
             ToolNotFoundError, InvalidRequestError, InvalidArgumentsError: As `submit`.
         """
-        tool = self._registry.get(tool_name)
-        settings = self._settings
-        if len(arguments_json) <= terms.CHECK_ON_LOOP_BYTES:
-            return terms.CheckedArguments(
-                tool, terms.parse_arguments(tool, arguments_json, settings)
-            )
-        values = await asyncio.to_thread(terms.parse_arguments, tool, arguments_json, settings)
-        return terms.CheckedArguments(tool, values)
+        try:
+            tool = self._registry.get(tool_name)
+            settings = self._settings
+            if len(arguments_json) <= terms.CHECK_ON_LOOP_BYTES:
+                return terms.CheckedArguments(
+                    tool, terms.parse_arguments(tool, arguments_json, settings)
+                )
+            values = await asyncio.to_thread(terms.parse_arguments, tool, arguments_json, settings)
+            return terms.CheckedArguments(tool, values)
+        except TooljailError as exc:
+            # A refusal as much as one `submit` makes: counted the same way.
+            if self.on_refused is not None:
+                self.on_refused(exc.code)
+            raise
 
     def _check_room(self, request: _CheckedRequest) -> None:
         """Refuse a new call the daemon has no room for, whatever runs it.
