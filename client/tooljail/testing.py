@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tooljaild.config import Settings
+    from tooljaild.settings.config import Settings
 
 __all__ = ["daemon", "wait_for"]
 
@@ -110,12 +110,12 @@ def daemon(
 
     Raises:
         ImportError: When the daemon is not installed (`pip install tooljail[daemon]`).
-        tooljaild.config.ConfigError: When a setting is unknown or invalid (named).
-        tooljaild.daemon.DaemonError: When the daemon cannot start (its message says why).
+        tooljaild.settings.config.ConfigError: When a setting is unknown or invalid (named).
+        tooljaild.app.daemon.DaemonError: When the daemon cannot start (its message says why).
         TimeoutError: When it does not serve within `start_timeout_s`.
     """
     try:
-        from tooljaild.config import load_settings
+        from tooljaild.settings.config import load_settings
     except ImportError as exc:
         raise ImportError(
             "tooljail.testing.daemon needs the daemon: pip install 'tooljail[daemon]'"
@@ -206,7 +206,7 @@ class _InProcess:
             self._stop_error = exc
 
     async def _main(self) -> None:
-        from tooljaild.daemon import Daemon
+        from tooljaild.app.daemon import Daemon
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
@@ -255,10 +255,10 @@ class _Child:
         """Start the child and return its target once its health service says SERVING.
 
         Raises:
-            tooljaild.daemon.DaemonError: When the child exits first (with its log).
+            tooljaild.app.daemon.DaemonError: When the child exits first (with its log).
             TimeoutError: When it did not serve within `timeout_s`.
         """
-        from tooljaild.daemon import DaemonError
+        from tooljaild.app.daemon import DaemonError
 
         with open(self._log, "wb") as log:
             self._process = subprocess.Popen(

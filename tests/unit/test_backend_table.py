@@ -16,11 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from tooljail import AsyncClient
-from tooljaild.builtin_tools import RUNS, builtin_tools
-from tooljaild.config import Settings
-from tooljaild.daemon import Daemon, DaemonError
-from tooljaild.pools import PoolSet
-from tooljaild.registry import SandboxProfile
+from tooljaild.app.daemon import Daemon, DaemonError
+from tooljaild.app.pools import PoolSet
 from tooljaild.sandbox.backends import (
     BACKENDS,
     Backend,
@@ -31,8 +28,11 @@ from tooljaild.sandbox.backends import (
 )
 from tooljaild.sandbox.base import Sandbox
 from tooljaild.sandbox.fake import FakeSandbox
-from tooljaild.sandbox.kinds import KINDS
-from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import KINDS
+from tooljaild.tools.builtin.catalog import RUNS, builtin_tools
+from tooljaild.tools.builtin.workspace import WORKSPACE_TOOL_NAMES
+from tooljaild.tools.registry import SandboxProfile
 
 
 def test_the_table_holds_every_kind_a_config_or_a_tool_may_name() -> None:

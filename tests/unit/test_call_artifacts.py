@@ -20,12 +20,9 @@ from tests.unit.test_calls import user_tool
 from tests.unit.test_channels import OK
 from tooljail import StreamKind
 from tooljail.errors import ArtifactNotFoundError
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.calls import Call, results
 from tooljaild.calls.artifacts import PREVIEW_BYTES
-from tooljaild.config import Settings
-from tooljaild.registry import Tool
 from tooljaild.sandbox import runner_channel
 from tooljaild.sandbox.base import ArtifactPart, Limits, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.channels import FrameChannel
@@ -39,6 +36,9 @@ from tooljaild.sandbox.runner_channel import (
     RunnerPipes,
 )
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.settings.artifacts import ArtifactSettings
+from tooljaild.settings.config import Settings
+from tooljaild.tools.registry import Tool
 
 KiB = 1024
 

@@ -25,11 +25,11 @@ from tooljail import (
     ToolNotFoundError,
 )
 from tooljaild.calls import NO_OUTPUT_MESSAGE, CallManager
-from tooljaild.config import Settings
-from tooljaild.registry import Registry, Tool, ToolOptions
 from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.settings.config import Settings
+from tooljaild.tools.registry import Registry, Tool, ToolOptions
 
 Script = Callable[[RunRequest, OutputSink], Awaitable[RunOutcome]]
 

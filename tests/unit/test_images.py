@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from docker.errors import APIError, ImageNotFound
 
-from tooljaild import cli, image_base, images
-from tooljaild.doctor import check_docker
-from tooljaild.images import ImageSpec, State
+from tooljaild import cli
+from tooljaild.cli.doctor import check_docker
+from tooljaild.sandbox.images import base as image_base
+from tooljaild.sandbox.images import build as images
+from tooljaild.sandbox.images.build import ImageSpec, State
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_ENGINE = "unix:///nonexistent/docker.sock"
@@ -68,7 +70,7 @@ class FakeAPI:
 
 
 class FakeEngine:
-    """The slice of `docker.DockerClient` that tooljaild.images uses."""
+    """The slice of `docker.DockerClient` that tooljaild.sandbox.images.build uses."""
 
     def __init__(self, *, registry: bool = True) -> None:
         self.store: dict[str, FakeImage] = {}

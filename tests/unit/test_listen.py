@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild import listen
-from tooljaild.daemon import DaemonError
-from tooljaild.listen import prepare_socket, private_dir_problem
+from tooljaild.app import listen
+from tooljaild.app.daemon import DaemonError
+from tooljaild.app.listen import prepare_socket, private_dir_problem
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = 4242

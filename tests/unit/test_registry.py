@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import collect_tools, tool
-from tooljaild.registry import (
+from tooljaild.tools.builtin.workspace import WORKSPACE_TOOL_NAMES
+from tooljaild.tools.registry import (
     BUILTIN_TOOLS,
     Registry,
     Tool,
@@ -21,7 +22,6 @@ from tooljaild.registry import (
     find_tool_files,
     validate_arguments,
 )
-from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES
 
 
 def _user_tool(func: Any, file: str = "tools.py") -> Tool:
@@ -379,7 +379,7 @@ def test_unknown_tool_suggests_a_close_name() -> None:
 def test_tool_limits_are_checked_when_the_tool_loads() -> None:
     from pydantic import ValidationError
 
-    from tooljaild.registry import ToolOptions
+    from tooljaild.tools.registry import ToolOptions
 
     assert ToolOptions(limits={"cpu_s": 5}).limits == {"cpu_s": 5}
     with pytest.raises(ValidationError, match="unknown limit cpu_seconds"):

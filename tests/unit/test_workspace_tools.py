@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from tooljail.errors import InvalidArgumentsError
-from tooljaild.builtin_tools import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
 from tooljaild.calls import terms
-from tooljaild.config import Settings
-from tooljaild.registry import Registry, build_user_tools
 from tooljaild.runner import _workspace
 from tooljaild.sandbox.backends import Promises
 from tooljaild.sandbox.base import Limits
 from tooljaild.sandbox.runner_channel import _result_problem
-from tooljaild.workspace_tools import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
+from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
+from tooljaild.tools.builtin.workspace import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
+from tooljaild.tools.registry import Registry, build_user_tools
 
 NAMES = (
     "ls",

@@ -52,7 +52,7 @@ from tooljail.errors import (
     InvalidRequestError,
     TooljailError,
 )
-from tooljaild.artifacts.settings import ArtifactSettings
+from tooljaild.settings.artifacts import ArtifactSettings
 
 __all__ = [
     "CHUNK_BYTES",

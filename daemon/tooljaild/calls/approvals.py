@@ -51,8 +51,8 @@ from tooljail.errors import (
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results
 from tooljaild.calls.call import Call, StopReason
-from tooljaild.journal import Journal, JournalError
-from tooljaild.output import Event
+from tooljaild.calls.output import Event
+from tooljaild.journal.store import Journal, JournalError
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from tooljaild.artifacts.store import (
     Origin,
     safe_name,
 )
-from tooljaild.output import HeadTail
+from tooljaild.calls.output import HeadTail
 from tooljaild.sandbox.base import ArtifactPart
 
 log = logging.getLogger(__name__)

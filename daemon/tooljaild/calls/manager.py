@@ -44,7 +44,6 @@ from tooljail.errors import (
     ToolNotFoundError,
 )
 from tooljaild.auth.policy import Identity
-from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import (
     Admission,
@@ -58,15 +57,16 @@ from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
-from tooljaild.config import Settings
-from tooljaild.in_daemon import DaemonCall, Handler, Services
-from tooljaild.journal import Journal, JournalError
-from tooljaild.registry import Registry, Tool
+from tooljaild.journal.store import Journal, JournalError
 from tooljaild.sandbox.base import Limits, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
+from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.catalog import builtin_run
+from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
+from tooljaild.tools.registry import Registry, Tool
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class CallManager:
             max_reason_chars=settings.auth.max_reason_chars,
         )
         self.draining = False
-        # Observers (tooljaild.metrics): each call's end once answered, each refusal's code.
+        # Observers (tooljaild.app.metrics): each call's end once answered, each refusal's code.
         self.on_end: Callable[[Call, ToolResult], None] | None = None
         self.on_refused: Callable[[str], None] | None = None
 
@@ -379,7 +379,7 @@ class CallManager:
     def _submit_in_daemon(
         self, handler: Handler, session_id: str, request: _CheckedRequest
     ) -> Call:
-        """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox; it
+        """Admit a call of an in-daemon tool (`tooljaild.tools.in_daemon`): no sandbox; it
         counts as any call, and runs in the in-daemon tools' pool of slots."""
         self._check_room(request)
         session = self._session_named(session_id) if session_id else None

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from tooljaild.sandbox.base import Limits, Sandbox
 
 if TYPE_CHECKING:
-    from tooljaild.config import Settings
-    from tooljaild.registry import SandboxProfile
+    from tooljaild.settings.config import Settings
+    from tooljaild.tools.registry import SandboxProfile
 
 __all__ = ["Backend", "Host", "Profile", "Promises", "Unusable", "memory_in_words"]
 

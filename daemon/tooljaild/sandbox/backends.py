@@ -48,12 +48,12 @@ from tooljaild.sandbox.docker_engine import explain, image_missing_message
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.isolation import Isolation, IsolationError, reachable, sandbox_python
 from tooljaild.sandbox.isolation import resolve as resolve_isolation
-from tooljaild.sandbox.kinds import BackendKind
 from tooljaild.sandbox.process import ProcessSandboxConfig, SandboxContext, zygote_for
+from tooljaild.settings.sandbox import BackendKind
 
 if TYPE_CHECKING:
-    from tooljaild.config import Settings
-    from tooljaild.registry import SandboxProfile
+    from tooljaild.settings.config import Settings
+    from tooljaild.tools.registry import SandboxProfile
 
 __all__ = [
     "BACKENDS",

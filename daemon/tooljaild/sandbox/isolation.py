@@ -360,7 +360,7 @@ def install_runner(state_dir: Path) -> Path:
 
     They are bound read-only into sandboxes; a copy keeps the sandbox's view
     independent of where (and with which permissions) the daemon is installed.
-    The one part of the state directory others may read (tooljaild.file_modes):
+    The one part of the state directory others may read (tooljaild.sandbox.file_modes):
     every sandbox's uid must, and it holds nothing but tooljail's own code.
     Modes are set as such, never left to the daemon's umask (0077).
     """

@@ -30,11 +30,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tooljaild.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
+from tooljaild.sandbox.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.runner_channel import (

@@ -44,12 +44,12 @@ from tooljail.errors import (
     WorkspaceFileNotFoundError,
     WorkspaceFullError,
 )
-from tooljaild.journal import Journal, JournalError
+from tooljaild.journal.store import Journal, JournalError
 from tooljaild.sandbox.base import Limits, RunRequest, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
-from tooljaild.sessions.settings import SessionSettings
 from tooljaild.sessions.transfers import Spool, Transfers
+from tooljaild.settings.sessions import SessionSettings
 
 __all__ = ["FILE_CHUNK_BYTES", "SessionManager"]
 

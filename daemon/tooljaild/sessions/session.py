@@ -21,7 +21,7 @@ from tooljail._types import SessionInfo, SessionState
 from tooljail.errors import InvalidRequestError, OverloadedError, SessionEndedError
 from tooljaild.sandbox.base import Limits
 from tooljaild.sandbox.session_channel import SessionSandbox
-from tooljaild.sessions.settings import SessionSettings
+from tooljaild.settings.sessions import SessionSettings
 
 __all__ = [
     "END_MESSAGES",
