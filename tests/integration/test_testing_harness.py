@@ -17,7 +17,7 @@ import pytest
 
 import tooljail.testing
 from tooljail import AsyncClient, BadTimeoutError, Client
-from tooljaild.app.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
 from tooljaild.settings.config import ConfigError
 
 TOOL = '''

@@ -18,12 +18,12 @@ from tooljail import tool
 from tooljaild import cli
 from tooljaild.app.pools import PoolSet, Profile
 from tooljaild.cli.doctor import check_docker, zygote_feature
-from tooljaild.sandbox.base import Limits, Sandbox
-from tooljaild.sandbox.docker import DockerSandboxConfig, image_reference
+from tooljaild.sandbox.base import Sandbox
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.settings.config import ConfigError, Settings, load_settings
-from tooljaild.tools.registry import SandboxProfile, Tool, ToolOptions, build_user_tools
+from tooljaild.settings.sandbox import DockerSandboxConfig, Limits, SandboxProfile, image_reference
+from tooljaild.tools.registry import Tool, ToolOptions, build_user_tools
 
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 

@@ -8,8 +8,8 @@ import pytest
 
 from tooljail.errors import InvalidArgumentsError
 from tooljaild.calls import terms
-from tooljaild.sandbox.base import Limits
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run
 
 

@@ -24,7 +24,7 @@ from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.calls import Call, results
 from tooljaild.calls.artifacts import PREVIEW_BYTES
 from tooljaild.sandbox import runner_channel
-from tooljaild.sandbox.base import ArtifactPart, Limits, RunOutcome, RunRequest, Termination
+from tooljaild.sandbox.base import ArtifactPart, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.channels import FrameChannel
 from tooljaild.sandbox.runner_channel import (
     MAX_ARTIFACT_PART_BYTES,
@@ -38,6 +38,7 @@ from tooljaild.sandbox.runner_channel import (
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.settings.artifacts import ArtifactSettings
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.registry import Tool
 
 KiB = 1024

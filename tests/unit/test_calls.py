@@ -339,7 +339,7 @@ async def test_get_forgets_beyond_the_bound(tmp_path: Path) -> None:
 
 
 async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
-    from tooljaild.sandbox.base import Limits
+    from tooljaild.settings.sandbox import Limits
 
     h = Harness(tmp_path, [user_tool()], limits=Limits(output_limit_bytes=10_000))
 

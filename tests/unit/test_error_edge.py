@@ -20,7 +20,7 @@ from tooljail.errors import (
     ToolNotFoundError,
 )
 from tooljail.v1 import tooljail_pb2 as pb
-from tooljaild.app.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
 from tooljaild.edge.errors import STATUS_BY_ERROR, status_for, wire_error
 from tooljaild.journal.store import JournalError
 from tooljaild.sandbox.base import SandboxError

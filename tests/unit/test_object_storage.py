@@ -9,13 +9,8 @@ import pytest
 
 from tooljail.errors import InvalidArgumentsError
 from tooljaild.settings.config import ConfigError, Settings, load_settings
-from tooljaild.tools.builtin.upload import (
-    StorageSettings,
-    _credentials,
-    _key,
-    check_upload_arguments,
-    upload_file,
-)
+from tooljaild.settings.storage import StorageSettings
+from tooljaild.tools.builtin.upload import _credentials, _key, check_upload_arguments, upload_file
 from tooljaild.tools.in_daemon import DaemonCall, Services, ToolFailure
 
 

@@ -12,9 +12,9 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.calls import terms
 from tooljaild.runner import _workspace
 from tooljaild.sandbox.backends import Promises
-from tooljaild.sandbox.base import Limits
 from tooljaild.sandbox.runner_channel import _result_problem
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
 from tooljaild.tools.builtin.workspace import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
 from tooljaild.tools.registry import Registry, build_user_tools

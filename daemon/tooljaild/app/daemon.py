@@ -42,8 +42,8 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2
 
-from tooljail.errors import TooljailError
-from tooljaild.app.listen import SocketPlan, default_daemon_id, is_loopback, prepare_socket
+from tooljaild.app.errors import DaemonError
+from tooljaild.app.listen import SocketPlan, prepare_socket
 from tooljaild.app.pools import PoolSet, Profile
 from tooljaild.app.relay import PeerRelay
 from tooljaild.app.reload import Reloader
@@ -61,6 +61,7 @@ from tooljaild.sandbox.file_modes import DAEMON_UMASK, make_dirs
 from tooljaild.sandbox.isolation import IsolationError, install_runner
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sessions.manager import SessionManager
+from tooljaild.settings.addresses import default_daemon_id, is_loopback
 from tooljaild.settings.config import Settings
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, builtin_tools
 from tooljaild.tools.in_daemon import Services
@@ -75,20 +76,6 @@ log = logging.getLogger(__name__)
 JOURNAL_FILE = "journal.sqlite3"
 STATE_DIR_MODE = 0o711
 """The state directory and `workspaces/`: passed through by sandboxes, listed by nobody."""
-
-
-class DaemonError(TooljailError):
-    """The daemon cannot start; the message says why and what to do.
-
-    Args:
-        message: Why, and what to do.
-        unavailable: Something it needs does not answer (the Docker engine),
-            rather than being misconfigured: `serve` then exits 3, not 2.
-    """
-
-    def __init__(self, message: str, *, unavailable: bool = False) -> None:
-        super().__init__(message)
-        self.unavailable = unavailable
 
 
 async def open_sandboxes(

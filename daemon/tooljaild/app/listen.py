@@ -25,7 +25,6 @@ the daemon's sandboxes, so two things hold:
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import shutil
 import socket
@@ -33,18 +32,13 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from tooljail._client import default_socket_path
+from tooljail.common import default_socket_path
+from tooljaild.app.errors import DaemonError
 from tooljaild.sandbox.file_modes import make_dirs
-
-if TYPE_CHECKING:
-    from tooljaild.app.daemon import DaemonError
 
 __all__ = [
     "SocketPlan",
-    "default_daemon_id",
-    "is_loopback",
     "prepare_socket",
     "private_dir_problem",
 ]
@@ -54,35 +48,7 @@ SOCKET_MODE = 0o660
 
 
 def _refused(message: str) -> DaemonError:
-    # Imported here: the daemon module imports this one.
-    from tooljaild.app.daemon import DaemonError
-
     return DaemonError(message)
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether a HOST:PORT address is on this host only (127.0.0.1, [::1], localhost)."""
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def default_daemon_id(listen: str, port: int) -> str:
-    """The daemon's name when the `daemon_id` setting is empty.
-
-    "<hostname>:<port>" on TCP (`port`: the bound one, which port 0 picked),
-    "<hostname>:<socket path>" on a Unix socket: unique among daemons on one
-    host, and stable across restarts as long as the address is (in a Kubernetes
-    pod the hostname is the pod's name).
-    """
-    host = socket.gethostname()
-    if listen.startswith("unix:"):
-        return f"{host}:{listen.removeprefix('unix://').removeprefix('unix:')}"
-    return f"{host}:{port}"
 
 
 def private_dir_problem(directory: Path, uid: int) -> str | None:

@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tooljail._types import CallState, CallStatus, ToolResult
+from tooljail.types import CallState, CallStatus, ToolResult
 
 if TYPE_CHECKING:
     from tooljaild.app.pools import PoolSet

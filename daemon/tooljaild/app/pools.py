@@ -22,9 +22,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from tooljaild.sandbox.backends import BACKENDS, Backend, Profile
-from tooljaild.sandbox.base import Limits, Sandbox
+from tooljaild.sandbox.base import Sandbox
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.registry import Tool
 
 __all__ = ["SANDBOX_LIMITS", "PoolSet", "Profile", "limits_for"]

@@ -59,8 +59,8 @@ from tooljaild.app.pools import SANDBOX_LIMITS
 from tooljaild.auth.policy import Identities, IdentityChanges, PolicyError, load_identities
 from tooljaild.auth.secret_files import ExposedSecretError
 from tooljaild.edge.transport import ListenerSecurity, tls_digest
-from tooljaild.sandbox.base import Limits
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.registry import Registry
 
 __all__ = ["LIVE_SETTINGS", "Reloader", "SettingsChange", "compare"]

@@ -45,13 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tooljail._types import ArtifactInfo, ArtifactRef
 from tooljail.errors import (
     ArtifactGoneError,
     ArtifactNotFoundError,
     InvalidRequestError,
     TooljailError,
 )
+from tooljail.types import ArtifactInfo, ArtifactRef
 from tooljaild.settings.artifacts import ArtifactSettings
 
 __all__ = [

@@ -19,13 +19,13 @@ import re
 from collections import Counter, OrderedDict, deque
 from typing import Any
 
-from tooljail._errors import (
+from tooljail.errors import (
     CallIdConflictError,
     CallNotFoundError,
     InvalidRequestError,
     OverloadedError,
 )
-from tooljail._types import CallState
+from tooljail.types import CallState
 from tooljaild.calls.call import Call, Once, StopReason
 from tooljaild.settings.config import Settings
 from tooljaild.tools.registry import Tool

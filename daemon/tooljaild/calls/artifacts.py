@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tooljail._types import ArtifactRef, StreamKind
+from tooljail.types import ArtifactRef, StreamKind
 from tooljaild.artifacts.store import (
     ArtifactQuotaError,
     ArtifactStore,

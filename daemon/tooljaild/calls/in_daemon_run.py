@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from tooljail._types import Effect, ToolError, ToolResult
 from tooljail.errors import TooljailError
+from tooljail.types import Effect, ToolError, ToolResult
 from tooljaild.calls import results
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination

@@ -35,7 +35,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from tooljail._types import CallState, ToolInfo, ToolResult
 from tooljail.errors import (
     InvalidRequestError,
     SessionNotFoundError,
@@ -43,6 +42,7 @@ from tooljail.errors import (
     TooljailError,
     ToolNotFoundError,
 )
+from tooljail.types import CallState, ToolInfo, ToolResult
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import (
@@ -58,12 +58,13 @@ from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.journal.store import Journal, JournalError
-from tooljaild.sandbox.base import Limits, SandboxError
+from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
 from tooljaild.tools.registry import Registry, Tool

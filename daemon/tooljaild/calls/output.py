@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._types import StreamKind
+from tooljail.types import StreamKind
 
 
 class HeadTail:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tooljail._types import (
+from tooljail.types import (
     TIMEOUT_MESSAGE,
     CallState,
     CallStatus,

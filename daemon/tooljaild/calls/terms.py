@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._errors import BadTimeoutError, InvalidRequestError
-from tooljail._types import ToolInfo
-from tooljaild.sandbox.base import Limits, RunRequest
+from tooljail.errors import BadTimeoutError, InvalidRequestError
+from tooljail.types import ToolInfo
+from tooljaild.sandbox.base import RunRequest
 from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.registry import Tool, validate_arguments
 

@@ -257,7 +257,8 @@ def _settings(config: Path | None, **overrides: Any) -> Settings:
 def _serve(args: argparse.Namespace) -> int:
     import functools
 
-    from tooljaild.app.daemon import Daemon, DaemonError
+    from tooljaild.app.daemon import Daemon
+    from tooljaild.app.errors import DaemonError
     from tooljaild.app.logs import setup_logging
     from tooljaild.settings.config import load_settings
 
@@ -369,7 +370,8 @@ def _tools(args: argparse.Namespace) -> int:
 
 def _check_tools(args: argparse.Namespace) -> int:
     """`tools --check`: load the tool files as the daemon would, and report."""
-    from tooljaild.app.daemon import DaemonError, check_tool_files
+    from tooljaild.app.daemon import check_tool_files
+    from tooljaild.app.errors import DaemonError
 
     settings = _settings(args.config, tools_dirs=args.tools_dirs)
     if not settings.tools_dirs:

@@ -16,7 +16,7 @@ from tooljaild.sandbox.isolation import (
     sandbox_identity,
     sandbox_python,
 )
-from tooljaild.sandbox.process import default_python
+from tooljaild.settings.sandbox import default_python
 
 
 def check_host(

@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tooljail._errors import UnauthenticatedError
+from tooljail.errors import UnauthenticatedError
 from tooljaild.auth.peer import operator_uids, peer_uid, uid_identity
 from tooljaild.auth.policy import (
     NAME,

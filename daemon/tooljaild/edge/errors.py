@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 import grpc
 import grpc.aio
 
-from tooljail._wire import ERROR_DETAIL_KEY, bounded, error_detail_for
+from tooljail.common import bounded
 from tooljail.errors import (
     ArtifactGoneError,
     ArtifactNotFoundError,
@@ -52,6 +52,7 @@ from tooljail.errors import (
     WorkspaceFileNotFoundError,
     WorkspaceFullError,
 )
+from tooljail.wire import ERROR_DETAIL_KEY, error_detail_for
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from collections import Counter
 import grpc.aio
 from grpc_health.v1 import health, health_pb2
 
-from tooljail._errors import InvalidRequestError, OverloadedError
+from tooljail.errors import InvalidRequestError, OverloadedError
 from tooljaild.auth.peer import peer_uid
 from tooljaild.edge.errors import abort_with
 

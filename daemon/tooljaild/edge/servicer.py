@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tooljail import __version__
-from tooljail._errors import (
+from tooljail.errors import (
     CallIdConflictError,
     CallNotFoundError,
     InvalidRequestError,
@@ -30,8 +30,10 @@ from tooljail._errors import (
     ShuttingDownError,
     TooljailError,
 )
-from tooljail._types import ToolResult
-from tooljail._wire import (
+from tooljail.types import ToolResult
+from tooljail.v1 import tooljail_pb2 as pb
+from tooljail.v1 import tooljail_pb2_grpc
+from tooljail.wire import (
     artifact_info_to_proto,
     call_info_to_proto,
     call_state_to_proto,
@@ -41,9 +43,6 @@ from tooljail._wire import (
     stream_kind_to_proto,
     tool_info_to_proto,
 )
-from tooljail.v1 import tooljail_pb2 as pb
-from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.app.listen import default_daemon_id
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
@@ -63,6 +62,7 @@ from tooljaild.sessions.policy import (
     check_may_open_session,
 )
 from tooljaild.sessions.session import Session, SessionOptions
+from tooljaild.settings.addresses import default_daemon_id
 from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.registry import Tool
 
@@ -577,7 +577,7 @@ def create_server(
         credentials: Serve TLS with these (`auth.authenticator.server_credentials`);
             None: plaintext.
         daemon_id: The name this daemon answers with (setting `daemon_id`); empty:
-            `listen.default_daemon_id` of `listen` and the bound port.
+            `settings.addresses.default_daemon_id` of `listen` and the bound port.
         listen: The address clients dial, for that default (the daemon binds a
             Unix socket at a private name first); None: `address`.
         started_unix: When the daemon started (GetDaemonInfo); None: now.

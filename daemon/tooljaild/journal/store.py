@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from tooljail._types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
+from tooljail.types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
 from tooljaild.journal.file import (
     APPLICATION_ID,
     BUSY_TIMEOUT_S,

@@ -104,11 +104,10 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._types import StreamKind
+from tooljail.types import StreamKind
 from tooljaild.sandbox.base import (
     ArtifactPart,
     ArtifactSink,
-    Limits,
     OutputSink,
     RunOutcome,
     RunRequest,
@@ -124,6 +123,7 @@ from tooljaild.sandbox.channels import (
     PipeReader,
     PipeWriter,
 )
+from tooljaild.settings.sandbox import Limits
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024 + 4096
 """The longest frame line: the runner's own limit on a result (16 MiB) and room."""

@@ -103,14 +103,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tooljaild.sandbox.base import (
-    Limits,
-    OutputSink,
-    RunOutcome,
-    RunRequest,
-    SandboxError,
-    Termination,
-)
+from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, SandboxError, Termination
 from tooljaild.sandbox.channels import Frame, FrameItem, Malformed
 from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import (
@@ -123,6 +116,7 @@ from tooljaild.sandbox.runner_channel import (
     _short,
     runner_line,
 )
+from tooljaild.settings.sandbox import Limits
 
 SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
 """The request kinds a session runs."""

@@ -17,10 +17,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
-from tooljail._types import SessionInfo, SessionState
 from tooljail.errors import InvalidRequestError, OverloadedError, SessionEndedError
-from tooljaild.sandbox.base import Limits
+from tooljail.types import SessionInfo, SessionState
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.settings.sandbox import Limits
 from tooljaild.settings.sessions import SessionSettings
 
 __all__ = [

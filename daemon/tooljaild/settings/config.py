@@ -19,14 +19,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from tooljail._client import default_socket_path
+from tooljail.common import default_socket_path
 from tooljail.errors import TooljailError
-from tooljaild.sandbox.backends import BackendKind, BackendSettings
-from tooljaild.sandbox.base import Limits
 from tooljaild.settings.artifacts import ArtifactSettings
 from tooljaild.settings.auth import AuthSettings, TlsSettings
+from tooljaild.settings.sandbox import BackendKind, BackendSettings, Limits
 from tooljaild.settings.sessions import SessionSettings
-from tooljaild.tools.builtin.upload import StorageSettings
+from tooljaild.settings.storage import StorageSettings
 
 Backend = BackendKind
 """The sandbox backends a tool can run in (the keys of `sandbox.backends.BACKENDS`)."""

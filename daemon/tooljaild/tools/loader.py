@@ -23,10 +23,11 @@ from typing import Any
 import jsonschema
 from pydantic import ValidationError
 
-from tooljail._tooldef import json_type_name
-from tooljail._types import Diagnostic
+from tooljail.common import json_type_name
+from tooljail.types import Diagnostic
 from tooljaild.sandbox.base import RunRequest, Sandbox, SandboxError, Termination
-from tooljaild.tools.registry import TOOL_NAME, Registry, SandboxProfile, Tool, ToolOptions
+from tooljaild.settings.sandbox import SandboxProfile
+from tooljaild.tools.registry import TOOL_NAME, Registry, Tool, ToolOptions
 from tooljaild.tools.registry import _dotted as dotted
 
 __all__ = ["DESCRIBE_TIMEOUT_S", "build_user_tools", "find_tool_files", "load_registry"]

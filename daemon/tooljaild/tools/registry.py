@@ -20,16 +20,13 @@ from typing import Any, Literal
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
-from tooljail._tooldef import json_type_name
-from tooljail._types import Diagnostic, ToolInfo
-from tooljail._wire import bounded
-from tooljaild.sandbox.base import Limits
-from tooljaild.settings.sandbox import BackendKind
+from tooljail.common import bounded, json_type_name
+from tooljail.errors import InvalidArgumentsError, ToolNotFoundError
+from tooljail.types import Diagnostic, ToolInfo
+from tooljaild.settings.sandbox import Limits, SandboxProfile
 
 __all__ = [
     "Registry",
-    "SandboxProfile",
     "Tool",
     "ToolOptions",
     "validate_arguments",
@@ -39,44 +36,6 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What a tool name may be (what the OpenAI and Anthropic APIs accept)."""
 
 _MAX_KILL_AFTER_S = 86400.0
-
-
-class SandboxProfile(BaseModel):
-    """Where a tool's calls run (`@tool(sandbox={...})`). Unset keys follow the daemon.
-
-    Unknown keys and values are rejected, to catch typos. `image` and
-    `network=True` belong to the docker backend, so they need `backend="docker"`
-    (the process backend never has a network).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
-
-    backend: BackendKind | None = None
-    """The backend; None: the daemon's default (`serve --backend`)."""
-    image: str | None = None
-    """The docker image: a sandbox image's name ("python") or a full reference
-    with a "/"; None: the daemon's `docker.image`."""
-    network: bool | None = None
-    """Give the container the engine's default network; None: the daemon's
-    `docker.network` (off unless configured)."""
-
-    @model_validator(mode="after")
-    def _check(self) -> SandboxProfile:
-        if self.image is not None:
-            if self.backend != "docker":
-                raise ValueError(
-                    "image is a docker setting: add backend='docker' "
-                    f"(got backend={self.backend!r})"
-                )
-            # Same rule as the config's docker.image; raises ValueError with the fix.
-            from tooljaild.sandbox.docker import image_reference
-
-            image_reference(self.image)
-        if self.network and self.backend != "docker":
-            raise ValueError(
-                "network=True needs backend='docker': the process backend has no network"
-            )
-        return self
 
 
 class ToolOptions(BaseModel):

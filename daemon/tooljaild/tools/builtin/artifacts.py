@@ -34,13 +34,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from tooljail._types import ArtifactInfo
 from tooljail.errors import (
     ArtifactGoneError,
     ArtifactNotFoundError,
     InvalidRequestError,
     TooljailError,
 )
+from tooljail.types import ArtifactInfo
 from tooljaild.artifacts.pattern import BadPattern, Pattern, too_long
 from tooljaild.runner._workspace_paths import counted
 from tooljaild.runner._workspace_read import (
