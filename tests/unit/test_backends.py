@@ -23,7 +23,8 @@ from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.settings.config import ConfigError, Settings, load_settings
 from tooljaild.settings.sandbox import DockerSandboxConfig, Limits, SandboxProfile, image_reference
-from tooljaild.tools.registry import Tool, ToolOptions, build_user_tools
+from tooljaild.tools.loader import build_user_tools
+from tooljaild.tools.registry import Tool, ToolOptions
 
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 

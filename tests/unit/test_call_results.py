@@ -17,7 +17,8 @@ from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
-from tooljaild.tools.registry import BUILTIN_TOOLS, Tool
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
+from tooljaild.tools.registry import Tool
 
 
 def make_call(tmp_path: Path, tool: Tool | None = None) -> Call:

@@ -29,6 +29,7 @@ from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Terminati
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
 from tooljaild.tools.registry import Registry, Tool, ToolOptions
 
 Script = Callable[[RunRequest, OutputSink], Awaitable[RunOutcome]]
@@ -58,7 +59,9 @@ class Harness:
         self.sandboxes: list[FakeSandbox] = []
         self.settings = Settings(state_dir=tmp_path, pool_size=0, **settings)
         self.pool = SandboxPool(self._new, 0)
-        self.manager = CallManager(self.settings, Registry(tools), self.pool)
+        self.manager = CallManager(
+            self.settings, Registry(tools, builtins=BUILTIN_TOOLS), self.pool
+        )
 
     def _new(self) -> FakeSandbox:
         async def play(request: RunRequest, sink: OutputSink) -> RunOutcome:

@@ -40,14 +40,14 @@ _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 async def load_registry(
-    tools_dirs: list[Path], sandbox: Sandbox, *, builtins: Iterable[Tool] | None = None
+    tools_dirs: list[Path], sandbox: Sandbox, *, builtins: Iterable[Tool] = ()
 ) -> Registry:
     """Build the registry: built-ins plus the user tools in `tools_dirs`.
 
     Args:
         tools_dirs: Directories of tool files.
         sandbox: A started sandbox, used once to import the files; the caller closes it.
-        builtins: The built-ins as this daemon describes them; None: `BUILTIN_TOOLS`.
+        builtins: The built-ins as this daemon describes them (handed in: none by default).
     """
     import asyncio
 

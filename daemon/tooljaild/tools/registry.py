@@ -276,8 +276,9 @@ class Registry:
         user_tools: User tools in load order; of two tools with one name, the
             first is served.
         diagnostics: Diagnostics from `find_tool_files` and `build_user_tools`.
-        builtins: The built-in tools; they win every name collision. None:
-            `builtin_tools.BUILTIN_TOOLS` (described without a daemon).
+        builtins: The built-in tools, handed in by whoever composes the daemon
+            (`tools.builtin.catalog` builds them); they win every name collision.
+            Empty by default: this module knows no tool of its own.
 
     Raises:
         ValueError: When two built-ins share a name (a programming error).
@@ -288,11 +289,8 @@ class Registry:
         user_tools: Iterable[Tool] = (),
         diagnostics: Iterable[Diagnostic] = (),
         *,
-        builtins: Iterable[Tool] | None = None,
+        builtins: Iterable[Tool] = (),
     ) -> None:
-        if builtins is None:
-            # Imported here: the built-ins are `Tool`s, defined above.
-            builtins = _default_builtins()
         self._tools: dict[str, Tool] = {}
         self._diagnostics = list(diagnostics)
         for tool in builtins:
@@ -348,27 +346,3 @@ class Registry:
     def diagnostics(self) -> list[Diagnostic]:
         """Problems found while loading, in the order they were found."""
         return list(self._diagnostics)
-
-
-def _default_builtins() -> tuple[Tool, ...]:
-    # Imported here: the built-ins are `Tool`s, defined in this module.
-    from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
-
-    return BUILTIN_TOOLS
-
-
-_MOVED = {
-    "BUILTIN_TOOLS": "tooljaild.tools.builtin.catalog",
-    "build_user_tools": "tooljaild.tools.loader",
-    "find_tool_files": "tooljaild.tools.loader",
-}
-"""Names that lived here before the built-ins and the loading had modules of their own."""
-
-
-def __getattr__(name: str) -> Any:
-    # Old imports keep working; imported lazily, since both modules import this one.
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

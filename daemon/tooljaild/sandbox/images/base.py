@@ -24,13 +24,13 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tooljaild.sandbox.images.build import (
+from tooljaild.sandbox.images.common import (
     LOG_TAIL_LINES,
     ImageBuildError,
     ImageError,
     Log,
-    _first_line,
-    _get,
+    first_line,
+    get_image,
 )
 
 if TYPE_CHECKING:
@@ -73,14 +73,14 @@ def ensure_base(client: DockerClient, *, log: Log = print) -> str:
         ImageError: No registry, and the offline base can't be built here.
         ImageBuildError: debootstrap failed.
     """
-    if _get(client, REGISTRY_BASE) is not None:
+    if get_image(client, REGISTRY_BASE) is not None:
         log(f"base: {REGISTRY_BASE} (present)")
         return REGISTRY_BASE
     if _pull(client, REGISTRY_BASE, log):
         log(f"base: {REGISTRY_BASE} (pulled)")
         return REGISTRY_BASE
     offline = f"{OFFLINE_REPOSITORY}:{hashlib.sha256(OFFLINE_RECIPE.encode()).hexdigest()[:12]}"
-    if _get(client, offline) is not None:
+    if get_image(client, offline) is not None:
         log(f"base: {offline} (built offline before)")
         return offline
     _build_offline_base(client, offline, log)
@@ -108,7 +108,7 @@ def _pull(client: DockerClient, reference: str, log: Log) -> bool:
         log(f"no registry answered within {PULL_TIMEOUT_S:.0f} s: building the base offline")
         return False
     if outcome[0] is not None:
-        log(f"cannot pull {reference} ({_first_line(outcome[0])}): building the base offline")
+        log(f"cannot pull {reference} ({first_line(outcome[0])}): building the base offline")
         return False
     return True
 

@@ -12,7 +12,7 @@ The base (the Dockerfile's `BASE` build arg) is not part of the hash: it is
 Debian bookworm either way, pulled as `debian:bookworm-slim` where a registry
 answers, otherwise debootstrapped here and imported as
 `tooljail/base-bookworm:<recipe hash>` (built once, then reused): see
-`image_base`, whose names are also importable from here.
+`sandbox.images.base`. The errors live in `sandbox.images.common` (also named here).
 
 Errors:
 
@@ -29,21 +29,25 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from docker.errors import DockerException, ImageNotFound
+from docker.errors import DockerException
 
-from tooljail.errors import TooljailError
 from tooljaild.sandbox.docker_engine import EngineUnavailableError as EngineDown
 from tooljaild.sandbox.docker_engine import connect_client
+from tooljaild.sandbox.images import base as image_base
+from tooljaild.sandbox.images.common import LOG_TAIL_LINES, Log, first_line, get_image
+
+# The errors are this module's too (its docstring draws them): re-exported by name.
+from tooljaild.sandbox.images.common import EngineUnavailableError as EngineUnavailableError
+from tooljaild.sandbox.images.common import ImageBuildError as ImageBuildError
+from tooljaild.sandbox.images.common import ImageError as ImageError
 
 if TYPE_CHECKING:
     from docker import DockerClient
-
-Log = Callable[[str], None]
 
 ENGINE_TIMEOUT_S = 2.0
 """How long the engine may take to answer the first request (doctor must not hang)."""
@@ -51,33 +55,10 @@ REQUEST_TIMEOUT_S = 60.0
 """Bound on each later request; builds, pulls and imports have their own."""
 BUILD_TIMEOUT_S = 3600.0
 """Bound on the wait for each line of a `docker build` (pip downloads can be slow)."""
-LOG_TAIL_LINES = 25
-"""How many of the last log lines a build error shows."""
 
 LABEL_IMAGE = "org.tooljail.image"
 LABEL_HASH = "org.tooljail.image.hash"
 LABEL_BASE = "org.tooljail.image.base"
-
-
-class ImageError(TooljailError):
-    """A sandbox image could not be checked or built; the message says what to do."""
-
-
-class EngineUnavailableError(ImageError, ConnectionError):
-    """No Docker engine answers at DOCKER_HOST (or the default socket)."""
-
-
-class ImageBuildError(ImageError):
-    """debootstrap or `docker build` failed.
-
-    Attributes:
-        log_tail: The last lines of its log, also at the end of the message.
-    """
-
-    def __init__(self, what: str, log_tail: Iterable[str]) -> None:
-        self.log_tail = list(log_tail)
-        tail = "\n".join(f"    {line}" for line in self.log_tail)
-        super().__init__(f"{what}; the last lines of its log:\n{tail}" if tail else what)
 
 
 class State(StrEnum):
@@ -214,14 +195,6 @@ def content_hash(spec: ImageSpec, build_args: Mapping[str, str]) -> str:
     return digest.hexdigest()
 
 
-def _get(client: DockerClient, reference: str) -> Any:
-    """The image called `reference`, or None."""
-    try:
-        return client.images.get(reference)
-    except ImageNotFound:
-        return None
-
-
 def image_status(client: DockerClient, name: str, *, scientific: bool = False) -> ImageStatus:
     """Whether the image `name` (that variant) is current, stale or missing in the engine.
 
@@ -234,10 +207,10 @@ def image_status(client: DockerClient, name: str, *, scientific: bool = False) -
     variant = "scientific" if scientific else "latest"
     tag = f"{spec.repository}:{digest[:12]}"
     status = ImageStatus(name, variant, State.MISSING, tag, f"{spec.repository}:{variant}", digest)
-    current = _get(client, tag)
+    current = get_image(client, tag)
     if current is not None and current.labels.get(LABEL_HASH) == digest:
         return _found(status, State.CURRENT, current)
-    previous = _get(client, status.moving_tag)
+    previous = get_image(client, status.moving_tag)
     return status if previous is None else _found(status, State.STALE, previous)
 
 
@@ -265,11 +238,6 @@ def connect(
         return connect_client(timeout=timeout, request_timeout=request_timeout)
     except EngineDown as exc:  # the sandbox backend's error: this module's own here
         raise EngineUnavailableError(str(exc)) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------------- build
@@ -358,7 +326,7 @@ def _docker_build(
                 raise ImageBuildError(f"{what}: {explain_failure(error, tail, args)}", tail)
     except (DockerException, OSError) as exc:  # OSError: requests' timeouts, a lost socket
         lines.flush()
-        raise ImageBuildError(f"{what}: {_first_line(exc)}", tail) from exc
+        raise ImageBuildError(f"{what}: {first_line(exc)}", tail) from exc
     lines.flush()
 
 
@@ -435,33 +403,8 @@ class _LineBuffer:
 
 
 def _ensure_moving_tag(client: DockerClient, status: ImageStatus, log: Log) -> None:
-    moving = _get(client, status.moving_tag)
+    moving = get_image(client, status.moving_tag)
     if moving is None or moving.id != status.image_id:
         repository, tag = status.moving_tag.rsplit(":", 1)
         client.api.tag(status.image_id, repository, tag, force=True)
         log(f"tagged {status.moving_tag} -> {status.tag}")
-
-
-_IN_IMAGE_BASE = frozenset(
-    {
-        "DEFAULT_MIRROR",
-        "OFFLINE_RECIPE",
-        "OFFLINE_REPOSITORY",
-        "PULL_TIMEOUT_S",
-        "REGISTRY_BASE",
-        "debian_mirror",
-        "ensure_base",
-        "_trim",
-    }
-)
-"""Names that moved to `image_base`, still importable from here."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _IN_IMAGE_BASE:
-        return getattr(image_base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# Last: image_base imports this module's errors and helpers.
-from tooljaild.sandbox.images import base as image_base  # noqa: E402
