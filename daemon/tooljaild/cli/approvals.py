@@ -13,7 +13,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from tooljaild.cli import EXIT_OK, _client, _refused
+from tooljaild.cli.common import EXIT_OK, connect, refused
 
 __all__ = ["add_parsers", "run"]
 
@@ -39,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from tooljail import TooljailError
 
     try:
-        with _client(args) as client:
+        with connect(args) as client:
             if args.command == "approve":
                 info = client.approve(args.call_id)
             else:
                 info = client.deny(args.call_id, args.reason)
     except TooljailError as exc:
-        return _refused(exc)
+        return refused(exc)
     print(info.state.value)
     return EXIT_OK

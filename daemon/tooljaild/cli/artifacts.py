@@ -22,7 +22,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import EXIT_OK, _with_client
+from tooljaild.cli.common import EXIT_OK, with_client
 from tooljaild.cli.sessions import _bytes, _seconds, _write_out
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         "get": _get,
         "rm": _rm,
     }[args.artifacts_command]
-    return _with_client(args, act)
+    return with_client(args, act)
 
 
 def _ls(client: Client, args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from tooljaild.cli import EXIT_OK, EXIT_USAGE, _refused
+from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, refused
 from tooljaild.cli.credentials import export_credentials
 
 __all__ = ["add_parser", "run"]
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             tls_key_file=args.tls_key_file,
         )
     except TooljailError as exc:
-        return _refused(exc)
+        return refused(exc)
     except (ValueError, OSError) as exc:
         print(f"tooljail: {exc}", file=sys.stderr)
         return EXIT_USAGE

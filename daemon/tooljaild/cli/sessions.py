@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import EXIT_OK, EXIT_USAGE, _with_client
+from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, with_client
 
 if TYPE_CHECKING:
     from tooljail import Client, SessionInfo
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "upload": _upload,
         "download": _download,
     }[args.sessions_command]
-    return _with_client(args, action)
+    return with_client(args, action)
 
 
 def _open(client: Client, args: argparse.Namespace) -> int:
