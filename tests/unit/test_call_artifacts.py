@@ -26,15 +26,14 @@ from tooljaild.calls.artifacts import PREVIEW_BYTES
 from tooljaild.sandbox import runner_channel
 from tooljaild.sandbox.base import ArtifactPart, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.channels import FrameChannel
-from tooljaild.sandbox.runner_channel import (
+from tooljaild.sandbox.frames import (
     MAX_ARTIFACT_PART_BYTES,
     MAX_ARTIFACTS_PER_CALL,
     MAX_FRAME_BYTES,
     MAX_FRAME_CONTAINERS,
     CallFrames,
-    PipeEnds,
-    RunnerPipes,
 )
+from tooljaild.sandbox.runner_channel import PipeEnds, RunnerPipes
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.settings.artifacts import ArtifactSettings
 from tooljaild.settings.config import Settings

@@ -12,7 +12,7 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.calls import terms
 from tooljaild.runner import _workspace
 from tooljaild.sandbox.backends import Promises
-from tooljaild.sandbox.runner_channel import _result_problem
+from tooljaild.sandbox.frames import _result_problem
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools

@@ -36,11 +36,12 @@ slow engine never stalls the event loop or the daemon's other threads. The
 engine must share this host's file system (the channel and runner directories
 are bind mounts); a remote DOCKER_HOST is not supported by this backend.
 
-This module is over 500 lines because the backend's config and one
-container's life (create, connect, wait for ready, end, remove) read best
-together; what stands on its own is beside it: the engine and its sweeps
-(`docker_engine`), the pipes' handover (`docker_handover`), the seccomp
-profile (`docker_seccomp`) and a call over the runner channel (`runner_channel`).
+This module is one container's life (create, connect, wait for ready, end,
+remove); what stands on its own is beside it: the backend's settings
+(`settings.sandbox`), the engine and its sweeps (`docker_engine`), the pipes'
+handover (`docker_handover`), the seccomp profile (`docker_seccomp`), its
+memory cgroup's OOM count (`docker_oom`) and a call over the runner channel
+(`runner_channel`).
 """
 
 from __future__ import annotations
@@ -82,13 +83,10 @@ from tooljaild.sandbox.docker_engine import (
     remove_stale_containers,
 )
 from tooljaild.sandbox.docker_handover import INSIDE_CHANNEL_DIR, INSIDE_SOCKET, Handover
+from tooljaild.sandbox.docker_oom import memory_cgroup, oom_count
+from tooljaild.sandbox.frames import CallFrames
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.runner_channel import (
-    CallFrames,
-    RunnerPipes,
-    RunnerSandbox,
-    RunnerSpec,
-)
+from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, RunnerSpec
 from tooljaild.settings.sandbox import DockerSandboxConfig, Limits
 
 if TYPE_CHECKING:
@@ -365,7 +363,7 @@ class DockerSandbox(RunnerSandbox):
                 continue
             conn, pid = accepted
             self._init_pid = pid
-            self._memory_cgroup = _memory_cgroup(pid)
+            self._memory_cgroup = memory_cgroup(pid)
             with contextlib.suppress(OSError):
                 self._pidfd = os.pidfd_open(pid)
             return conn
@@ -428,7 +426,7 @@ class DockerSandbox(RunnerSandbox):
         container ends) decides.
         """
         if self._memory_cgroup is not None:
-            count = await asyncio.to_thread(_oom_count, *self._memory_cgroup)
+            count = await asyncio.to_thread(oom_count, *self._memory_cgroup)
             if count is not None:
                 return count > 0
         if self.container_id is None:
@@ -519,39 +517,3 @@ def _seccomp_profile() -> str:
     from tooljaild.sandbox.docker_seccomp import profile_json
 
     return profile_json()
-
-
-def _memory_cgroup(pid: int) -> tuple[int, Path] | None:
-    """(cgroup version, directory) of the process's memory cgroup, seen from this host."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    unified: str | None = None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hier == "0" and controllers == "":
-            unified = path
-        elif "memory" in controllers.split(","):
-            directory = Path("/sys/fs/cgroup") / controllers / path.lstrip("/")
-            return (1, directory) if directory.is_dir() else None
-    if unified is not None:
-        directory = Path("/sys/fs/cgroup") / unified.lstrip("/")
-        if (directory / "memory.events").exists():
-            return 2, directory
-    return None
-
-
-def _oom_count(version: int, directory: Path) -> int | None:
-    """OOM kills in the cgroup so far; None when it is gone or says nothing."""
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    try:
-        text = (directory / name).read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return None

@@ -32,10 +32,10 @@ from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.base import RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
 from tooljaild.sandbox.file_modes import SANDBOX_UMASK
+from tooljaild.sandbox.frames import CallFrames
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.runner_channel import (
-    CallFrames,
     PipeEnds,
     RunnerPipes,
     RunnerSandbox,
