@@ -16,9 +16,6 @@ Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
 identity's bound on such calls; approved, it counts in as any other.
-
-It is over 500 lines because admission, the journal's records and the end of a
-call are shared by those three paths, and each path's task is here.
 """
 
 from __future__ import annotations

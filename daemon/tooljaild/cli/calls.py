@@ -56,8 +56,8 @@ def tools(args: argparse.Namespace) -> int:
 
 def _check_tools(args: argparse.Namespace) -> int:
     """`tools --check`: load the tool files as the daemon would, and report."""
-    from tooljaild.app.daemon import check_tool_files
     from tooljaild.app.errors import DaemonError
+    from tooljaild.app.start import check_tool_files
 
     settings = load_settings_or_exit(args.config, tools_dirs=args.tools_dirs)
     if not settings.tools_dirs:

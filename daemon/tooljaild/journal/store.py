@@ -47,10 +47,6 @@ reset after each checkpoint and truncated back to `WAL_SIZE_LIMIT` bytes.
 
 The file itself (schema, opening and checking it, `JournalError` and its
 messages) is `tooljaild.journal.file`'s.
-
-Over 500 lines: one class over one table pair (calls and sessions), whose
-docstrings carry each write's contract, cost and failure; split further, a
-reader would follow one transaction across files.
 """
 
 from __future__ import annotations

@@ -8,10 +8,6 @@ What it guarantees (see docs/decisions.md, "Killing the whole tree"):
 - rlimits (CPU, address space, processes, file size, open files, no core) and
   a scrubbed environment in a private working directory.
 Namespaces and a read-only system are the isolation work's, not this module's.
-
-Over 500 lines: one sandbox's life (start from a zygote or as a process, run,
-measure, kill, close) is one class whose steps share its state, and the bwrap
-and zygote specs below are built only for it.
 """
 
 from __future__ import annotations

@@ -21,9 +21,6 @@ reads backwards in blocks. The reading runs on a worker thread so that a
 search through a big artifact does not stall the event loop, and stops at its
 next line when the call is stopped (a thread cannot be cancelled: it is asked).
 The store itself (its SQLite index) is used on the event loop only, as it asks.
-
-A little over 500 lines: four tools, each a handler and its description for a
-model, kept together because they share one reading of ids, bounds and notes.
 """
 
 from __future__ import annotations
