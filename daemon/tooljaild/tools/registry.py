@@ -2,8 +2,8 @@
 
 `Tool` (with its `ToolOptions` and `SandboxProfile`) is a tool as the daemon
 serves it; `Registry` holds the served ones by name next to the diagnostics of
-loading them. The built-ins are in `builtin_tools`; loading user tools (in a
-sandbox, never here) is in `loader`.
+loading them. The built-ins are in `tools.builtin.catalog`, handed in by the
+daemon; loading user tools (in a sandbox, never here) is in `loader`.
 
 `validate_arguments` checks a call's arguments against a tool's schema before
 any sandbox is used, with one error message a person or a model can act on.
