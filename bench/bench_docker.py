@@ -63,9 +63,8 @@ from bench_calls import (  # the same harness and helpers as the process benchma
     tooljail_caller,
 )
 
-from tooljaild.sandbox.base import Limits
-from tooljaild.sandbox.docker import DEFAULT_IMAGE
 from tooljaild.sandbox.docker_seccomp import profile_json
+from tooljaild.settings.sandbox import DEFAULT_IMAGE, Limits
 
 CODE = "print(1)"
 DEFAULT_POOL_SIZE = 4

@@ -1,4 +1,4 @@
-"""What the Unix socket's uid relay (`tooljaild.relay`) adds to a call.
+"""What the Unix socket's uid relay (`tooljaild.app.relay`) adds to a call.
 
 A server process runs, on one event loop as the daemon does, a grpc.aio health
 servicer on a private socket and the `PeerRelay` in front of it on a public
@@ -26,7 +26,7 @@ def serve(directory: Path) -> None:
     import grpc.aio
     from grpc_health.v1 import health, health_pb2_grpc
 
-    from tooljaild.relay import PeerRelay
+    from tooljaild.app.relay import PeerRelay
 
     async def main() -> None:
         server = grpc.aio.server()

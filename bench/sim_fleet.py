@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# The daemon's defaults (tooljaild.config.Settings; tests/unit/test_sim_fleet.py
+# The daemon's defaults (tooljaild.settings.config.Settings; tests/unit/test_sim_fleet.py
 # checks that they still are): calls running at once, calls waiting, the hint.
 MAX_CONCURRENT = 32
 MAX_QUEUE = 256

@@ -15,7 +15,6 @@ import os
 import socket
 import uuid
 import warnings
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -40,7 +39,12 @@ from tooljail._wire import (
     diagnostic_from_proto,
     tool_info_from_proto,
 )
-from tooljail.errors import BadTimeoutError, InvalidRequestError, TooljailError
+from tooljail.common import default_socket_path
+from tooljail.errors import (
+    BadTimeoutError,
+    InvalidRequestError,
+    TooljailError,
+)
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
@@ -71,23 +75,6 @@ MAX_RECEIVE_MESSAGE_BYTES = 64 * 1024 * 1024
 # Target schemes gRPC resolves itself; anything else with "://" is a mistake such
 # as "http://host:port", which gRPC would only reject later and obscurely.
 _GRPC_SCHEMES = frozenset({"unix", "unix-abstract", "dns", "ipv4", "ipv6", "vsock"})
-
-
-def default_socket_path() -> Path:
-    """The Unix socket a daemon listens on, and a client dials, by default.
-
-    Returns:
-        `$XDG_RUNTIME_DIR/tooljail/tooljail.sock` when XDG_RUNTIME_DIR is set;
-        otherwise `/run/tooljail/tooljail.sock` for root (the systemd
-        RuntimeDirectory) and `/tmp/tooljail-<uid>/tooljail.sock` for anyone else.
-    """
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime_dir:
-        return Path(runtime_dir) / "tooljail" / "tooljail.sock"
-    uid = os.getuid()
-    if uid == 0:
-        return Path("/run/tooljail/tooljail.sock")
-    return Path(f"/tmp/tooljail-{uid}/tooljail.sock")
 
 
 def default_target() -> str:

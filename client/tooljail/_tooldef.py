@@ -7,7 +7,7 @@ file of over 500 lines: the daemon copies exactly this file next to the runner
 in every sandbox (`isolation.install_runner`), where a sibling module would not
 resolve; its parts (decorator, `tool_info`, schema inference, docstrings) are
 marked by the order of its functions. What it produces are plain,
-JSON-serialisable dicts; the daemon validates them (see `tooljaild.registry`).
+JSON-serialisable dicts; the daemon validates them (see `tooljaild.tools.registry`).
 
 A raw tool spec, as attached by `@tool` to `func.__tooljail_tool__`:
 

@@ -43,6 +43,7 @@ from tooljail._types import (
     ToolResult,
     Usage,
 )
+from tooljail.common import MAX_ERROR_MESSAGE_BYTES, bounded
 from tooljail.errors import (
     ERRORS_BY_CODE,
     ArtifactGoneError,
@@ -90,8 +91,6 @@ ERROR_DETAIL_KEY = "tooljail-error-bin"
 The `-bin` suffix makes gRPC carry the value as raw bytes.
 """
 
-MAX_ERROR_MESSAGE_BYTES = 1024
-"""Bound of an error's message on the wire, in UTF-8 bytes (status text and detail)."""
 MAX_DETAIL_FIELD_BYTES = 256
 """Bound of each other text field of an `ErrorDetail` (parameter, expected, actual)."""
 
@@ -401,31 +400,6 @@ def call_info_from_proto(m: pb.CallInfo) -> CallInfo:
 
 
 # --- errors ----------------------------------------------------------------
-
-
-def bounded(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
-    """`text` cut to at most `limit` UTF-8 bytes, saying how long it was.
-
-    For text that may echo a caller's input into a reply: a 10,000-character
-    tool name echoed whole would pass gRPC's 16 KiB metadata limit, and the
-    caller would see RESOURCE_EXHAUSTED instead of the error. Characters UTF-8
-    cannot encode (lone surrogates, which JSON's `\\ud800` escapes can make)
-    are written as backslash escapes, so the result always encodes.
-
-    Args:
-        text: Any text.
-        limit: The most UTF-8 bytes the result may have; at least 64.
-
-    Returns:
-        `text` itself when it fits; else its start, cut at a character
-        boundary, and " [... N characters in all]".
-    """
-    encoded = text.encode("utf-8", "backslashreplace")
-    if len(encoded) <= limit:
-        return encoded.decode()
-    tail = f" [... {len(text):,} characters in all]"
-    head = encoded[: max(0, limit - len(tail.encode()))].decode("utf-8", "ignore")
-    return head + tail
 
 
 def error_detail_for(exc: TooljailError) -> pb.ErrorDetail:

@@ -27,7 +27,7 @@
 
 The daemon raises these from its domain code (its own exceptions, such as a
 sandbox that cannot start, derive from `TooljailError` too) and maps them to a
-gRPC status and an `ErrorDetail` in one table (`tooljaild.errors`); the SDK maps
+gRPC status and an `ErrorDetail` in one table (`tooljaild.edge.errors`); the SDK maps
 a failed RPC back to the same classes by the detail's `code` through
 `ERRORS_BY_CODE`. Every code is also listed in the proto, as `tooljail.v1.ErrorCode`.
 

@@ -42,7 +42,7 @@ from tooljail.errors import (
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.daemon import JOURNAL_FILE
+from tooljaild.app.daemon import JOURNAL_FILE
 
 TOOL = "execute_python_code"
 POLICIES = {

@@ -36,8 +36,8 @@ from tooljail.errors import (
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.auth.authenticator import AMBIGUOUS_CERTIFICATE_MESSAGE, UNAUTHENTICATED_MESSAGE
-from tooljaild.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
+from tooljaild.edge.authenticator import AMBIGUOUS_CERTIFICATE_MESSAGE, UNAUTHENTICATED_MESSAGE
 
 TOKEN_A, TOKEN_B, TOKEN_C = "token-of-agent-a", "token-of-agent-b", "token-of-agent-c"
 PRINT_1 = {"code": "print(1)"}

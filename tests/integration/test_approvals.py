@@ -29,7 +29,7 @@ from tooljail.errors import (
 )
 from tooljail.testing import wait_for
 from tooljaild import cli
-from tooljaild.daemon import JOURNAL_FILE
+from tooljaild.app.daemon import JOURNAL_FILE
 
 TOOL = "execute_python_code"
 POLICIES = {

@@ -28,8 +28,8 @@ from tests.integration.test_artifacts_from_calls import SEND_ARTIFACT
 from tooljail import ArtifactGoneError, Client
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import MAX_PAGE_SIZE, ArtifactStore, Origin
+from tooljaild.settings.artifacts import ArtifactSettings
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,8 +15,8 @@ import pytest
 
 from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client, InvalidArgumentsError
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore, Origin
+from tooljaild.settings.artifacts import ArtifactSettings
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -34,9 +34,9 @@ from tooljail import (
 )
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
+from tooljaild.app.daemon import Daemon
 from tooljaild.artifacts.store import CHUNK_BYTES, ArtifactStore, Origin
-from tooljaild.config import load_settings
-from tooljaild.daemon import Daemon
+from tooljaild.settings.config import load_settings
 
 _T = TypeVar("_T")
 MIB = 1024**2

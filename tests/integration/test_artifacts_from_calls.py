@@ -19,8 +19,8 @@ import pytest
 
 from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client, ToolResult
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.settings.artifacts import ArtifactSettings
 
 MiB = 2**20
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import RunningDaemon
 from tooljail import SessionInfo, SessionState, ToolResult
-from tooljaild.cli_sessions import _size
+from tooljaild.cli.sessions import _size
 
 
 def _cli(

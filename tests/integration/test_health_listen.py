@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tooljail import Client, testing
-from tooljaild.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
 
 
 def _check(port: int) -> int:

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.conftest import ServedDaemon
 from tests.holds import MiB, daemon_holds
 from tooljail.v1 import tooljail_pb2 as pb
-from tooljaild.health_watch import MAX_SERVICE_NAME, peer_key
+from tooljaild.edge.health_watch import MAX_SERVICE_NAME, peer_key
 
 
 def _watch(stub: health_pb2_grpc.HealthStub, service: str = "") -> Iterator[object]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tooljaild import images
+from tooljaild.sandbox.images import build as images
 
 # Whichever test runs first builds the image: offline, that takes a minute or more.
 pytestmark = [pytest.mark.docker(needs_image=False), pytest.mark.timeout(1800)]

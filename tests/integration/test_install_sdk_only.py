@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ServedDaemon
-from tooljaild.extras import requirement_names
+from tooljaild.cli.extras import requirement_names
 
 pytestmark = pytest.mark.slow
 
@@ -66,13 +66,13 @@ def test_no_daemon_dependency_is_installed(sdk_venv: Path) -> None:
         sdk_venv,
         "python",
         "-c",
-        "import json; from tooljaild.extras import missing_requirements; "
+        "import json; from tooljaild.cli.extras import missing_requirements; "
         "print(json.dumps(missing_requirements('daemon')))",
     )
     assert probe.returncode == 0, probe.stderr
     assert json.loads(probe.stdout) == daemon_requirements
     # The daemon's server cannot even be imported there, and the SDK does not need it.
-    server = _run(sdk_venv, "python", "-c", "import tooljaild.server")
+    server = _run(sdk_venv, "python", "-c", "import tooljaild.edge.servicer")
     assert server.returncode != 0
     assert "ModuleNotFoundError" in server.stderr
     sdk = _run(sdk_venv, "python", "-c", "import sys, tooljail; print('tooljaild' in sys.modules)")

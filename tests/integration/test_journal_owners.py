@@ -24,9 +24,9 @@ import pytest
 import tooljail.testing
 from tooljail import CallState, Client, ToolResult
 from tooljail.errors import CallIdConflictError, CallNotFoundError
+from tooljaild.app.daemon import JOURNAL_FILE
 from tooljaild.calls.terms import fingerprint
-from tooljaild.daemon import JOURNAL_FILE
-from tooljaild.journal import Journal
+from tooljaild.journal.store import Journal
 
 TOOL = "execute_python_code"
 PRINT_1 = {"code": "print(1)"}
@@ -190,7 +190,7 @@ def test_calls_from_before_owners_were_journaled_are_shown_to_approvers_only(
     with contextlib.closing(sqlite3.connect(journal)) as db, db:
         db.execute("ALTER TABLE calls DROP COLUMN client")
         db.execute("PRAGMA user_version = 2")
-    caplog.set_level(logging.INFO, logger="tooljaild.server")
+    caplog.set_level(logging.INFO, logger="tooljaild.edge.servicer")
     with daemon(state_dir, tools_dir, tokens_file) as target:
         for name in ("agent-a", "agent-b"):
             with as_(target, name) as someone:

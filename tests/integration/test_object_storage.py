@@ -28,8 +28,8 @@ from botocore.config import Config
 
 from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore, Origin
+from tooljaild.settings.artifacts import ArtifactSettings
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from tooljail.errors import (
     UnauthenticatedError,
 )
 from tooljail.testing import wait_for
-from tooljaild.daemon import JOURNAL_FILE
+from tooljaild.app.daemon import JOURNAL_FILE
 
 TOKEN_X, TOKEN_Y = "token-of-x-reloaded", "token-of-y-reloaded"
 PRINT_1 = {"code": "print(1)"}

@@ -18,7 +18,7 @@ import pytest
 import tooljail.testing
 from tests.conftest import ServedDaemon
 from tooljail import Client, ToolResult
-from tooljaild.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
 
 MODES = {
     "none": {"isolation": "none"},

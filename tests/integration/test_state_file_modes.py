@@ -5,7 +5,7 @@ Issue 21, finding 14: the journal (every client's code and arguments) and its
 sandbox under `isolation = "none"`, read them. After real calls, an artifact,
 a session and an upload, every file and directory under the state directory
 must be private to the daemon (no group or other bits), except a short
-allow-list, each entry with its reason (tooljaild.file_modes).
+allow-list, each entry with its reason (tooljaild.sandbox.file_modes).
 """
 
 from __future__ import annotations

@@ -307,7 +307,7 @@ def test_the_reload_command_needs_nothing_but_the_shell(tmp_path: Path) -> None:
 
 
 def test_the_sample_config_is_valid(tmp_path: Path) -> None:
-    from tooljaild.config import load_settings
+    from tooljaild.settings.config import load_settings
 
     settings = load_settings(SAMPLE_CONFIG)
     assert settings.listen == "unix:///run/tooljail/tooljail.sock"

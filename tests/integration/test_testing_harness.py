@@ -17,8 +17,8 @@ import pytest
 
 import tooljail.testing
 from tooljail import AsyncClient, BadTimeoutError, Client
-from tooljaild.config import ConfigError
-from tooljaild.daemon import DaemonError
+from tooljaild.app.errors import DaemonError
+from tooljaild.settings.config import ConfigError
 
 TOOL = '''
 from tooljail import tool

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from tooljail import ArtifactGoneError, ArtifactNotFoundError, InvalidRequestError
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import (
     CHUNK_BYTES,
     ArtifactQuotaError,
@@ -21,6 +20,7 @@ from tooljaild.artifacts.store import (
     prune_periodically,
     safe_name,
 )
+from tooljaild.settings.artifacts import ArtifactSettings
 
 MIB = 1024**2
 ALICE = Origin(owner="alice", call_id="c1", session_id="s1", tool="execute_python_code")

@@ -11,19 +11,19 @@ from typing import Any
 
 import pytest
 
-from tooljaild import artifact_tools
-from tooljaild.artifact_tools import (
+from tooljaild.artifacts.store import ArtifactStore, Origin
+from tooljaild.runner._workspace_read import MAX_READ_BYTES
+from tooljaild.settings.artifacts import ArtifactSettings
+from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin import artifacts as artifact_tools
+from tooljaild.tools.builtin.artifacts import (
     MAX_LISTED,
     list_artifacts,
     read_artifact,
     search_artifact,
     tail_artifact,
 )
-from tooljaild.artifacts.settings import ArtifactSettings
-from tooljaild.artifacts.store import ArtifactStore, Origin
-from tooljaild.config import Settings
-from tooljaild.in_daemon import DaemonCall, Services, ToolFailure
-from tooljaild.runner._workspace_read import MAX_READ_BYTES
+from tooljaild.tools.in_daemon import DaemonCall, Services, ToolFailure
 
 OWNER = "agent-a"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -189,8 +189,8 @@ def test_without_a_store_the_tools_say_so(store: ArtifactStore) -> None:
 
 
 def test_the_in_daemon_tools_are_served_and_promise_no_sandbox() -> None:
-    from tooljaild.builtin_tools import RUNS, builtin_tools
     from tooljaild.sandbox.backends import Promises
+    from tooljaild.tools.builtin.catalog import RUNS, builtin_tools
 
     names = ["read_artifact", "tail_artifact", "search_artifact", "list_artifacts", "upload_file"]
     tools = {t.name: t for t in builtin_tools(Promises(isolated=True, network=False, memory="1"))}

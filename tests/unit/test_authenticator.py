@@ -12,11 +12,11 @@ import pytest
 
 from tooljail._credentials import Credentials
 from tooljail.errors import InvalidRequestError, UnauthenticatedError
-from tooljaild.auth.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator, common_names
 from tooljaild.auth.peer import peer_uid, relay_address
 from tooljaild.auth.policy import Identities, Identity
-from tooljaild.auth.transport import SecurityConfigError, listener_security, socket_permissions
-from tooljaild.config import load_settings
+from tooljaild.edge.authenticator import UNAUTHENTICATED_MESSAGE, Authenticator, common_names
+from tooljaild.edge.transport import SecurityConfigError, listener_security, socket_permissions
+from tooljaild.settings.config import load_settings
 
 
 class _Context:

@@ -16,11 +16,9 @@ import pytest
 from pydantic import BaseModel
 
 from tooljail import AsyncClient
-from tooljaild.builtin_tools import RUNS, builtin_tools
-from tooljaild.config import Settings
-from tooljaild.daemon import Daemon, DaemonError
-from tooljaild.pools import PoolSet
-from tooljaild.registry import SandboxProfile
+from tooljaild.app.daemon import Daemon
+from tooljaild.app.errors import DaemonError
+from tooljaild.app.pools import PoolSet
 from tooljaild.sandbox.backends import (
     BACKENDS,
     Backend,
@@ -31,8 +29,10 @@ from tooljaild.sandbox.backends import (
 )
 from tooljaild.sandbox.base import Sandbox
 from tooljaild.sandbox.fake import FakeSandbox
-from tooljaild.sandbox.kinds import KINDS
-from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import KINDS, SandboxProfile
+from tooljaild.tools.builtin.catalog import RUNS, builtin_tools
+from tooljaild.tools.builtin.workspace import WORKSPACE_TOOL_NAMES
 
 
 def test_the_table_holds_every_kind_a_config_or_a_tool_may_name() -> None:
@@ -40,11 +40,12 @@ def test_the_table_holds_every_kind_a_config_or_a_tool_may_name() -> None:
     for kind, entry in BACKENDS.items():
         assert entry.kind == kind
         config = entry.config(Settings())
-        # STYLE practice 1: the config picks the backend, and typos are refused.
+        # STYLE practice 1: the config picks the backend, and typos are refused;
+        # the config is plain data (tooljaild.settings): the backend builds from it.
         assert isinstance(config, BaseModel)
         assert config.kind == kind  # type: ignore[attr-defined]
         assert typing.get_args(type(config).model_fields["kind"].annotation) == (kind,)
-        assert callable(getattr(config, "build", None))
+        assert not hasattr(config, "build")
         assert type(config).model_config.get("extra") == "forbid"
 
 

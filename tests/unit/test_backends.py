@@ -16,14 +16,15 @@ import pytest
 
 from tooljail import tool
 from tooljaild import cli
-from tooljaild.config import ConfigError, Settings, load_settings
-from tooljaild.doctor import check_docker, zygote_feature
-from tooljaild.pools import PoolSet, Profile
-from tooljaild.registry import SandboxProfile, Tool, ToolOptions, build_user_tools
-from tooljaild.sandbox.base import Limits, Sandbox
-from tooljaild.sandbox.docker import DockerSandboxConfig, image_reference
+from tooljaild.app.pools import PoolSet, Profile
+from tooljaild.cli.doctor import check_docker, zygote_feature
+from tooljaild.sandbox.base import Sandbox
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.settings.config import ConfigError, Settings, load_settings
+from tooljaild.settings.sandbox import DockerSandboxConfig, Limits, SandboxProfile, image_reference
+from tooljaild.tools.loader import build_user_tools
+from tooljaild.tools.registry import Tool, ToolOptions
 
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 

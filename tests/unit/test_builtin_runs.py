@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tooljail.errors import InvalidArgumentsError
-from tooljaild.builtin_tools import BUILTIN_TOOLS, RUNS, builtin_run
 from tooljaild.calls import terms
-from tooljaild.config import Settings
-from tooljaild.sandbox.base import Limits
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run
 
 
 def test_each_builtin_has_its_run_and_each_run_a_builtin() -> None:

@@ -20,25 +20,25 @@ from tests.unit.test_calls import user_tool
 from tests.unit.test_channels import OK
 from tooljail import StreamKind
 from tooljail.errors import ArtifactNotFoundError
-from tooljaild.artifacts.settings import ArtifactSettings
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.calls import Call, results
 from tooljaild.calls.artifacts import PREVIEW_BYTES
-from tooljaild.config import Settings
-from tooljaild.registry import Tool
 from tooljaild.sandbox import runner_channel
-from tooljaild.sandbox.base import ArtifactPart, Limits, RunOutcome, RunRequest, Termination
+from tooljaild.sandbox.base import ArtifactPart, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.channels import FrameChannel
-from tooljaild.sandbox.runner_channel import (
+from tooljaild.sandbox.frames import (
     MAX_ARTIFACT_PART_BYTES,
     MAX_ARTIFACTS_PER_CALL,
     MAX_FRAME_BYTES,
     MAX_FRAME_CONTAINERS,
     CallFrames,
-    PipeEnds,
-    RunnerPipes,
 )
+from tooljaild.sandbox.runner_channel import PipeEnds, RunnerPipes
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.settings.artifacts import ArtifactSettings
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.registry import Tool
 
 KiB = 1024
 

@@ -13,10 +13,12 @@ from tests.unit.test_calls import Harness, user_tool
 from tooljail import CallState, CallStatus, Effect, ToolError
 from tooljaild.calls import Call, StopReason, results, terms
 from tooljaild.calls.call import Once
-from tooljaild.config import Settings
-from tooljaild.registry import BUILTIN_TOOLS, Tool
-from tooljaild.sandbox.base import Limits, RunOutcome, Termination
+from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
+from tooljaild.tools.registry import Tool
 
 
 def make_call(tmp_path: Path, tool: Tool | None = None) -> Call:

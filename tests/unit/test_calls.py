@@ -25,11 +25,12 @@ from tooljail import (
     ToolNotFoundError,
 )
 from tooljaild.calls import NO_OUTPUT_MESSAGE, CallManager
-from tooljaild.config import Settings
-from tooljaild.registry import Registry, Tool, ToolOptions
 from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.pool import SandboxPool
+from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
+from tooljaild.tools.registry import Registry, Tool, ToolOptions
 
 Script = Callable[[RunRequest, OutputSink], Awaitable[RunOutcome]]
 
@@ -58,7 +59,9 @@ class Harness:
         self.sandboxes: list[FakeSandbox] = []
         self.settings = Settings(state_dir=tmp_path, pool_size=0, **settings)
         self.pool = SandboxPool(self._new, 0)
-        self.manager = CallManager(self.settings, Registry(tools), self.pool)
+        self.manager = CallManager(
+            self.settings, Registry(tools, builtins=BUILTIN_TOOLS), self.pool
+        )
 
     def _new(self) -> FakeSandbox:
         async def play(request: RunRequest, sink: OutputSink) -> RunOutcome:
@@ -339,7 +342,7 @@ async def test_get_forgets_beyond_the_bound(tmp_path: Path) -> None:
 
 
 async def test_a_tool_past_the_output_limit_is_stopped(tmp_path: Path) -> None:
-    from tooljaild.sandbox.base import Limits
+    from tooljaild.settings.sandbox import Limits
 
     h = Harness(tmp_path, [user_tool()], limits=Limits(output_limit_bytes=10_000))
 

@@ -10,7 +10,7 @@ import pytest
 
 from tooljail import StreamKind
 from tooljaild.sandbox.channels import FrameChannel, FrameItem, Malformed, PipeReader, PipeWriter
-from tooljaild.sandbox.runner_channel import (
+from tooljaild.sandbox.frames import (
     MAX_FRAME_BYTES,
     MAX_FRAME_CONTAINERS,
     MAX_FRAMES_PER_CALL,

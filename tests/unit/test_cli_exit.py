@@ -7,11 +7,11 @@ from tooljail.errors import (
     JournalUnavailableError,
     ToolNotFoundError,
 )
-from tooljaild.cli import EXIT_UNAVAILABLE, EXIT_USAGE, _refused
+from tooljaild.cli.common import EXIT_UNAVAILABLE, EXIT_USAGE, refused
 
 
 def test_a_daemon_that_cannot_record_calls_is_unavailable_not_a_usage_error() -> None:
     journal = JournalUnavailableError("the journal /x is full", reason="full")
-    assert _refused(journal) == EXIT_UNAVAILABLE
-    assert _refused(DaemonUnavailableError("no daemon")) == EXIT_UNAVAILABLE
-    assert _refused(ToolNotFoundError("no tool 'x'")) == EXIT_USAGE
+    assert refused(journal) == EXIT_UNAVAILABLE
+    assert refused(DaemonUnavailableError("no daemon")) == EXIT_UNAVAILABLE
+    assert refused(ToolNotFoundError("no tool 'x'")) == EXIT_USAGE

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from tooljaild.config import ConfigError, Settings, load_settings
+from tooljaild.settings.config import ConfigError, Settings, load_settings
 
 
 def _nested_models(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel]]]:

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tooljail import StreamKind
-from tooljaild.sandbox.base import Limits, RunOutcome, RunRequest, SandboxError, Termination
+from tooljaild.sandbox.base import RunOutcome, RunRequest, SandboxError, Termination
 from tooljaild.sandbox.docker import (
     LABEL_DAEMON,
     LABEL_SANDBOX,
@@ -32,14 +32,16 @@ from tooljaild.sandbox.docker import (
     DockerContext,
     DockerEngine,
     DockerSandbox,
-    DockerSandboxConfig,
     EngineUnavailableError,
     ImageMissingError,
+    build_docker_sandbox,
     new_daemon_id,
     remove_own_containers,
     remove_stale_containers,
 )
+from tooljaild.sandbox.docker_engine import engine_for
 from tooljaild.sandbox.isolation import install_runner
+from tooljaild.settings.sandbox import DockerSandboxConfig, Limits
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(120)]
 
@@ -49,7 +51,7 @@ IMAGE = DockerSandboxConfig().image
 @pytest.fixture(scope="module")
 def engine() -> Iterator[DockerEngine]:
     """The local engine, with the python sandbox image; skips saying which is missing."""
-    engine = DockerSandboxConfig().engine()
+    engine = engine_for(DockerSandboxConfig())
     try:
         client = engine.connect()
     except EngineUnavailableError as exc:
@@ -96,7 +98,7 @@ async def make(context: DockerContext) -> AsyncIterator[Factory]:
     boxes: list[DockerSandbox] = []
 
     async def make_one(limits: Limits | None = None, **config: Any) -> DockerSandbox:
-        box = DockerSandboxConfig(**config).build(context, limits)
+        box = build_docker_sandbox(DockerSandboxConfig(**config), context, limits)
         boxes.append(box)
         await box.start()
         return box
@@ -178,7 +180,7 @@ async def test_yields_of_a_generator_tool(make: Factory, context: DockerContext)
     )
     module.chmod(0o644)
     shared = dataclasses.replace(context, shared_dirs=(tools,))
-    box = DockerSandboxConfig().build(shared)
+    box = build_docker_sandbox(DockerSandboxConfig(), shared)
     try:
         await box.start()
         chunks: list[bytes] = []
@@ -455,8 +457,8 @@ async def test_no_engine_fails_fast_and_says_how_to_start_one(
     try:
         for host in ("unix:///nonexistent/docker.sock", f"unix://{silent_path}"):
             config = DockerSandboxConfig(docker_host=host, connect_timeout_s=1.0)
-            engine = config.engine()
-            box = config.build(dataclasses.replace(context, engine=engine))
+            engine = engine_for(config)
+            box = build_docker_sandbox(config, dataclasses.replace(context, engine=engine))
             t0 = time.monotonic()
             with pytest.raises(EngineUnavailableError) as caught:
                 await box.start()
@@ -479,7 +481,9 @@ async def test_missing_image_says_how_to_build_it(make: Factory, engine: DockerE
 async def test_a_start_that_fails_halfway_leaves_nothing(
     context: DockerContext, engine: DockerEngine
 ) -> None:
-    box = DockerSandboxConfig(python="/nonexistent/python3", start_timeout_s=10).build(context)
+    box = build_docker_sandbox(
+        DockerSandboxConfig(python="/nonexistent/python3", start_timeout_s=10), context
+    )
     with pytest.raises(SandboxError):
         await box.start()
     assert containers_of(engine, box) == []
@@ -492,7 +496,7 @@ async def test_a_cancelled_start_leaves_nothing(
     # At several points of the start (a start takes ~0.3 s here): whichever
     # request or wait the cancel lands in, close() finds and removes the container.
     for delay in (0.0, 0.01, 0.05, 0.1, 0.2, 0.25):
-        box = DockerSandboxConfig().build(context)
+        box = build_docker_sandbox(DockerSandboxConfig(), context)
         task = asyncio.create_task(box.start())
         await asyncio.sleep(delay)
         task.cancel()

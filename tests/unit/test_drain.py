@@ -1,11 +1,11 @@
-"""A drained daemon listens on while clients still send new work (`tooljaild.drain`)."""
+"""A drained daemon listens on while clients still send new work (`tooljaild.edge.drain`)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from tooljaild.drain import Refusals
+from tooljaild.edge.drain import Refusals
 
 
 async def _timed(refusals: Refusals, limit_s: float, quiet_s: float) -> float:

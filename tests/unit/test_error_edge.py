@@ -20,13 +20,13 @@ from tooljail.errors import (
     ToolNotFoundError,
 )
 from tooljail.v1 import tooljail_pb2 as pb
-from tooljaild.config import ConfigError
-from tooljaild.daemon import DaemonError
-from tooljaild.errors import STATUS_BY_ERROR, status_for, wire_error
-from tooljaild.images import ImageError
-from tooljaild.journal import JournalError
+from tooljaild.app.errors import DaemonError
+from tooljaild.edge.errors import STATUS_BY_ERROR, status_for, wire_error
+from tooljaild.journal.store import JournalError
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.images.build import ImageError
 from tooljaild.sandbox.isolation import IsolationError
+from tooljaild.settings.config import ConfigError
 
 
 def _proto_codes() -> set[str]:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild import cli, extras
+from tooljaild import cli
+from tooljaild.cli import extras
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -68,14 +69,20 @@ def test_the_cli_imports_only_the_stdlib_and_stdlib_only_modules_at_module_level
     Module level only: the handlers import the daemon's modules when they run.
     """
     cli_modules = (
-        "cli",
-        "cli_sessions",
-        "cli_artifacts",
-        "cli_credentials",
-        "extras",
-        "sandbox/kinds",
+        "cli/__init__",
+        "cli/common",
+        "cli/serve",
+        "cli/calls",
+        "cli/host",
+        "cli/approvals",
+        "cli/mcp",
+        "cli/sessions",
+        "cli/artifacts",
+        "cli/credentials",
+        "cli/extras",
+        "settings/sandbox",
     )
-    ours = {f"tooljaild.{m.replace('/', '.')}" for m in cli_modules}
+    ours = {f"tooljaild.{m.replace('/__init__', '').replace('/', '.')}" for m in cli_modules}
     for module in cli_modules:
         tree = ast.parse((ROOT / "daemon" / "tooljaild" / f"{module}.py").read_text())
         for node in tree.body:
@@ -87,7 +94,8 @@ def test_the_cli_imports_only_the_stdlib_and_stdlib_only_modules_at_module_level
                 else []
             )
             for name in names:
-                allowed = name in ours or name.startswith("tooljail.")  # the SDK: always there
+                # The SDK and its own dependency pydantic: always there (settings are pydantic).
+                allowed = name in ours or name.startswith(("tooljail.", "pydantic"))
                 assert allowed or name.split(".")[0] in sys.stdlib_module_names, (
                     f"tooljaild/{module}.py imports {name} at module level"
                 )

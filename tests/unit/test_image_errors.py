@@ -7,7 +7,7 @@ trust (a full build takes minutes: this checks the words, not docker).
 
 from __future__ import annotations
 
-from tooljaild.images import explain_failure
+from tooljaild.sandbox.images.build import explain_failure
 
 ENGINE = "The command '/bin/sh -c set -eux; ...' returned a non-zero code: 1"
 PIP_TAIL = [

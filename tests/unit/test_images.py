@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from docker.errors import APIError, ImageNotFound
 
-from tooljaild import cli, image_base, images
-from tooljaild.doctor import check_docker
-from tooljaild.images import ImageSpec, State
+from tooljaild import cli
+from tooljaild.cli.doctor import check_docker
+from tooljaild.sandbox.images import base as image_base
+from tooljaild.sandbox.images import build as images
+from tooljaild.sandbox.images.build import ImageSpec, State
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_ENGINE = "unix:///nonexistent/docker.sock"
@@ -68,7 +70,7 @@ class FakeAPI:
 
 
 class FakeEngine:
-    """The slice of `docker.DockerClient` that tooljaild.images uses."""
+    """The slice of `docker.DockerClient` that tooljaild.sandbox.images.build uses."""
 
     def __init__(self, *, registry: bool = True) -> None:
         self.store: dict[str, FakeImage] = {}
@@ -211,16 +213,16 @@ def test_build_on_the_registry_base_then_nothing(spec: ImageSpec) -> None:
     lines: list[str] = []
     result = images.build(engine, "t", log=lines.append)
 
-    assert result.built and result.base == images.REGISTRY_BASE
+    assert result.built and result.base == image_base.REGISTRY_BASE
     assert result.status.state is State.CURRENT
-    assert engine.pulls == [images.REGISTRY_BASE]
+    assert engine.pulls == [image_base.REGISTRY_BASE]
     (call,) = engine.builds
     assert call["path"] == str(spec.directory)
-    assert call["buildargs"] == {"SCIENTIFIC": "0", "BASE": images.REGISTRY_BASE}
+    assert call["buildargs"] == {"SCIENTIFIC": "0", "BASE": image_base.REGISTRY_BASE}
     assert call["labels"] == {
         images.LABEL_IMAGE: "t",
         images.LABEL_HASH: digest(spec),
-        images.LABEL_BASE: images.REGISTRY_BASE,
+        images.LABEL_BASE: image_base.REGISTRY_BASE,
     }
     assert call["nocache"] is False and call["pull"] is False
     assert engine.store["tooljail/t:latest"] is engine.store[result.status.tag]
@@ -286,36 +288,36 @@ def test_build_failure_shows_the_last_log_lines(spec: ImageSpec) -> None:
 
 def test_a_present_registry_base_is_used_without_a_pull() -> None:
     engine = FakeEngine()
-    engine.store[images.REGISTRY_BASE] = FakeImage("sha256:slim")
-    assert images.ensure_base(engine, log=lambda _: None) == images.REGISTRY_BASE
+    engine.store[image_base.REGISTRY_BASE] = FakeImage("sha256:slim")
+    assert image_base.ensure_base(engine, log=lambda _: None) == image_base.REGISTRY_BASE
     assert engine.pulls == []
 
 
 def test_without_a_registry_an_offline_base_built_before_is_reused() -> None:
     engine = FakeEngine(registry=False)
-    offline = f"{images.OFFLINE_REPOSITORY}:"
+    offline = f"{image_base.OFFLINE_REPOSITORY}:"
     engine.store[offline + _recipe_hash()] = FakeImage("sha256:debootstrapped")
     lines: list[str] = []
-    assert images.ensure_base(engine, log=lines.append) == offline + _recipe_hash()
+    assert image_base.ensure_base(engine, log=lines.append) == offline + _recipe_hash()
     assert any("cannot pull debian:bookworm-slim" in line for line in lines)
 
 
 def _recipe_hash() -> str:
     import hashlib
 
-    return hashlib.sha256(images.OFFLINE_RECIPE.encode()).hexdigest()[:12]
+    return hashlib.sha256(image_base.OFFLINE_RECIPE.encode()).hexdigest()[:12]
 
 
 def test_a_pull_that_hangs_counts_as_no_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     engine = FakeEngine()
     engine.pull_gate.clear()  # the pull never answers
-    engine.store[f"{images.OFFLINE_REPOSITORY}:{_recipe_hash()}"] = FakeImage("sha256:b")
+    engine.store[f"{image_base.OFFLINE_REPOSITORY}:{_recipe_hash()}"] = FakeImage("sha256:b")
     monkeypatch.setattr(image_base, "PULL_TIMEOUT_S", 0.1)
     lines: list[str] = []
     start = time.monotonic()
-    base = images.ensure_base(engine, log=lines.append)
+    base = image_base.ensure_base(engine, log=lines.append)
     assert time.monotonic() - start < 5
-    assert base.startswith(images.OFFLINE_REPOSITORY)
+    assert base.startswith(image_base.OFFLINE_REPOSITORY)
     assert any("no registry answered within" in line for line in lines)
     engine.pull_gate.set()
 
@@ -325,14 +327,14 @@ def test_offline_base_without_debootstrap_says_what_to_install(
 ) -> None:
     monkeypatch.setattr(image_base.shutil, "which", lambda _: None)
     with pytest.raises(images.ImageError, match=r"apt-get install debootstrap.*debian:bookworm"):
-        images.ensure_base(FakeEngine(registry=False), log=lambda _: None)
+        image_base.ensure_base(FakeEngine(registry=False), log=lambda _: None)
 
 
 def test_offline_base_needs_root(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(image_base.shutil, "which", lambda _: "/usr/sbin/debootstrap")
     monkeypatch.setattr(image_base.os, "geteuid", lambda: 1000)
     with pytest.raises(images.ImageError, match=r"needs root.*sudo tooljail images build"):
-        images.ensure_base(FakeEngine(registry=False), log=lambda _: None)
+        image_base.ensure_base(FakeEngine(registry=False), log=lambda _: None)
 
 
 def test_trim_never_follows_a_symlink_out_of_the_tree(tmp_path: Path) -> None:
@@ -352,7 +354,7 @@ def test_trim_never_follows_a_symlink_out_of_the_tree(tmp_path: Path) -> None:
     (rootfs / "var/lib/apt/lists").mkdir(parents=True)
     (rootfs / "var/lib/apt/lists/deb.debian.org_Packages").write_text("")
 
-    images._trim(rootfs)
+    image_base._trim(rootfs)
 
     assert (host / "precious").read_text() == "keep"
     assert sorted(p.name for p in (doc / "bash").iterdir()) == ["copyright"]
@@ -363,7 +365,7 @@ def test_trim_never_follows_a_symlink_out_of_the_tree(tmp_path: Path) -> None:
 
 
 def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
-    assert images.debian_mirror(tmp_path) == images.DEFAULT_MIRROR
+    assert image_base.debian_mirror(tmp_path) == image_base.DEFAULT_MIRROR
     (tmp_path / "sources.list.d").mkdir()
     (tmp_path / "sources.list.d/debian.sources").write_text(
         "Types: deb\n# http://snapshot.debian.org/archive/debian/2025\n"
@@ -372,14 +374,14 @@ def test_debian_mirror_from_deb822_and_one_line_sources(tmp_path: Path) -> None:
         "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\n"
         "Components: main contrib\n"
     )
-    assert images.debian_mirror(tmp_path) == "http://mirror.example/debian"
+    assert image_base.debian_mirror(tmp_path) == "http://mirror.example/debian"
     (tmp_path / "sources.list").write_text(
         "# deb http://commented.example/debian bookworm main\n"
         "deb https://packages.cloud.google.com/apt cloud-sdk-bookworm main\n"
         "deb [signed-by=/usr/share/keyrings/k.gpg arch=amd64] http://first.example/debian "
         "bookworm main\n"
     )
-    assert images.debian_mirror(tmp_path) == "http://first.example/debian"
+    assert image_base.debian_mirror(tmp_path) == "http://first.example/debian"
 
 
 # ---------------------------------------------------------------------- no engine

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tooljail import CallState, CallStatus, Effect, ToolResult
-from tooljaild.journal import (
+from tooljaild.journal.store import (
     LOST_MESSAGE,
     WAL_SIZE_LIMIT,
     Journal,
@@ -220,7 +220,7 @@ def test_recover_marks_unfinished_calls_lost_and_leaves_finished_ones(path: Path
 CRASHING_WRITER = """
 import os, signal, sys
 from tooljail import CallState
-from tooljaild.journal import Journal
+from tooljaild.journal.store import Journal
 
 journal = Journal.open(sys.argv[1])
 def admit(call_id):

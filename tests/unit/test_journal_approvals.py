@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tooljail import CallState, Effect
-from tooljaild.journal import LOST_MESSAGE, LOST_WAITING_MESSAGE, Journal
+from tooljaild.journal.store import LOST_MESSAGE, LOST_WAITING_MESSAGE, Journal
 
 
 def _admit(journal: Journal, call_id: str) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild.journal import Journal, JournalError
+from tooljaild.journal.store import Journal, JournalError
 
 
 def _mode(path: Path) -> int:

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from tooljail import CallState, CallStatus, Effect, ToolResult
-from tooljaild import journal_file
-from tooljaild.journal import Journal, JournalEntry, JournalError
-from tooljaild.journal_file import APPLICATION_ID, SCHEMA_VERSION
+from tooljaild.journal import file as journal_file
+from tooljaild.journal.file import APPLICATION_ID, SCHEMA_VERSION
+from tooljaild.journal.store import Journal, JournalEntry, JournalError
 
 CALLS_DDL_V2 = """CREATE TABLE calls (
     call_id TEXT NOT NULL PRIMARY KEY,

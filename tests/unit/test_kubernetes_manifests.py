@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tooljaild.config import Settings, load_settings
+from tooljaild.settings.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -261,7 +261,7 @@ def test_the_configmap_loads_with_the_daemons_settings_model(rendered: list[Obj]
 
 
 def test_a_misspelt_key_in_the_configmap_fails_to_load(rendered: list[Obj]) -> None:
-    from tooljaild.config import ConfigError
+    from tooljaild.settings.config import ConfigError
 
     text = _one(rendered, "ConfigMap")["data"]["tooljail.toml"]
     broken = text.replace("shutdown_grace_s =", "shutdown_grace =", 1)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild import listen
-from tooljaild.daemon import DaemonError
-from tooljaild.listen import prepare_socket, private_dir_problem
+from tooljaild.app import listen
+from tooljaild.app.errors import DaemonError
+from tooljaild.app.listen import prepare_socket, private_dir_problem
+from tooljaild.settings import addresses
 
 NOBODY = pwd.getpwnam("nobody").pw_uid
 ME = 4242
@@ -176,7 +177,7 @@ def test_publishing_never_replaces_a_socket_someone_put_there(tmp_path: Path) ->
 
 def test_the_default_daemon_id_is_the_hostname_and_the_port_or_socket_path() -> None:
     host = socket.gethostname()
-    assert listen.default_daemon_id("127.0.0.1:0", 43210) == f"{host}:43210"
-    assert listen.default_daemon_id("[::1]:7070", 7070) == f"{host}:7070"
-    assert listen.default_daemon_id("unix:///run/tj/a.sock", 0) == f"{host}:/run/tj/a.sock"
-    assert listen.default_daemon_id("unix:/run/tj/b.sock", 0) == f"{host}:/run/tj/b.sock"
+    assert addresses.default_daemon_id("127.0.0.1:0", 43210) == f"{host}:43210"
+    assert addresses.default_daemon_id("[::1]:7070", 7070) == f"{host}:7070"
+    assert addresses.default_daemon_id("unix:///run/tj/a.sock", 0) == f"{host}:/run/tj/a.sock"
+    assert addresses.default_daemon_id("unix:/run/tj/b.sock", 0) == f"{host}:/run/tj/b.sock"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from tooljaild.logs import JsonFormatter
+from tooljaild.app.logs import JsonFormatter
 
 
 def test_log_lines_are_json_and_extras_never_hide_the_level() -> None:

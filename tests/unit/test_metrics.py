@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tooljail._types import CallStatus, ToolError, ToolResult
-from tooljaild.metrics import Metrics, ending_of, split_listen
+from tooljaild.app.metrics import Metrics, ending_of, split_listen
 
 
 def result(status: CallStatus, error_type: str | None = None) -> ToolResult:

@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 
 from tooljail.errors import InvalidArgumentsError
-from tooljaild.config import ConfigError, Settings, load_settings
-from tooljaild.in_daemon import DaemonCall, Services, ToolFailure
-from tooljaild.object_storage import (
-    StorageSettings,
-    _credentials,
-    _key,
-    check_upload_arguments,
-    upload_file,
-)
+from tooljaild.settings.config import ConfigError, Settings, load_settings
+from tooljaild.settings.storage import StorageSettings
+from tooljaild.tools.builtin.upload import _credentials, _key, check_upload_arguments, upload_file
+from tooljaild.tools.in_daemon import DaemonCall, Services, ToolFailure
 
 
 def test_the_storage_table_loads_and_refuses_typos(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tooljaild.auth.policy import Identity
-from tooljaild.config import Settings
+from tooljaild.settings.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "operations.md"

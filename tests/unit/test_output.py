@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from tooljail import StreamKind
-from tooljaild.output import EVENT_OVERHEAD_BYTES, EventLog, HeadTail
+from tooljaild.calls.output import EVENT_OVERHEAD_BYTES, EventLog, HeadTail
 
 
 def test_head_tail_keeps_everything_under_the_limit() -> None:

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tooljail import StreamKind
-from tooljaild.sandbox.base import Limits, RunOutcome, RunRequest, Termination
+from tooljaild.sandbox.base import RunOutcome, RunRequest, Termination
 from tooljaild.sandbox.isolation import Isolation, install_runner, resolve, sandbox_python
-from tooljaild.sandbox.process import ProcessSandbox, ProcessSandboxConfig, SandboxContext
+from tooljaild.sandbox.process import ProcessSandbox, SandboxContext, build_process_sandbox
+from tooljaild.settings.sandbox import Limits, ProcessSandboxConfig
 
 NO_NAMESPACES = resolve("none")
 NAMESPACES = resolve("best-effort", use_cgroups=False)
@@ -34,7 +35,7 @@ def build(tmp_path: Path, iso: Isolation, python: str | None = None) -> ProcessS
     context = SandboxContext(
         workspace_root=root / "ws", runner_dir=install_runner(root), isolation=iso
     )
-    return config.build(context, Limits())
+    return build_process_sandbox(config, context, Limits())
 
 
 async def started(tmp_path: Path, iso: Isolation) -> ProcessSandbox:

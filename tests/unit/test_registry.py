@@ -12,16 +12,10 @@ from pydantic import ValidationError
 
 from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import collect_tools, tool
-from tooljaild.registry import (
-    BUILTIN_TOOLS,
-    Registry,
-    Tool,
-    ToolOptions,
-    build_user_tools,
-    find_tool_files,
-    validate_arguments,
-)
-from tooljaild.workspace_tools import WORKSPACE_TOOL_NAMES
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
+from tooljaild.tools.builtin.workspace import WORKSPACE_TOOL_NAMES
+from tooljaild.tools.loader import build_user_tools, find_tool_files
+from tooljaild.tools.registry import Registry, Tool, ToolOptions, validate_arguments
 
 
 def _user_tool(func: Any, file: str = "tools.py") -> Tool:
@@ -94,7 +88,7 @@ def test_tool_options_accept_kill_after_past_timeout() -> None:
 
 
 def test_builtins_are_served_with_closed_schemas() -> None:
-    registry = Registry()
+    registry = Registry(builtins=BUILTIN_TOOLS)
     names = [t.name for t in registry.tools()]
     assert names == [
         "execute_python_code",
@@ -117,7 +111,7 @@ def test_builtins_are_served_with_closed_schemas() -> None:
 
 
 def test_tool_info_for_the_sdk() -> None:
-    info = Registry().get("execute_python_code_stream").info()
+    info = Registry(builtins=BUILTIN_TOOLS).get("execute_python_code_stream").info()
     assert info.name == "execute_python_code_stream"
     assert info.streaming is True
     assert info.source == "builtin"
@@ -345,7 +339,7 @@ def test_duplicate_names_serve_the_first_only() -> None:
             {"file": "b.py", "specs": [_spec(), _spec(name="execute_python_code")]},
         ]
     )
-    registry = Registry(tools)
+    registry = Registry(tools, builtins=BUILTIN_TOOLS)
 
     assert registry.get("echo").file == "a.py"
     assert registry.get("execute_python_code").source == "builtin"
@@ -366,7 +360,7 @@ def test_registry_keeps_load_diagnostics() -> None:
 
 
 def test_unknown_tool_suggests_a_close_name() -> None:
-    registry = Registry()
+    registry = Registry(builtins=BUILTIN_TOOLS)
     with pytest.raises(ToolNotFoundError) as info:
         registry.get("execute_python")
     message = info.value.message
@@ -379,7 +373,7 @@ def test_unknown_tool_suggests_a_close_name() -> None:
 def test_tool_limits_are_checked_when_the_tool_loads() -> None:
     from pydantic import ValidationError
 
-    from tooljaild.registry import ToolOptions
+    from tooljaild.tools.registry import ToolOptions
 
     assert ToolOptions(limits={"cpu_s": 5}).limits == {"cpu_s": 5}
     with pytest.raises(ValidationError, match="unknown limit cpu_seconds"):

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from tooljail.errors import TooljailError, UnauthenticatedError
-from tooljaild.auth.authenticator import Authenticator
+from tooljaild.app.reload import LIVE_SETTINGS, Reloader, compare
 from tooljaild.auth.policy import Identity, load_identities
-from tooljaild.auth.transport import ListenerSecurity, SocketPermissions, tls_digest
-from tooljaild.config import Settings
-from tooljaild.registry import Registry, Tool
-from tooljaild.reload import LIVE_SETTINGS, Reloader, compare
+from tooljaild.edge.authenticator import Authenticator
+from tooljaild.edge.transport import ListenerSecurity, SocketPermissions, tls_digest
+from tooljaild.settings.config import Settings
+from tooljaild.tools.registry import Registry, Tool
 
 
 def settings(**values: object) -> Settings:
@@ -101,7 +101,7 @@ async def test_a_reload_applies_tools_and_live_settings_and_names_what_needs_a_r
     daemon = Recorder(settings(), Registry(builtins=(tool("old"),)))
     new_tools = Registry(builtins=(tool("new"),))
     read = settings(max_timeout_s=500.0, pool_size=9)
-    with caplog.at_level(logging.INFO, logger="tooljaild.reload"):
+    with caplog.at_level(logging.INFO, logger="tooljaild.app.reload"):
         assert await reloader(daemon, read, new_tools).reload()
     assert daemon.registry is new_tools
     assert daemon.settings.max_timeout_s == 500.0 and daemon.settings.pool_size == 4
@@ -214,7 +214,7 @@ async def test_a_reload_reads_the_tokens_file_again_and_new_requests_see_it(
         _identity("y", TOKEN_Y, tools='["execute_python_code"]', max_concurrent_calls=2)
         + _identity("keep", "k", max_sessions=3)
     )
-    with caplog.at_level(logging.INFO, logger="tooljaild.reload"):
+    with caplog.at_level(logging.INFO, logger="tooljaild.app.reload"):
         assert await served.reload()
     assert who(served.auth, TOKEN_X) is None  # revoked: refused from now on
     y = who(served.auth, TOKEN_Y)
@@ -256,7 +256,7 @@ async def test_a_bad_tokens_file_keeps_the_identities_in_force_and_says_why_with
         served.tokens.write_bytes(text)
     elif text is not None:
         served.tokens.write_text(text)
-    with caplog.at_level(logging.INFO, logger="tooljaild.reload"):
+    with caplog.at_level(logging.INFO, logger="tooljaild.app.reload"):
         assert not await served.reload()
     x = who(served.auth, TOKEN_X)
     assert x is not None and x.name == "x"  # the old identities serve on

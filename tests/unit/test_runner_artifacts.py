@@ -27,8 +27,8 @@ import pytest
 
 from tests.unit.test_process_sandbox import NAMESPACES, build, run
 from tooljail import StreamKind
+from tooljaild.sandbox.frames import CallFrames
 from tooljaild.sandbox.isolation import install_runner
-from tooljaild.sandbox.runner_channel import CallFrames
 
 Frame = dict[str, Any]
 

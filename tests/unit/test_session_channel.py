@@ -21,11 +21,12 @@ import pytest
 from tests.unit.test_docker_sandbox import Factory, context, engine, make  # noqa: F401
 from tests.unit.test_process_sandbox import NAMESPACES, alive, build
 from tooljail import StreamKind
-from tooljaild.sandbox.base import Limits, RunRequest, Termination
+from tooljaild.sandbox.base import RunRequest, Termination
 from tooljaild.sandbox.isolation import resolve
-from tooljaild.sandbox.process import ProcessSandbox, zygote_for
+from tooljaild.sandbox.process import ProcessSandbox, build_process_sandbox, zygote_for
 from tooljaild.sandbox.runner_channel import RunnerSandbox
 from tooljaild.sandbox.session_channel import SessionCallEnd, SessionSandbox
+from tooljaild.settings.sandbox import Limits
 
 Output = dict[StreamKind, bytes]
 Opener = Callable[..., Awaitable[SessionSandbox]]
@@ -80,7 +81,7 @@ async def open_session(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     async def open_one(
         keep_processes: bool = False, limits: Limits | None = None
     ) -> SessionSandbox:
-        box = config.build(sandboxes, limits or Limits())
+        box = build_process_sandbox(config, sandboxes, limits or Limits())
         await box.start()
         session = await SessionSandbox.open(
             box,

@@ -11,7 +11,7 @@ from types import ModuleType
 
 from pydantic import BaseModel
 
-from tooljaild.config import Settings
+from tooljaild.settings.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gen_settings_doc.py"

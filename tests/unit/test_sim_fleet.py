@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from tooljaild.config import Settings
+from tooljaild.settings.config import Settings
 
 SIM_PATH = Path(__file__).resolve().parents[2] / "bench" / "sim_fleet.py"
 

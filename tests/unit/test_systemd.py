@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild.systemd import Notifier
+from tooljaild.app.systemd import Notifier
 
 
 @pytest.fixture
@@ -136,8 +136,8 @@ async def test_a_reload_while_stopping_says_nothing_to_systemd(
 ) -> None:
     from types import SimpleNamespace
 
-    from tooljaild.config import Settings
-    from tooljaild.daemon import Daemon
+    from tooljaild.app.daemon import Daemon
+    from tooljaild.settings.config import Settings
 
     sock, address = listener
     daemon = Daemon(Settings(state_dir=tmp_path), notifier=Notifier({"NOTIFY_SOCKET": address}))

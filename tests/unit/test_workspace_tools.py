@@ -9,15 +9,16 @@ from typing import Any
 import pytest
 
 from tooljail.errors import InvalidArgumentsError
-from tooljaild.builtin_tools import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
 from tooljaild.calls import terms
-from tooljaild.config import Settings
-from tooljaild.registry import Registry, build_user_tools
 from tooljaild.runner import _workspace
 from tooljaild.sandbox.backends import Promises
-from tooljaild.sandbox.base import Limits
-from tooljaild.sandbox.runner_channel import _result_problem
-from tooljaild.workspace_tools import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
+from tooljaild.sandbox.frames import _result_problem
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
+from tooljaild.tools.builtin.workspace import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
+from tooljaild.tools.loader import build_user_tools
+from tooljaild.tools.registry import Registry
 
 NAMES = (
     "ls",
@@ -169,7 +170,7 @@ def test_a_user_tool_named_like_a_workspace_tool_is_shadowed_with_a_diagnostic()
         "style": "decorator",
     }
     tools, _ = build_user_tools([{"file": "mine.py", "specs": [spec], "problems": []}])
-    registry = Registry(tools)
+    registry = Registry(tools, builtins=BUILTIN_TOOLS)
     assert registry.get("read_file").source == "builtin"
     duplicates = [d for d in registry.diagnostics if d.code == "duplicate_name"]
     assert [(d.file, d.tool) for d in duplicates] == [("mine.py", "read_file")]

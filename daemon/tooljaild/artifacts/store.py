@@ -45,14 +45,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tooljail._types import ArtifactInfo, ArtifactRef
 from tooljail.errors import (
     ArtifactGoneError,
     ArtifactNotFoundError,
     InvalidRequestError,
     TooljailError,
 )
-from tooljaild.artifacts.settings import ArtifactSettings
+from tooljail.types import ArtifactInfo, ArtifactRef
+from tooljaild.settings.artifacts import ArtifactSettings
 
 __all__ = [
     "CHUNK_BYTES",

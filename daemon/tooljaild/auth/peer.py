@@ -2,7 +2,7 @@
 
 gRPC's Python server never shows a Unix peer's credentials (its auth context is
 empty there, and `context.peer()` of a Unix connection is "unix:"). So the
-daemon's own relay (`tooljaild.relay`) accepts each connection on the public
+daemon's own relay (`tooljaild.app.relay`) accepts each connection on the public
 socket, reads the peer's uid with `SO_PEERCRED`, and relays the connection to
 gRPC's private socket (in a 0700 directory only the daemon's uid reaches) from
 a socket bound to an abstract address that names that uid:

@@ -19,16 +19,16 @@ import re
 from collections import Counter, OrderedDict, deque
 from typing import Any
 
-from tooljail._errors import (
+from tooljail.errors import (
     CallIdConflictError,
     CallNotFoundError,
     InvalidRequestError,
     OverloadedError,
 )
-from tooljail._types import CallState
+from tooljail.types import CallState
 from tooljaild.calls.call import Call, Once, StopReason
-from tooljaild.config import Settings
-from tooljaild.registry import Tool
+from tooljaild.settings.config import Settings
+from tooljaild.tools.registry import Tool
 
 CALL_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 

@@ -41,18 +41,18 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._types import CallState, CallStatus, StreamKind, ToolError, ToolResult
 from tooljail.errors import (
     InvalidRequestError,
     NotAwaitingApprovalError,
     OverloadedError,
     PermissionDeniedError,
 )
+from tooljail.types import CallState, CallStatus, StreamKind, ToolError, ToolResult
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results
 from tooljaild.calls.call import Call, StopReason
-from tooljaild.journal import Journal, JournalError
-from tooljaild.output import Event
+from tooljaild.calls.output import Event
+from tooljaild.journal.store import Journal, JournalError
 
 log = logging.getLogger(__name__)
 

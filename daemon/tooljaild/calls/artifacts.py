@@ -42,7 +42,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tooljail._types import ArtifactRef, StreamKind
+from tooljail.types import ArtifactRef, StreamKind
 from tooljaild.artifacts.store import (
     ArtifactQuotaError,
     ArtifactStore,
@@ -50,7 +50,7 @@ from tooljaild.artifacts.store import (
     Origin,
     safe_name,
 )
-from tooljaild.output import HeadTail
+from tooljaild.calls.output import HeadTail
 from tooljaild.sandbox.base import ArtifactPart
 
 log = logging.getLogger(__name__)

@@ -24,14 +24,15 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
-from tooljail._types import ArtifactRef, CallInfo, CallState, StreamKind, ToolResult
+from tooljail.types import ArtifactRef, CallInfo, CallState, StreamKind, ToolResult
 from tooljaild.artifacts.store import ArtifactStore, Origin
 from tooljaild.calls.artifacts import CallArtifacts
-from tooljaild.config import Settings
-from tooljaild.journal import JournalEntry
-from tooljaild.output import Event, EventLog, HeadTail
-from tooljaild.registry import Tool
-from tooljaild.sandbox.base import Limits, RunRequest
+from tooljaild.calls.output import Event, EventLog, HeadTail
+from tooljaild.journal.store import JournalEntry
+from tooljaild.sandbox.base import RunRequest
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.registry import Tool
 
 T = TypeVar("T")
 

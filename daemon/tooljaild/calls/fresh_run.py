@@ -19,7 +19,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._types import ToolResult
+from tooljail.types import ToolResult
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import Slots, take_slot
 from tooljaild.calls.call import Call, StopReason

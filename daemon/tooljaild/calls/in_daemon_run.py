@@ -1,4 +1,4 @@
-"""Running one call of an in-daemon built-in (`tooljaild.in_daemon`): its handler,
+"""Running one call of an in-daemon built-in (`tooljaild.tools.in_daemon`): its handler,
 awaited within the call's timeout; a timeout or a stop cancels it.
 
 Its outcome reads as a user tool's: a value is the result's data (offloaded when
@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
-from tooljail._types import Effect, ToolError, ToolResult
 from tooljail.errors import TooljailError
+from tooljail.types import Effect, ToolError, ToolResult
 from tooljaild.calls import results
 from tooljaild.calls.call import Call, StopReason
-from tooljaild.in_daemon import DaemonCall, Handler, ToolFailure
 from tooljaild.sandbox.base import RunOutcome, Termination
+from tooljaild.tools.in_daemon import DaemonCall, Handler, ToolFailure
 
 
 async def run_in_daemon(call: Call, handler: Handler, work: DaemonCall) -> ToolResult:

@@ -22,8 +22,8 @@ import contextlib
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tooljail._types import ToolResult
 from tooljail.errors import SessionEndedError
+from tooljail.types import ToolResult
 from tooljaild.calls import results, terms
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import SandboxError

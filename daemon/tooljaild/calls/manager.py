@@ -16,9 +16,6 @@ Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
 identity's bound on such calls; approved, it counts in as any other.
-
-It is over 500 lines because admission, the journal's records and the end of a
-call are shared by those three paths, and each path's task is here.
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from tooljail._types import CallState, ToolInfo, ToolResult
 from tooljail.errors import (
     InvalidRequestError,
     SessionNotFoundError,
@@ -43,8 +39,8 @@ from tooljail.errors import (
     TooljailError,
     ToolNotFoundError,
 )
+from tooljail.types import CallState, ToolInfo, ToolResult
 from tooljaild.auth.policy import Identity
-from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls import results, terms
 from tooljaild.calls.admission import (
     Admission,
@@ -58,15 +54,17 @@ from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
-from tooljaild.config import Settings
-from tooljaild.in_daemon import DaemonCall, Handler, Services
-from tooljaild.journal import Journal, JournalError
-from tooljaild.registry import Registry, Tool
-from tooljaild.sandbox.base import Limits, SandboxError
+from tooljaild.journal.store import Journal, JournalError
+from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.builtin.catalog import builtin_run
+from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
+from tooljaild.tools.registry import Registry, Tool
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +156,7 @@ class CallManager:
             max_reason_chars=settings.auth.max_reason_chars,
         )
         self.draining = False
-        # Observers (tooljaild.metrics): each call's end once answered, each refusal's code.
+        # Observers (tooljaild.app.metrics): each call's end once answered, each refusal's code.
         self.on_end: Callable[[Call, ToolResult], None] | None = None
         self.on_refused: Callable[[str], None] | None = None
 
@@ -385,7 +383,7 @@ class CallManager:
     def _submit_in_daemon(
         self, handler: Handler, session_id: str, request: _CheckedRequest
     ) -> Call:
-        """Admit a call of an in-daemon tool (`tooljaild.in_daemon`): no sandbox; it
+        """Admit a call of an in-daemon tool (`tooljaild.tools.in_daemon`): no sandbox; it
         counts as any call, and runs in the in-daemon tools' pool of slots."""
         self._check_room(request)
         session = self._session_named(session_id) if session_id else None

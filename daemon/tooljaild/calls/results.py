@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tooljail._types import (
+from tooljail.types import (
     TIMEOUT_MESSAGE,
     CallState,
     CallStatus,
@@ -27,12 +27,12 @@ from tooljail._types import (
     ToolResult,
     Usage,
 )
-from tooljaild.builtin_tools import builtin_run
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.session_channel import LeftRunning, SessionCallEnd
 from tooljaild.sessions.session import END_MESSAGES, Session
-from tooljaild.workspace_tools import NOTHING_PERSISTS
+from tooljaild.tools.builtin.catalog import builtin_run
+from tooljaild.tools.builtin.workspace import NOTHING_PERSISTS
 
 NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
 CANCELLED_MESSAGE = (

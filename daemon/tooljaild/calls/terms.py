@@ -10,12 +10,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._errors import BadTimeoutError, InvalidRequestError
-from tooljail._types import ToolInfo
-from tooljaild.builtin_tools import builtin_run
-from tooljaild.config import Settings
-from tooljaild.registry import Tool, validate_arguments
-from tooljaild.sandbox.base import Limits, RunRequest
+from tooljail.errors import BadTimeoutError, InvalidRequestError
+from tooljail.types import ToolInfo
+from tooljaild.sandbox.base import RunRequest
+from tooljaild.settings.config import Settings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.tools.builtin.catalog import builtin_run
+from tooljaild.tools.registry import Tool, validate_arguments
 
 CHECK_ON_LOOP_BYTES = 64 * 1024
 """Arguments up to this size are decoded and checked on the event loop (well

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tooljaild.sandbox.base import Limits, Sandbox
+from tooljaild.sandbox.base import Sandbox
+from tooljaild.settings.sandbox import Limits
 
 if TYPE_CHECKING:
-    from tooljaild.config import Settings
-    from tooljaild.registry import SandboxProfile
+    from tooljaild.settings.config import Settings
+    from tooljaild.settings.sandbox import SandboxProfile
 
 __all__ = ["Backend", "Host", "Profile", "Promises", "Unusable", "memory_in_words"]
 

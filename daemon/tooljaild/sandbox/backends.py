@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
-
 from tooljaild.sandbox.backend import (
     Backend,
     Host,
@@ -38,28 +36,29 @@ from tooljaild.sandbox.base import Sandbox, SandboxError
 from tooljaild.sandbox.cgroups import cgroup_name_for
 from tooljaild.sandbox.docker import (
     DockerContext,
-    DockerSandboxConfig,
     EngineUnavailableError,
-    image_reference,
+    build_docker_sandbox,
     remove_own_containers,
     remove_stale_containers,
 )
-from tooljaild.sandbox.docker_engine import explain, image_missing_message
+from tooljaild.sandbox.docker_engine import engine_for, explain, image_missing_message
 from tooljaild.sandbox.fake import FakeSandbox
 from tooljaild.sandbox.isolation import Isolation, IsolationError, reachable, sandbox_python
 from tooljaild.sandbox.isolation import resolve as resolve_isolation
-from tooljaild.sandbox.kinds import BackendKind
-from tooljaild.sandbox.process import ProcessSandboxConfig, SandboxContext, zygote_for
+from tooljaild.sandbox.process import SandboxContext, build_process_sandbox, zygote_for
+from tooljaild.settings.sandbox import (
+    DockerSandboxConfig,
+    ProcessSandboxConfig,
+    image_reference,
+)
 
 if TYPE_CHECKING:
-    from tooljaild.config import Settings
-    from tooljaild.registry import SandboxProfile
+    from tooljaild.settings.config import Settings
+    from tooljaild.settings.sandbox import SandboxProfile
 
 __all__ = [
     "BACKENDS",
     "Backend",
-    "BackendKind",
-    "BackendSettings",
     "DockerBackend",
     "FakeBackend",
     "Host",
@@ -71,18 +70,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-class BackendSettings(BaseModel):
-    """The config's backend choice and each backend's own table (mixed into `Settings`)."""
-
-    backend: BackendKind = "process"
-    """The backend of every tool whose sandbox profile names none (the built-ins
-    included): "process" (namespaces on this host) or "docker" (containers)."""
-    sandbox: ProcessSandboxConfig = Field(default_factory=ProcessSandboxConfig)
-    """The process backend's settings."""
-    docker: DockerSandboxConfig = Field(default_factory=DockerSandboxConfig)
-    """The docker backend's settings: image, docker_host, network, ..."""
 
 
 # ---------------------------------------------------------------------- process
@@ -138,7 +125,7 @@ class ProcessBackend(Backend):
         def process_sandbox() -> Sandbox:
             # Read at each build: `warm` may add the zygote after pools exist.
             assert self.context is not None, "prepare() first"
-            return self.python_config.build(self.context, limits)
+            return build_process_sandbox(self.python_config, self.context, limits)
 
         return process_sandbox
 
@@ -211,7 +198,7 @@ class DockerBackend(Backend):
 
     def __init__(self, settings: Settings, host: Host) -> None:
         super().__init__(settings, host)
-        self.engine = settings.docker.engine(on_connect=self._sweep)
+        self.engine = engine_for(settings.docker, on_connect=self._sweep)
         self.context = DockerContext(
             engine=self.engine,
             runner_dir=host.runner_dir,
@@ -248,7 +235,7 @@ class DockerBackend(Backend):
         limits = profile.sandbox_limits(self.settings.limits)
         update = {"image": profile.image, "network": profile.network}
         config = self.settings.docker.model_copy(update=update)
-        return lambda: config.build(self.context, limits)
+        return lambda: build_docker_sandbox(config, self.context, limits)
 
     async def unusable(self, profiles: Iterable[Profile]) -> dict[Profile, Unusable]:
         """Connect to the engine (which sweeps leftovers) and look for the profiles' images."""

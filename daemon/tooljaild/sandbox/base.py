@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tooljail._types import StreamKind, ToolError
 from tooljail.errors import TooljailError
+from tooljail.types import StreamKind, ToolError
+from tooljaild.settings.sandbox import Limits
 
 OutputSink = Callable[[StreamKind, bytes], None]
 """Receives each chunk of output as it is read. Must not block."""
@@ -41,52 +40,6 @@ class ArtifactPart:
 ArtifactSink = Callable[[ArtifactPart], bool]
 """Receives each artifact part as it is read; True when it kept the part whole.
 Must not block for long (a local file write)."""
-
-
-class Limits(BaseModel):
-    """Resource limits of one sandbox. Zero means "no limit of this kind".
-
-    Unknown keys are rejected (a `[limits]` typo is refused at start, by name).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    cpu_s: int = Field(default=600, ge=0)
-    """CPU seconds (RLIMIT_CPU): past it the tool is killed with a CpuLimit error."""
-    memory_bytes: int = Field(default=4 * 1024**3, ge=0)
-    """Address space per process (RLIMIT_AS): allocations past it fail with MemoryError."""
-    nproc: int = Field(default=256, ge=0)
-    """Processes of the sandbox's user (RLIMIT_NPROC; not enforced for root)."""
-    fsize_bytes: int = Field(default=1024**3, ge=0)
-    """Largest file the tool may write (RLIMIT_FSIZE)."""
-    nofile: int = Field(default=256, ge=0)
-    """Open file descriptors per process (RLIMIT_NOFILE)."""
-    output_bytes: int = Field(default=1024**2, ge=1024)
-    """Output kept per call for the result (head and tail); the rest is counted only."""
-    output_limit_bytes: int = Field(default=1024**3, ge=0)
-    """Output a call may write in all (stdout and stderr); past it the tool is
-    stopped: error type OutputLimit. 0: no limit (the result still keeps only
-    head and tail)."""
-    sandbox_memory_bytes: int = Field(default=1024**3, ge=0)
-    """Memory of the whole sandbox, every process and its /tmp together (cgroup);
-    past it the kernel kills the tool: error type OutOfMemory."""
-    sandbox_pids: int = Field(default=256, ge=0)
-    """Processes and threads in the whole sandbox (cgroup pids)."""
-    cpus: float = Field(default=1.0, ge=0)
-    """CPU cores the sandbox may use at once (cgroup cpu quota); 0: no cap."""
-    tmp_bytes: int = Field(default=256 * 1024**2, ge=1024**2)
-    """Size of the sandbox's private /tmp and /dev/shm (RAM-backed, each)."""
-    workspace_bytes: int = Field(default=512 * 1024**2, ge=1024**2)
-    """Disk quota of the workspace (under namespaces: a RAM-backed tmpfs of this size)."""
-
-    def rlimits(self) -> dict[str, int]:
-        return {
-            "cpu_s": self.cpu_s,
-            "memory_bytes": self.memory_bytes,
-            "nproc": self.nproc,
-            "fsize_bytes": self.fsize_bytes,
-            "nofile": self.nofile,
-        }
 
 
 @dataclass(frozen=True)

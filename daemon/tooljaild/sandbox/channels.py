@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tooljail._types import StreamKind
+from tooljail.types import StreamKind
 from tooljaild.sandbox.base import OutputSink
 
 Frame = dict[str, Any]

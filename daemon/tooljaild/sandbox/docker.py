@@ -36,11 +36,12 @@ slow engine never stalls the event loop or the daemon's other threads. The
 engine must share this host's file system (the channel and runner directories
 are bind mounts); a remote DOCKER_HOST is not supported by this backend.
 
-This module is over 500 lines because the backend's config and one
-container's life (create, connect, wait for ready, end, remove) read best
-together; what stands on its own is beside it: the engine and its sweeps
-(`docker_engine`), the pipes' handover (`docker_handover`), the seccomp
-profile (`docker_seccomp`) and a call over the runner channel (`runner_channel`).
+This module is one container's life (create, connect, wait for ready, end,
+remove); what stands on its own is beside it: the backend's settings
+(`settings.sandbox`), the engine and its sweeps (`docker_engine`), the pipes'
+handover (`docker_handover`), the seccomp profile (`docker_seccomp`), its
+memory cgroup's OOM count (`docker_oom`) and a call over the runner channel
+(`runner_channel`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -58,15 +58,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from tooljaild.sandbox.base import (
-    Limits,
-    RunOutcome,
-    SandboxError,
-)
+from tooljaild.sandbox.base import RunOutcome, SandboxError
 from tooljaild.sandbox.docker_engine import (
     CHANNEL_SUBDIR,
     LABEL_DAEMON,
@@ -89,19 +83,16 @@ from tooljaild.sandbox.docker_engine import (
     remove_stale_containers,
 )
 from tooljaild.sandbox.docker_handover import INSIDE_CHANNEL_DIR, INSIDE_SOCKET, Handover
+from tooljaild.sandbox.docker_oom import memory_cgroup, oom_count
+from tooljaild.sandbox.frames import CallFrames
 from tooljaild.sandbox.outcome import outcome_of
-from tooljaild.sandbox.runner_channel import (
-    CallFrames,
-    RunnerPipes,
-    RunnerSandbox,
-    RunnerSpec,
-)
+from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, RunnerSpec
+from tooljaild.settings.sandbox import DockerSandboxConfig, Limits
 
 if TYPE_CHECKING:
     from docker import DockerClient
 
 __all__ = [
-    "DEFAULT_IMAGE",
     "LABEL_DAEMON",
     "LABEL_SANDBOX",
     "LABEL_SANDBOX_ID",
@@ -109,10 +100,8 @@ __all__ = [
     "DockerContext",
     "DockerEngine",
     "DockerSandbox",
-    "DockerSandboxConfig",
     "EngineUnavailableError",
     "ImageMissingError",
-    "image_reference",
     "new_daemon_id",
     "remove_own_containers",
     "remove_stale_containers",
@@ -122,10 +111,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_IMAGE = "tooljail/python:latest"
-TOOLJAIL_REPOSITORY = "tooljail"
-"""Where `tooljail images build NAME` tags its images: `tooljail/NAME:latest`."""
-_IMAGE_REFERENCE = re.compile(r"^[a-z0-9][a-z0-9._/:@+-]{0,254}$", re.IGNORECASE)
 INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
 INSIDE_WORKSPACE = "/workspace"
 
@@ -147,34 +132,6 @@ _RUNNER_SPEC = RunnerSpec(
 # ---------------------------------------------------------------------- config
 
 
-def image_reference(image: str) -> str:
-    """The full image reference a config or tool profile means by `image`.
-
-    A name without "/" names one of tooljail's sandbox images (`tooljail images
-    build NAME`): "python" is "tooljail/python:latest", "python:scientific" is
-    "tooljail/python:scientific". Anything with a "/" is a full reference, used
-    as given ("tooljail/python:latest", "docker.io/library/python:3.12",
-    "registry.example.com/team/tools@sha256:...").
-
-    Raises:
-        ValueError: When `image` cannot be an image reference.
-    """
-    image = image.strip()
-    if not _IMAGE_REFERENCE.match(image) or image.endswith((":", "@", "/")):
-        raise ValueError(
-            f"{image!r} is not an image: use a sandbox image's name (python) or a full "
-            "reference with a '/' (docker.io/library/python:3.12)"
-        )
-    if "/" in image:
-        return image
-    name, _, tag = image.partition(":")
-    if "@" in image:
-        raise ValueError(
-            f"{image!r}: an image digest needs the full reference (tooljail/NAME@sha256:...)"
-        )
-    return f"{TOOLJAIL_REPOSITORY}/{name}:{tag or 'latest'}"
-
-
 @dataclass(frozen=True)
 class DockerContext:
     """What the daemon decided once, that every docker sandbox it builds shares."""
@@ -194,72 +151,14 @@ class DockerContext:
         return self.state_dir / CHANNEL_SUBDIR
 
 
-class DockerSandboxConfig(BaseModel):
-    """Settings of the docker backend. Unknown keys are rejected, to catch typos."""
+def build_docker_sandbox(
+    config: DockerSandboxConfig, context: DockerContext, limits: Limits | None = None
+) -> DockerSandbox:
+    """A docker sandbox, not yet started, from the backend's settings.
 
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["docker"] = "docker"
-    image: str = DEFAULT_IMAGE
-    """The sandbox image: a sandbox image's name ("python" is tooljail/python:latest,
-    made by `tooljail images build python`), or a full reference with a "/"
-    ("docker.io/library/python:3.12"); see `image_reference`."""
-    docker_host: str | None = None
-    """The engine: "unix:///path" or "tcp://host:port"; None: DOCKER_HOST, else the
-    local socket. It must run on this host (sandboxes bind-mount local directories)."""
-    network: bool = False
-    """Give sandboxes the engine's default network; False: no network at all (none)."""
-    python: str = "/usr/bin/python3"
-    """The interpreter in the image that runs the runner and the tools."""
-    user: str = "65534:65534"
-    """uid:gid (numeric) the container runs as; never root."""
-    runtime: str | None = None
-    """An OCI runtime other than the engine's default (e.g. "runsc" for gVisor)."""
-    start_timeout_s: float = Field(default=30.0, gt=0)
-    """How long a new container may take until its runner says it is ready."""
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    """How long the engine may take to answer the first request."""
-    request_timeout_s: float = Field(default=60.0, gt=0)
-    """The bound on each engine request after that."""
-
-    @field_validator("image")
-    @classmethod
-    def _full_reference(cls, v: str) -> str:
-        return image_reference(v)
-
-    @field_validator("user")
-    @classmethod
-    def _numeric_unprivileged(cls, v: str) -> str:
-        uid, _, gid = v.partition(":")
-        if not uid.isdigit() or not (gid or uid).isdigit():
-            raise ValueError("user must be numeric, uid:gid (e.g. 65534:65534)")
-        if int(uid) == 0 or int(gid or uid) == 0:
-            raise ValueError("sandboxes never run as root (uid or gid 0)")
-        return f"{int(uid)}:{int(gid or uid)}"
-
-    @property
-    def uid(self) -> int:
-        return int(self.user.split(":")[0])
-
-    @property
-    def gid(self) -> int:
-        return int(self.user.split(":")[1])
-
-    def engine(self, on_connect: Callable[[DockerClient], object] | None = None) -> DockerEngine:
-        """A (not yet connected) engine for this config's docker_host and timeouts.
-
-        Args:
-            on_connect: Run once when the engine first answers (see `DockerEngine`).
-        """
-        return DockerEngine(
-            self.docker_host,
-            connect_timeout_s=self.connect_timeout_s,
-            request_timeout_s=self.request_timeout_s,
-            on_connect=on_connect,
-        )
-
-    def build(self, context: DockerContext, limits: Limits | None = None) -> DockerSandbox:
-        return DockerSandbox(self, context, limits or Limits())
+    Here and not on the settings: settings are plain data (`tooljaild.settings`).
+    """
+    return DockerSandbox(config, context, limits or Limits())
 
 
 # ---------------------------------------------------------------------- sandbox
@@ -464,7 +363,7 @@ class DockerSandbox(RunnerSandbox):
                 continue
             conn, pid = accepted
             self._init_pid = pid
-            self._memory_cgroup = _memory_cgroup(pid)
+            self._memory_cgroup = memory_cgroup(pid)
             with contextlib.suppress(OSError):
                 self._pidfd = os.pidfd_open(pid)
             return conn
@@ -527,7 +426,7 @@ class DockerSandbox(RunnerSandbox):
         container ends) decides.
         """
         if self._memory_cgroup is not None:
-            count = await asyncio.to_thread(_oom_count, *self._memory_cgroup)
+            count = await asyncio.to_thread(oom_count, *self._memory_cgroup)
             if count is not None:
                 return count > 0
         if self.container_id is None:
@@ -618,39 +517,3 @@ def _seccomp_profile() -> str:
     from tooljaild.sandbox.docker_seccomp import profile_json
 
     return profile_json()
-
-
-def _memory_cgroup(pid: int) -> tuple[int, Path] | None:
-    """(cgroup version, directory) of the process's memory cgroup, seen from this host."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    unified: str | None = None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hier == "0" and controllers == "":
-            unified = path
-        elif "memory" in controllers.split(","):
-            directory = Path("/sys/fs/cgroup") / controllers / path.lstrip("/")
-            return (1, directory) if directory.is_dir() else None
-    if unified is not None:
-        directory = Path("/sys/fs/cgroup") / unified.lstrip("/")
-        if (directory / "memory.events").exists():
-            return 2, directory
-    return None
-
-
-def _oom_count(version: int, directory: Path) -> int | None:
-    """OOM kills in the cgroup so far; None when it is gone or says nothing."""
-    name = "memory.events" if version == 2 else "memory.oom_control"
-    try:
-        text = (directory / name).read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value)
-    return None

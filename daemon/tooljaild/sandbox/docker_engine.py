@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.settings.sandbox import DockerSandboxConfig
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -415,3 +416,20 @@ def _remove_entry(client: DockerClient, entry: dict[str, Any], state_dir: Path |
     if state_dir is not None and sandbox_id.startswith("sbx-") and "/" not in sandbox_id:
         shutil.rmtree(state_dir / CHANNEL_SUBDIR / sandbox_id, ignore_errors=True)
     return True
+
+
+def engine_for(
+    config: DockerSandboxConfig, on_connect: Callable[[DockerClient], object] | None = None
+) -> DockerEngine:
+    """A (not yet connected) engine for the docker backend's docker_host and timeouts.
+
+    Args:
+        config: The docker backend's settings.
+        on_connect: Run once when the engine first answers (see `DockerEngine`).
+    """
+    return DockerEngine(
+        config.docker_host,
+        connect_timeout_s=config.connect_timeout_s,
+        request_timeout_s=config.request_timeout_s,
+        on_connect=on_connect,
+    )

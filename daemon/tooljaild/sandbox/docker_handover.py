@@ -22,7 +22,7 @@ import socket
 import struct
 from pathlib import Path
 
-from tooljaild.file_modes import make_dirs
+from tooljaild.sandbox.file_modes import make_dirs
 from tooljaild.sandbox.runner_channel import PipeEnds
 
 log = logging.getLogger(__name__)

@@ -360,11 +360,11 @@ def install_runner(state_dir: Path) -> Path:
 
     They are bound read-only into sandboxes; a copy keeps the sandbox's view
     independent of where (and with which permissions) the daemon is installed.
-    The one part of the state directory others may read (tooljaild.file_modes):
+    The one part of the state directory others may read (tooljaild.sandbox.file_modes):
     every sandbox's uid must, and it holds nothing but tooljail's own code.
     Modes are set as such, never left to the daemon's umask (0077).
     """
-    import tooljail._tooldef
+    from tooljail.common import TOOLDEF_SOURCE
 
     target = state_dir / "runner"
     target.mkdir(parents=True, exist_ok=True)
@@ -381,7 +381,7 @@ def install_runner(state_dir: Path) -> Path:
         RUNNER_PATH.with_name("_workspace_write.py"),
         RUNNER_PATH.with_name("_artifacts.py"),
         RUNNER_PATH.with_name("_tooljail_mpl.py"),
-        Path(tooljail._tooldef.__file__),
+        TOOLDEF_SOURCE,
     ):
         dest = target / source.name
         tmp = dest.with_suffix(".tmp")

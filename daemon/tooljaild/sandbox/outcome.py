@@ -13,7 +13,7 @@ import contextlib
 import signal
 from typing import Any
 
-from tooljail._types import ToolError
+from tooljail.types import ToolError
 from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.channels import Frame
 

@@ -8,10 +8,6 @@ What it guarantees (see docs/decisions.md, "Killing the whole tree"):
 - rlimits (CPU, address space, processes, file size, open files, no core) and
   a scrubbed environment in a private working directory.
 Namespaces and a read-only system are the isolation work's, not this module's.
-
-Over 500 lines: one sandbox's life (start from a zygote or as a process, run,
-measure, kill, close) is one class whose steps share its state, and the bwrap
-and zygote specs below are built only for it.
 """
 
 from __future__ import annotations
@@ -22,23 +18,20 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from tooljaild.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox import interpreter
-from tooljaild.sandbox.base import Limits, RunOutcome, SandboxError
+from tooljaild.sandbox.base import RunOutcome, SandboxError
 from tooljaild.sandbox.cgroups import CgroupLimits, SandboxCgroup
+from tooljaild.sandbox.file_modes import SANDBOX_UMASK
+from tooljaild.sandbox.frames import CallFrames
 from tooljaild.sandbox.isolation import Isolation
 from tooljaild.sandbox.outcome import outcome_of
 from tooljaild.sandbox.runner_channel import (
-    CallFrames,
     PipeEnds,
     RunnerPipes,
     RunnerSandbox,
@@ -46,17 +39,9 @@ from tooljaild.sandbox.runner_channel import (
     sandbox_env,
 )
 from tooljaild.sandbox.zygote import Zygote, ZygoteChild
+from tooljaild.settings.sandbox import Limits, ProcessSandboxConfig
 
 log = logging.getLogger(__name__)
-
-
-def default_python() -> str:
-    """The interpreter binary sandboxes run: this one's, symlinks and shims resolved.
-
-    A pyenv shim on PATH costs ~180 ms per start, and a venv's launcher would
-    bring the daemon's packages along; the real binary has neither problem.
-    """
-    return os.path.realpath(sys.executable)
 
 
 @dataclass(frozen=True)
@@ -73,32 +58,14 @@ class SandboxContext:
     """When set (under namespaces), sandboxes are forked by it instead of started."""
 
 
-class ProcessSandboxConfig(BaseModel):
-    """Settings of the process backend. Unknown keys are rejected, to catch typos."""
+def build_process_sandbox(
+    config: ProcessSandboxConfig, context: SandboxContext, limits: Limits | None = None
+) -> ProcessSandbox:
+    """A process sandbox, not yet started, from the backend's settings.
 
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["process"] = "process"
-    python: str = Field(default_factory=default_python)
-    """The Python interpreter that runs the runner and the tools: a binary, or a
-    virtualenv's bin/python (to give tools packages; the sandbox uid must be able
-    to read it: see README, "Packages in the sandbox"). The default, the daemon's
-    own binary, is replaced by the system's python3 where the sandbox uid cannot
-    reach it; a configured one is used as it is, or the daemon refuses to start."""
-    use_cgroups: bool = True
-    """Track (and limit) each sandbox in its own cgroup where the host allows it."""
-    bwrap: str = "bwrap"
-    """The bubblewrap binary: a path, or a name looked up on PATH."""
-    user: str = "nobody"
-    """The host user sandboxes run as when the daemon runs as root."""
-    zygote: bool = True
-    """Under namespaces, fork sandboxes from a warm zygote instead of starting
-    bubblewrap and an interpreter for each (much cheaper refills)."""
-    start_timeout_s: float = Field(default=20.0, gt=0)
-    """How long a new sandbox may take to say it is ready."""
-
-    def build(self, context: SandboxContext, limits: Limits | None = None) -> ProcessSandbox:
-        return ProcessSandbox(self, context, limits or Limits())
+    Here and not on the settings: settings are plain data (`tooljaild.settings`).
+    """
+    return ProcessSandbox(config, context, limits or Limits())
 
 
 class ProcessSandbox(RunnerSandbox):

@@ -103,26 +103,18 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tooljaild.sandbox.base import (
-    Limits,
-    OutputSink,
-    RunOutcome,
-    RunRequest,
-    SandboxError,
-    Termination,
-)
+from tooljaild.sandbox.base import OutputSink, RunOutcome, RunRequest, SandboxError, Termination
 from tooljaild.sandbox.channels import Frame, FrameItem, Malformed
-from tooljaild.sandbox.outcome import read_usage
-from tooljaild.sandbox.runner_channel import (
+from tooljaild.sandbox.frames import (
     MAX_FRAME_BYTES_PER_CALL,
     CallFrames,
-    RunnerPipes,
-    RunnerSandbox,
     _exit_problem,
     _is_int,
     _short,
-    runner_line,
 )
+from tooljaild.sandbox.outcome import read_usage
+from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, runner_line
+from tooljaild.settings.sandbox import Limits
 
 SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
 """The request kinds a session runs."""

@@ -17,9 +17,9 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from tooljaild.file_modes import SANDBOX_UMASK
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox.base import SandboxError, first_words
+from tooljaild.sandbox.file_modes import SANDBOX_UMASK
 
 log = logging.getLogger(__name__)
 

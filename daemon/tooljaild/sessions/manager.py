@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tooljail._types import SessionInfo, SessionState
 from tooljail.errors import (
     InternalError,
     InvalidPathError,
@@ -44,12 +43,14 @@ from tooljail.errors import (
     WorkspaceFileNotFoundError,
     WorkspaceFullError,
 )
-from tooljaild.journal import Journal, JournalError
-from tooljaild.sandbox.base import Limits, RunRequest, Sandbox, SandboxError, Termination
+from tooljail.types import SessionInfo, SessionState
+from tooljaild.journal.store import Journal, JournalError
+from tooljaild.sandbox.base import RunRequest, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
-from tooljaild.sessions.settings import SessionSettings
 from tooljaild.sessions.transfers import Spool, Transfers
+from tooljaild.settings.sandbox import Limits
+from tooljaild.settings.sessions import SessionSettings
 
 __all__ = ["FILE_CHUNK_BYTES", "SessionManager"]
 

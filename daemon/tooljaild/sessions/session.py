@@ -17,11 +17,11 @@ from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
-from tooljail._types import SessionInfo, SessionState
 from tooljail.errors import InvalidRequestError, OverloadedError, SessionEndedError
-from tooljaild.sandbox.base import Limits
+from tooljail.types import SessionInfo, SessionState
 from tooljaild.sandbox.session_channel import SessionSandbox
-from tooljaild.sessions.settings import SessionSettings
+from tooljaild.settings.sandbox import Limits
+from tooljaild.settings.sessions import SessionSettings
 
 __all__ = [
     "END_MESSAGES",

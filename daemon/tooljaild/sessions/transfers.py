@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tooljail.errors import InvalidRequestError, OverloadedError, WorkspaceFullError
-from tooljaild.sessions.settings import SessionSettings
+from tooljaild.settings.sessions import SessionSettings
 
 __all__ = ["FREE_CHUNKS", "SPOOL_BUFFER_BYTES", "Spool", "TransferPlace", "Transfers"]
 

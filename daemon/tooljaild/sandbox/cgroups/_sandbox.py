@@ -14,17 +14,26 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tooljaild.sandbox.cgroups import _fs as fs
 from tooljaild.sandbox.cgroups._limits import CgroupLimits
 
-if TYPE_CHECKING:
-    from tooljaild.sandbox.cgroups._tracker import CgroupTracker
-
 log = logging.getLogger(__name__)
 
 _FREEZE_WAIT_S = 0.5
+
+
+class SpareKeeper(Protocol):
+    """Where an emptied cgroup goes back for another sandbox: the `CgroupTracker`.
+
+    A protocol, not the class, so that this module does not import the tracker's
+    (which imports this one to make its cgroups).
+    """
+
+    def _give_back(
+        self, limits: CgroupLimits | None, dirs: dict[str, Path], oom_base: int
+    ) -> bool: ...
 
 
 class SandboxCgroup:
@@ -41,7 +50,7 @@ class SandboxCgroup:
         version: int,
         dirs: Mapping[str, Path],
         *,
-        tracker: CgroupTracker | None = None,
+        tracker: SpareKeeper | None = None,
         limits: CgroupLimits | None = None,
         oom_base: int = 0,
     ):

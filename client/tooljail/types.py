@@ -1,0 +1,43 @@
+"""The SDK's result and info types, public: what a call returns and what the daemon builds.
+
+The daemon builds these same types (its calls' results, infos and diagnostics)
+and imports them from here, never from the private module they live in.
+"""
+
+from tooljail._types import (
+    TIMEOUT_MESSAGE,
+    ArtifactInfo,
+    ArtifactRef,
+    CallInfo,
+    CallState,
+    CallStatus,
+    Diagnostic,
+    Effect,
+    Output,
+    SessionInfo,
+    SessionState,
+    StreamKind,
+    ToolError,
+    ToolInfo,
+    ToolResult,
+    Usage,
+)
+
+__all__ = [
+    "TIMEOUT_MESSAGE",
+    "ArtifactInfo",
+    "ArtifactRef",
+    "CallInfo",
+    "CallState",
+    "CallStatus",
+    "Diagnostic",
+    "Effect",
+    "Output",
+    "SessionInfo",
+    "SessionState",
+    "StreamKind",
+    "ToolError",
+    "ToolInfo",
+    "ToolResult",
+    "Usage",
+]

@@ -1,0 +1,1 @@
+"""Composition and process life: the daemon, listeners, reload, pools, metrics, systemd, logs."""

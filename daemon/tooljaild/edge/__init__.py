@@ -1,0 +1,1 @@
+"""The gRPC edge: the servicer, error mapping, drain, authentication and transport."""

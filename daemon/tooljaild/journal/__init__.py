@@ -1,0 +1,1 @@
+"""The journal: every call's id, tool, arguments, state and result in SQLite (WAL)."""

@@ -1,0 +1,1 @@
+"""Sandboxes: the backends (process, docker, fake), the runner channel and the images."""

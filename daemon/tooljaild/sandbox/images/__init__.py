@@ -1,0 +1,1 @@
+"""The sandbox images: offline builds of the Dockerfiles and their base."""

@@ -1,0 +1,1 @@
+"""Plain data: every config table as pydantic models; no I/O library, no live object."""

@@ -1,0 +1,1 @@
+"""Tools: the registry, the loader of tool files, in-daemon tools and the built-ins."""
