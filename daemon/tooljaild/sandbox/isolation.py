@@ -372,6 +372,7 @@ RUNNER_MODULES = (
     "_workspace.py",
     "_workspace_paths.py",
     "_workspace_read.py",
+    "_workspace_search.py",
     "_workspace_write.py",
     "_artifacts.py",
 )
