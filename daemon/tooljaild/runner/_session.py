@@ -332,9 +332,8 @@ class _Supervisor:
             # The kernel's count, which no code in the interpreter can change:
             # other threads alive as the call starts (earlier calls', or a
             # library's own workers, which the kernel does not tell apart).
-            self.threads_at_start = max(
-                len(_procs.read_dir(f"/proc/{self.interpreter}/task")) - 1, 0
-            )
+            tasks = _procs.read_dir(f"/proc/{self.interpreter}/task")
+            self.threads_at_start = max(len(tasks) - 1, 0)
             # Pipes of the call's own, for its output (and its processes'), from now on.
             assert self.to_sock is not None
             self.relay.next_call(self.to_sock, bool(self.outgoing))
@@ -474,10 +473,8 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor but the interpreter (unless
-        `everything`): see `_procs.sweep`."""
-        spare = None if everything else self.interpreter
-        _procs.sweep(self.me, spare, self.children, self._reap)
+        """End every process below the supervisor, but the interpreter unless `everything`."""
+        _procs.sweep(self.me, None if everything else self.interpreter, self.children, self._reap)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
