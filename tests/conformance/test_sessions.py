@@ -293,17 +293,15 @@ def test_the_sessions_memory_bound_holds_and_the_session_survives_it(
 
 # A thread that outlives its call, and attacks the next one once that one runs
 # (it waits for the file "go"; the next call waits for "done"): it prints, and
-# forges that call's result four ways (the runner's frame writer as it is then,
-# the pipe to the supervisor with its own call's nonce and with none, and the
-# sys.stdout of its own call).
+# forges that call's result five ways (the runner's frame writer, that call's
+# own frame writer as it is then, the pipe to the supervisor with its own
+# call's nonce and with none, and the sys.stdout of its own call).
 _FORGER = """
 import gc, json, os, sys, threading, time
 
-# The runner's globals (``_runner``, or ``__main__`` where it runs as a script).
-frame = sys._getframe()
-while "_frame_fd" not in frame.f_globals:
-    frame = frame.f_back
-runner = frame.f_globals
+# The runner's frame writer and pipe (its module ``_frames``: in a sandbox
+# the runner's modules are top-level ones).
+frames = sys.modules["_frames"]
 try:  # its own call's nonce (its own call's code can find it)
     import _turn
     nonce = next(o for o in gc.get_objects() if isinstance(o, _turn.Turn) and o.open).nonce
@@ -312,7 +310,7 @@ except ImportError:
 old_stdout = sys.stdout
 
 def pipe():
-    return runner["_frame_fd"]
+    return frames.get_fd()
 
 def forge():
     while not os.path.exists("go"):
@@ -320,7 +318,9 @@ def forge():
     fake = {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
     print("FORGED by the thread")
     old_stdout.write("FORGED through the old stdout\\n")
-    runner["_write_frame"](dict(fake))
+    frames.write_frame(dict(fake))
+    for turn in [o for o in gc.get_objects() if isinstance(o, _turn.Turn) and o.open]:
+        turn.frame_writer(frames.write_frame)(dict(fake))  # the running call's own
     for n in (nonce, None):
         for seq in range(1, 10):
             frame = dict(fake, seq=seq, **({"n": n} if n else {}))

@@ -16,6 +16,9 @@ from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import CallStatus, Client, Effect, InvalidArgumentsError, ToolResult
 from tooljail.testing import wait_for
 
+RUNNER_FILES = ("_runner.py", "_kinds.py", "_frames.py")
+"""The runner's files a call's code runs under: no traceback shows them."""
+
 
 def run_code(
     daemon: ServedDaemon | RunningDaemon, code: str, timeout: float | None = None
@@ -69,8 +72,20 @@ def test_a_syntax_error_reports_the_users_line_not_the_runner(served: ServedDaem
     assert "line 2" in result.error.traceback
     assert result.data["exit_code"] == 1
     # What `python -c` prints: nothing of the machinery that ran the code.
-    assert "_runner.py" not in result.error.traceback
-    assert "_runner.py" not in result.data["stderr"]
+    for own in RUNNER_FILES:
+        assert own not in result.error.traceback
+        assert own not in result.data["stderr"]
+
+
+def test_a_sessions_traceback_shows_the_users_code_only(served: ServedDaemon) -> None:
+    code = "def f():\n    raise ValueError('in a session')\nf()\n"
+    with Client(served.target) as client, client.session() as session:
+        result = session.call("execute_python_code", {"code": code})
+    assert result.status is CallStatus.ERROR
+    assert result.error is not None
+    assert 'File "<code>", line 2, in f' in result.error.traceback
+    for own in (*RUNNER_FILES, "_session.py", "_interpreter.py"):
+        assert own not in result.error.traceback
 
 
 def test_code_of_several_megabytes_runs_whole(served: ServedDaemon) -> None:

@@ -295,6 +295,8 @@ def test_a_raising_tool_is_an_error_result(tools_daemon: ServedDaemon) -> None:
     assert "Traceback" in result.error.traceback
     assert "good.py" in result.error.traceback
     assert 'raise ValueError(f"boom: {why}")' in result.error.traceback
+    for own in ("_runner.py", "_kinds.py", "_frames.py"):  # the runner's frames are left out
+        assert own not in result.error.traceback
     assert "ValueError" in result.message
 
 

@@ -1,13 +1,10 @@
-"""A session inside a sandbox: the supervisor, and the interpreter it keeps alive.
-
-(Over 500 lines, as _runner.py, for the same reason: it runs inside sandboxes
-as a stdlib-only module beside the runner, and each module more is one more file
-found and read at every sandbox start outside the zygote.)
+"""A session inside a sandbox: its supervisor, which keeps an interpreter alive.
 
 Loaded by _runner.py on a "session" request (the zygote loads it at start, so
 its sandboxes find it already imported). The worker that read that request
-becomes the session's *supervisor*; it forks the *interpreter*, which holds one
-persistent ``__main__`` namespace and runs the session's calls one at a time.
+becomes the session's *supervisor*; it forks the *interpreter* (_interpreter.py),
+which holds one persistent ``__main__`` namespace and runs the session's calls
+one at a time.
 What the daemon and the supervisor say to each other is described once, in
 the daemon's tooljaild/sandbox/session_channel.py.
 
@@ -32,40 +29,49 @@ taken (a nonce the supervisor makes per call and sends with its request:
 code of an earlier call, a thread that outlived it, has never seen it; see
 _turn.py for what the interpreter does with it, and its limits). The
 interpreter's output goes through the supervisor too (_relay.py): each call
-gets pipes of its own, passed on to the daemon only while the call runs.
+gets pipes of its own, passed on to the daemon only while the call runs. The
+supervisor measures what each call used (_usage.py) and ends what it left
+running (_procs.py).
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
-One file of ~800 lines on purpose: both processes share the session's
-request, the line splitter and the sweep, and each runner module more is one
-more file to find and compile at a session's start outside the zygote.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
-import resource
 import select
 import signal
 import socket
 import sys
-import time
 import types
 from typing import Any
 
-import _artifacts  # type: ignore[import-not-found]  # beside this file, on the path _runner set
-import _relay  # type: ignore[import-not-found]  # beside this file, on the path _runner set
-import _turn  # type: ignore[import-not-found]  # beside this file, on the path _runner set
-import _workspace  # type: ignore[import-not-found]  # beside this file, on the path _runner set
+try:  # the daemon's view (mypy): tooljaild.runner._session
+    from . import (
+        _artifacts,
+        _frames,
+        _interpreter,
+        _messages,
+        _procs,
+        _relay,
+        _usage,
+        _workspace,
+    )
+except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
+    import _artifacts  # type: ignore[import-not-found, no-redef]
+    import _frames  # type: ignore[import-not-found, no-redef]
+    import _interpreter  # type: ignore[import-not-found, no-redef]
+    import _messages  # type: ignore[import-not-found, no-redef]
+    import _procs  # type: ignore[import-not-found, no-redef]
+    import _relay  # type: ignore[import-not-found, no-redef]
+    import _usage  # type: ignore[import-not-found, no-redef]
+    import _workspace  # type: ignore[import-not-found, no-redef]
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024 + 4096
 """The longest line the interpreter may send (the runner's own bound on a frame)."""
 _CHUNK = 1 << 20
-_SWEEP_ROUNDS = 2000
-"""Passes of the end-of-call sweep before it gives up (a process stuck in the
-kernel); after the first few it sleeps a millisecond per pass."""
 
 
 def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
@@ -75,7 +81,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
         request: The "session" request line (limits, cwd, env, keep_processes,
             quota_bytes, tooldef).
         runner: The _runner module (it runs as ``__main__`` or as ``_runner``):
-            its frame writer, limits and tool runners are used as they are.
+            its limits and prctl are used as they are.
     """
     # Tool code (same uid) must not be able to ptrace this process or open its
     # descriptors: the frame pipe is here.
@@ -86,7 +92,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
         runner._prctl(runner.PR_SET_CHILD_SUBREAPER, 1)
     supervisor = _Supervisor(request, runner)
     supervisor.start_interpreter()
-    runner._write_frame({"t": "session", "interpreter": supervisor.interpreter})
+    _frames.write_frame({"t": "session", "interpreter": supervisor.interpreter})
     supervisor.serve()
     supervisor.sweep(everything=True)
     os._exit(0)
@@ -104,7 +110,7 @@ class _Supervisor:
         self.root = str(request.get("cwd") or os.getcwd())
         self.me = os.getpid()
         self.interpreter = 0
-        self.view = _ProcView(0)
+        self.view = _usage.ProcView(0)
         """The interpreter's /proc files, for the usage of its calls."""
         self.status: int | None = None
         """The interpreter's wait status once it is reaped (it died)."""
@@ -115,7 +121,7 @@ class _Supervisor:
         """The interpreter was restarted while idle: the next call's end says so."""
         self.sender: Any = None
         """The running call's artifact sender (_artifacts.Sender), None while idle."""
-        self.usage: _CallUsage | None = None
+        self.usage: _usage.CallUsage | None = None
         """What the running call has used, counted from its start; None while idle."""
         self.reaped: tuple[int, Any] | None = None
         """(pid, rusage from wait4) of the last interpreter reaped (it died)."""
@@ -134,8 +140,8 @@ class _Supervisor:
         self.from_interp = -1
         self.outgoing = b""  # what is still to be written to the interpreter
         self.writing = False  # `to_interp` is watched for room to write the rest
-        self.requests = _Lines(MAX_MESSAGE_BYTES * 4)
-        self.messages = _Lines(MAX_MESSAGE_BYTES)
+        self.requests = _frames.Lines(MAX_MESSAGE_BYTES * 4)
+        self.messages = _frames.Lines(MAX_MESSAGE_BYTES)
         self.poll = select.poll()
         # Children's deaths wake the loop through this pipe; no thread, no polling.
         self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -149,7 +155,7 @@ class _Supervisor:
         self.relay = _relay.Relay(self.poll, int(request.get("idle_output_bytes_per_s") or 0))
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
-        self.children = _children_reader(self.me)
+        self.children = _procs.children_reader(self.me)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
 
@@ -171,7 +177,7 @@ class _Supervisor:
             try:
                 os.dup2(relay[0][1], 1)
                 os.dup2(relay[1][1], 2)
-                _interpreter(self.runner, self.request, self.me, to_r, from_w)
+                _interpreter.run(self.runner, self.request, self.me, to_r, from_w)
             finally:
                 os._exit(70)
         os.close(to_r)
@@ -183,10 +189,10 @@ class _Supervisor:
         os.set_blocking(to_w, False)
         os.set_blocking(from_r, False)
         self.interpreter, self.status = pid, None
-        self.view = _ProcView(pid)
+        self.view = _usage.ProcView(pid)
         self.to_interp, self.from_interp = to_w, from_r
         self.outgoing = b""
-        self.messages = _Lines(MAX_MESSAGE_BYTES)
+        self.messages = _frames.Lines(MAX_MESSAGE_BYTES)
         self.writing = False
         self.poll.register(from_r, select.POLLIN)
 
@@ -268,7 +274,7 @@ class _Supervisor:
 
     def _reap(self) -> None:
         # wait4, not the runner's waitpid: a dead interpreter's rusage is its
-        # call's usage (`_CallUsage`).
+        # call's usage (`_usage.CallUsage`).
         while True:
             try:
                 pid, status, rusage = os.wait4(-1, os.WNOHANG)
@@ -294,30 +300,30 @@ class _Supervisor:
                     os.kill(self.interpreter, signal.SIGINT)
         elif op == "reset":
             self.restart(asked=True)
-            self.runner._write_frame({"t": "reset", "seq": seq, "resets": self.resets})
+            _frames.write_frame({"t": "reset", "seq": seq, "resets": self.resets})
 
     def _call(self, seq: int, request: dict[str, Any], line: bytes) -> None:
         kind = request.get("kind")
         if kind == "workspace":
-            before = _own_usage()
+            before = _usage.own_usage()
             frame = self._workspace(request)
-            after = _own_usage()
+            after = _usage.own_usage()
             # The supervisor ran it: its CPU for the operation, and its own peak
             # (it runs no tool code: small, and never a tool's figure).
             frame["usage"] = {
-                "cpu_s": _cpu_s(after) - _cpu_s(before),
+                "cpu_s": _usage.cpu_s(after) - _usage.cpu_s(before),
                 "memory_peak_bytes": after.ru_maxrss * 1024,
             }
             self._write(seq, frame, reset=False)
         elif kind in ("code", "file", "user"):
             self.running = seq
-            self.usage = _CallUsage(self.view)
+            self.usage = _usage.CallUsage(self.view)
             # outputs/ is read here, not by the interpreter: tool code cannot
             # make the supervisor send what the call did not write.
             self.outputs_before = _artifacts.snapshot(self.root)
             tag = self.tag[1]
             self.sender = _artifacts.Sender(
-                lambda frame: self.runner._write_frame({**frame, "seq": seq, "tag": tag}),
+                lambda frame: _frames.write_frame({**frame, "seq": seq, "tag": tag}),
                 *_artifacts.limits_of(request, self.request),
             )
             # A nonce of this call's own, which no code of an earlier call has
@@ -326,7 +332,8 @@ class _Supervisor:
             # The kernel's count, which no code in the interpreter can change:
             # other threads alive as the call starts (earlier calls', or a
             # library's own workers, which the kernel does not tell apart).
-            self.threads_at_start = max(len(_read_dir(f"/proc/{self.interpreter}/task")) - 1, 0)
+            tasks = _procs.read_dir(f"/proc/{self.interpreter}/task")
+            self.threads_at_start = max(len(tasks) - 1, 0)
             # Pipes of the call's own, for its output (and its processes'), from now on.
             assert self.to_sock is not None
             self.relay.next_call(self.to_sock, bool(self.outgoing))
@@ -339,13 +346,14 @@ class _Supervisor:
     def _workspace(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run a workspace operation here, where no tool code runs."""
         quota = int(request.get("quota_bytes") or self.quota)
+        op: Any = request.get("op")  # whatever the daemon sent: run() refuses an unknown op
         try:
-            value = _workspace.run(request.get("op"), request.get("args") or {}, self.root, quota)
+            value = _workspace.run(op, request.get("args") or {}, self.root, quota)
         except _workspace.WorkspaceError as exc:
             type_, message = _workspace_error(exc)
             return _failed({"type": type_, "message": message})
         except Exception as exc:
-            return {"t": "result", "ok": False, "exit_code": 1, "error": self.runner._error(exc)}
+            return {"t": "result", "ok": False, "exit_code": 1, "error": _frames.error(exc)}
         return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
 
     def _send(self, data: bytes) -> None:
@@ -384,23 +392,17 @@ class _Supervisor:
         """One line from the interpreter: tool code can write there too."""
         if self.running is None:
             return
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            return
-        # Only the running call's: a message without its nonce is a forgery of
-        # code from an earlier call (or a stale one), and it is dropped.
-        if not isinstance(message, dict) or message.get("n") != self.nonce:
+        message = _messages.parse(line, self.nonce)  # None: not the running call's
+        if message is None:
             return
         if message.get("t") == "artifact":
             self._forward_artifact(message)
         elif message.get("t") == "yield" and "v" in message:
             frame = {"t": "yield", "seq": self.running, "tag": self.tag[1], "v": message["v"]}
-            self.runner._write_frame(frame)
+            _frames.write_frame(frame)
         elif message.get("t") == "result" and message.get("seq") == self.running:
-            frame = {key: message[key] for key in _RESULT_KEYS if key in message}
-            self.told = {key: _count(message.get(key)) for key in _LEFT_KEYS}
-            self._write(self.running, {"t": "result", **frame}, reset=False)
+            frame, self.told = _messages.result(message)
+            self._write(self.running, frame, reset=False)
 
     def _forward_artifact(self, message: dict[str, Any]) -> None:
         """A part of a figure or a display from the interpreter, checked, to the daemon.
@@ -408,16 +410,8 @@ class _Supervisor:
         The count of the call's artifacts is kept here (the interpreter's own
         is tool code's to change); the daemon checks the rest (the sizes).
         """
-        fields = {key: message.get(key) for key in _ARTIFACT_KEYS}
-        if not (
-            isinstance(fields["name"], str)
-            and isinstance(fields["mime_type"], str)
-            and fields["source"] in ("figure", "display")
-            and isinstance(fields["data_b64"], str)
-            and type(fields["part"]) is int
-            and isinstance(fields["last"], bool)
-            and self.sender is not None
-        ):
+        fields = _messages.artifact_fields(message)
+        if fields is None or self.sender is None:
             return
         if fields["part"] == 0:
             if self.sender.sent >= self.sender.max_count:
@@ -449,7 +443,7 @@ class _Supervisor:
             self.sender = None
         if self.running == seq and self.usage is not None:
             # Measured last: after the sweep, whose orphans count as this call's.
-            frame["usage"] = self.usage.end(self)
+            frame["usage"] = self.usage.end(self.interpreter, self.status, self.reaped)
             self.usage = None
         frame["seq"] = seq
         if self.tag[0] == seq:
@@ -459,14 +453,15 @@ class _Supervisor:
         self.reset_pending = False
         if self.running == seq:
             self.running = None
-        self.runner._write_frame(frame)
+        _frames.write_frame(frame)
 
     def _left(self) -> dict[str, Any]:
         """What the running call leaves behind: its processes (read here), the
         threads the interpreter counted (its word: see _turn.py), and the output
         dropped since the call before (the relay's count, and the interpreter's)."""
         told = self.told
-        processes = sum(1 for pid in self._below(False) if _alive(pid))
+        below = _procs.below(self.me, self.interpreter, self.children)
+        processes = sum(1 for pid in below if _procs.alive(pid))
         return {
             "processes": processes,
             "kept": self.keep,
@@ -477,267 +472,13 @@ class _Supervisor:
             "os_threads_at_start": self.threads_at_start,
         }
 
-    # ------------------------------------------------------------ the sweep
-
     def sweep(self, *, everything: bool) -> None:
-        """SIGKILL every process below the supervisor (but the interpreter, unless
-        `everything`) until none is left.
-
-        They are found through the kernel's children lists, from here down: an
-        orphan is re-parented to this subreaper, so nothing the tool started
-        escapes the walk, and no /proc scan of the host is needed (with no pid
-        namespace, isolation "none", kill(-1) would reach the host's processes
-        of this uid: never used). Stopping before killing keeps a fork loop
-        from outrunning the sweep.
-        """
-        for round_ in range(_SWEEP_ROUNDS):
-            pids = [pid for pid in self._below(everything) if _alive(pid)]
-            if not pids:
-                break
-            for sig in (signal.SIGSTOP, signal.SIGKILL):
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, sig)
-            self._reap()
-            if round_ > 10:
-                time.sleep(0.001)
-        self._reap()
-
-    def _below(self, everything: bool) -> list[int]:
-        found: list[int] = []
-        # The supervisor has one thread: its own children list is all of them.
-        stack = self.children(self.me, single=True)
-        while stack:
-            pid = stack.pop()
-            if everything or pid != self.interpreter:
-                found.append(pid)
-            stack += self.children(pid)
-        return found
-
-
-_RESULT_KEYS = ("ok", "kind", "value", "exit_code", "error")
-_LEFT_KEYS = ("threads", "earlier_threads", "dropped_bytes", "dropped_frames")
-"""What the interpreter's result says the call left (_turn.Turn.close)."""
-
-
-def _count(value: Any) -> int:
-    """A count the interpreter told: a non-negative int, else 0."""
-    return min(value, 1 << 62) if type(value) is int and value > 0 else 0
-
-
-_ARTIFACT_KEYS = ("name", "mime_type", "source", "data_b64", "part", "last")
-
-
-class _CallUsage:
-    """What one call in the interpreter used, from its start to its end: the
-    result frame's "usage", as a fresh worker's rusage (`_runner._usage`) is.
-
-    Read by the supervisor, never by the interpreter: tool code can no more
-    change these figures than the daemon's cgroup (which, where the sandbox
-    has one, the daemon prefers: it also counts processes nobody waited for).
-
-    CPU: the interpreter's and its waited-for children's (/proc/PID/stat's
-    utime, stime, cutime, cstime; clock ticks, 10 ms on most kernels), plus
-    what the supervisor reaped during the call (orphans the sweep killed; an
-    interpreter that died, whose whole life is then counted, less its CPU at
-    the call's start). Children the interpreter reaps only at the next call's
-    start (those the sweep killed) count there.
-
-    Memory: the interpreter's resident peak (VmHWM) during the call: it is
-    reset to the current resident size at the call's start (/proc/PID/clear_refs,
-    "5", Linux 4.0+). Where it cannot be, the figure is the peak since the
-    interpreter started (the session's start or its last reset). Processes
-    the interpreter starts are not in it (only a cgroup sees them all). A dead
-    interpreter's is wait4's ru_maxrss: its own peak since the call's start,
-    or more when a thread of it or a child it waited for peaked higher before.
-    """
-
-    def __init__(self, interpreter: _ProcView) -> None:
-        self.interpreter = interpreter
-        self.own = interpreter.cpu_s() or 0.0
-        self.children = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN))
-        interpreter.reset_peak()
-
-    def end(self, supervisor: _Supervisor) -> dict[str, float]:
-        """The usage so far; `supervisor` says whether the interpreter still lives."""
-        reaped = _cpu_s(resource.getrusage(resource.RUSAGE_CHILDREN)) - self.children
-        pid = self.interpreter.pid
-        alive = supervisor.interpreter == pid and supervisor.status is None
-        own = self.interpreter.cpu_s() if alive else None
-        if own is not None:
-            cpu, peak = own - self.own + reaped, self.interpreter.peak_rss()
-        else:  # reaped: its whole life is in `reaped`, less what it had used before
-            cpu = reaped - self.own
-            last = supervisor.reaped
-            peak = last[1].ru_maxrss * 1024 if last and last[0] == pid else 0
-        return {"cpu_s": max(cpu, 0.0), "memory_peak_bytes": peak}
-
-
-class _ProcView:
-    """The interpreter's /proc files that `_CallUsage` reads, each opened once
-    (on first use: right after its fork the interpreter is not yet dumpable,
-    and its files are not the session uid's) and then read with pread, which
-    costs half of an open and a read at every call. A descriptor stays with
-    its process: a reused pid never answers for a dead interpreter."""
-
-    _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
-    """Seconds in one clock tick, the unit of /proc/PID/stat's times."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self._fds: dict[str, int] = {}
-
-    def cpu_s(self) -> float | None:
-        """CPU seconds it and the children it waited for used so far; None when gone."""
-        stat = self._read("stat")
-        # After the command name (which may hold spaces and parentheses), from
-        # field 3 (state) on: utime, stime, cutime and cstime are fields 14-17.
-        ticks = stat[stat.rfind(b")") + 2 :].split()[11:15]
-        if len(ticks) < 4:
-            return None  # gone (nothing read)
-        return sum(int(tick) for tick in ticks) * self._TICK_S
-
-    def peak_rss(self) -> int:
-        """Its resident peak in bytes (VmHWM); 0 when it is gone."""
-        for line in self._read("status").splitlines():
-            if line.startswith(b"VmHWM:"):
-                return int(line.split()[1]) * 1024  # in kB
-        return 0
-
-    def reset_peak(self) -> bool:
-        """Start its VmHWM afresh (from its current resident size); False if it cannot be."""
-        fd = self._fd("clear_refs", os.O_WRONLY)
-        try:
-            return fd is not None and os.write(fd, b"5") == 1
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-    def _read(self, name: str) -> bytes:
-        fd = self._fd(name, os.O_RDONLY)
-        try:
-            return b"" if fd is None else os.pread(fd, 16384, 0)
-        except OSError:
-            return b""
-
-    def _fd(self, name: str, flags: int) -> int | None:
-        fd = self._fds.get(name)
-        if fd is None:
-            try:
-                fd = os.open(f"/proc/{self.pid}/{name}", flags | os.O_CLOEXEC)
-            except OSError:
-                return None
-            self._fds[name] = fd
-        return fd
-
-
-def _own_usage() -> Any:
-    return resource.getrusage(resource.RUSAGE_SELF)
-
-
-def _cpu_s(usage: Any) -> float:
-    """User and system CPU seconds of a getrusage/wait4 result."""
-    return float(usage.ru_utime + usage.ru_stime)
+        """End every process below the supervisor, but the interpreter unless `everything`."""
+        _procs.sweep(self.me, None if everything else self.interpreter, self.children, self._reap)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
     """SIGCHLD's handler: its wakeup byte is all that matters."""
-
-
-class _Lines:
-    """Splits a byte stream into lines, dropping any longer than `limit`."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._held = bytearray()
-        self._skipping = False
-
-    def feed(self, data: bytes) -> list[bytes]:
-        parts = data.split(b"\n")
-        rest = parts.pop()
-        lines = []
-        for i, part in enumerate(parts):
-            if i == 0:
-                if self._skipping:
-                    self._skipping = False
-                    continue
-                part, self._held = bytes(self._held) + part, bytearray()
-            if part.strip() and len(part) <= self._limit:
-                lines.append(part)
-        if not self._skipping:
-            self._held += rest
-            if len(self._held) > self._limit:
-                self._held, self._skipping = bytearray(), True
-        return lines
-
-
-def _children_reader(me: int) -> Any:
-    """How to list a process's children: the kernel's lists where it keeps them
-    (/proc/PID/task/TID/children), else one walk of /proc (slower, same answer)."""
-    if os.path.exists(f"/proc/{me}/task/{me}/children"):
-        return _children
-    return _children_by_scan
-
-
-def _children(pid: int, single: bool = False) -> list[int]:
-    """The children of `pid`, from each of its threads' lists (the one thread's
-    when `single`). Read with bare system calls: this runs at every call's end."""
-    try:
-        tasks = [str(pid)] if single else os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    found: list[int] = []
-    for tid in tasks:
-        text = _read(f"/proc/{pid}/task/{tid}/children")
-        if text:
-            found += [int(child) for child in text.split()]
-    return found
-
-
-def _children_by_scan(pid: int, single: bool = False) -> list[int]:
-    parent = str(pid).encode()
-    return [
-        int(entry)
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and _stat(int(entry))[1:2] == [parent]
-    ]
-
-
-def _read_dir(path: str) -> list[str]:
-    try:
-        return os.listdir(path)
-    except OSError:
-        return []
-
-
-def _read(path: str) -> bytes:
-    """A small /proc file's content; b"" when it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 65536)
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
-
-
-def _stat(pid: int) -> list[bytes]:
-    """/proc/PID/stat's fields after the command name: [state, ppid, ...]; [] if gone."""
-    stat = _read(f"/proc/{pid}/stat")
-    # The command name may hold spaces and parentheses: split after the last ')'.
-    return stat[stat.rfind(b")") + 2 :].split() if stat else []
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a process not yet dead (zombies are)."""
-    return _stat(pid)[:1] not in ([], [b"Z"], [b"X"])
 
 
 def _failed(error: dict[str, str]) -> dict[str, Any]:
@@ -754,200 +495,3 @@ def _workspace_error(exc: BaseException) -> tuple[str, str]:
     if not isinstance(message, str):
         message = args[-1] if args else ""
     return type_, message
-
-
-# --------------------------------------------------------------------------- interpreter
-
-_in_tool = False
-"""True while tool code runs: only then does SIGINT raise KeyboardInterrupt."""
-
-
-def _on_sigint(signum: int, frame: types.FrameType | None) -> None:
-    # A SIGINT that comes late, when the call's code is over, must not break
-    # the interpreter's own loop: it is dropped then.
-    if _in_tool:
-        raise KeyboardInterrupt
-
-
-def _interpreter(
-    runner: types.ModuleType,
-    session: dict[str, Any],
-    supervisor: int,
-    requests: int,
-    messages: int,
-) -> None:
-    """The interpreter, just forked: shed the supervisor's descriptors, then
-    run calls one at a time in one namespace. Never returns."""
-    # Nothing of the supervisor's may reach tool code: not the daemon's
-    # request pipe (fd 0), not the frame pipe, not its wakeup pipe.
-    signal.set_wakeup_fd(-1)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    _close_all_but((0, 1, 2, requests, messages))
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, _on_sigint)
-    runner._prctl(runner.PR_SET_DUMPABLE, 1)  # the supervisor's shield is not the tool's
-    runner._prctl(runner.PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    if os.getppid() != supervisor:
-        os._exit(0)  # the supervisor died before the line above
-    # The runner's own frames (yields, the result) go to the supervisor from now on.
-    runner.__dict__["_frame_fd"] = messages
-    # Taken now, before any tool code runs: what tool code later does to the
-    # runner module or to sys does not change how a result is written.
-    write_frame = runner._write_frame
-    streams = (sys.stdout, sys.stderr)
-    flush = [stream.flush for stream in streams]
-    limits = dict(session.get("limits") or {})
-    cpu_s = int(limits.pop("cpu_s", 0) or 0)
-    # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
-    runner._apply_limits(limits)
-    if session.get("cwd"):
-        os.chdir(session["cwd"])
-    os.environ.clear()
-    os.environ.update(session.get("env") or {})
-    main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
-    sys.modules["__main__"] = main
-    keep = bool(session.get("keep_processes"))
-    lines = _Lines(1 << 62)
-    pending: list[tuple[bytes, list[int]]] = []
-    carried: list[int] = []  # a call's output pipes, for the next line to come
-    sock = socket.socket(fileno=requests)
-    turn: Any = None
-    while True:
-        try:
-            while not pending:
-                data, fds, _, _ = socket.recv_fds(sock, _CHUNK, 4)
-                if not data:
-                    os._exit(0)
-                # A read ends with the byte that carried pipes: they are for the
-                # line that follows it (the supervisor sends them just before it).
-                for line in lines.feed(data):
-                    pending.append((line, carried))
-                    carried = []
-                if fds:
-                    _close_fds(carried)
-                    carried = fds
-            line, pipes = pending.pop(0)
-            message = json.loads(line)
-        except (InterruptedError, KeyboardInterrupt):
-            continue  # a stray signal while idle
-        if len(pipes) == 2:  # the call's own stdout and stderr, from now on
-            for each in flush:
-                with contextlib.suppress(Exception):
-                    each()
-            os.dup2(pipes[0], 1)
-            os.dup2(pipes[1], 2)
-        _close_fds(pipes)
-        turn = _begin_turn(runner, message, turn, streams, write_frame)
-        frame = _interpret(
-            runner,
-            message,
-            main,
-            keep=keep,
-            cpu_s=cpu_s,
-            tooldef=session.get("tooldef"),
-            session=session,
-        )
-        # Closed first: what a thread prints from here on is nobody's.
-        left = turn.close()
-        for each in flush:
-            with contextlib.suppress(Exception):
-                each()
-        frame.update(left, seq=message.get("seq"), n=turn.nonce)
-        write_frame(frame)
-
-
-def _begin_turn(
-    runner: types.ModuleType,
-    message: dict[str, Any],
-    previous: Any,
-    streams: tuple[Any, Any],
-    write_frame: Any,
-) -> Any:
-    """Open the call's turn: its own sys.stdout, sys.stderr and frame writer
-    (see _turn.py), which no code of an earlier call holds."""
-    turn = _turn.Turn(str(message.get("n") or ""))
-    if previous is not None:  # what threads wrote between the calls is told now
-        turn.dropped_bytes = previous.dropped_bytes - previous.reported
-    sys.stdout, sys.stderr = turn.streams(*streams)
-    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr  # type: ignore[misc]
-    runner.__dict__["_write_frame"] = turn.frame_writer(write_frame)
-    return turn
-
-
-def _interpret(
-    runner: types.ModuleType, message: dict[str, Any], main: types.ModuleType, **options: Any
-) -> dict[str, Any]:
-    """Run one call's request; its result frame, whatever the tool does."""
-    global _in_tool
-    request = {"tooldef": options["tooldef"], **(message.get("request") or {})}
-    try:
-        if not options["keep"]:
-            runner._reap_all()  # zombies of the call before (the sweep killed them)
-        limits = request.get("limits")  # the call's own; else the session's
-        _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
-        rich = request.get("kind") == "code"
-        # Figures and display() only: outputs/ is the supervisor's to send.
-        if rich:
-            runner.artifact_sender(request, runner._write_frame, options["session"])
-        _in_tool = True
-        try:
-            if request.get("kind") == "user":
-                return dict(runner._run_user_tool(request))
-            # Code runs in the session's one namespace; a file, as `python FILE` would.
-            return dict(
-                runner._run_script(request, main if request.get("kind") == "code" else None)
-            )
-        finally:
-            _in_tool = False
-            sys.modules["__main__"] = main
-            if rich:
-                runner.end_artifacts(None, None, rich=True)
-    except SystemExit as exc:
-        return dict(runner._system_exit_frame(exc))
-    except BaseException as exc:
-        error = runner._error(exc.with_traceback(_without_own_frames(exc.__traceback__)))
-        return {"t": "result", "ok": False, "exit_code": 1, "error": error}
-
-
-def _close_fds(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _close_all_but(keep: tuple[int, ...]) -> None:
-    """Close every open descriptor not in `keep`."""
-    try:
-        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:  # no /proc: every possible descriptor, then
-        fds = list(range(min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 1 << 16)))
-    for fd in fds:
-        if fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _without_own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
-        tb = tb.tb_next
-    return tb
-
-
-def _cpu_limit(cpu_s: int) -> None:
-    """Let this call use `cpu_s` more CPU seconds (0: no limit): the soft
-    RLIMIT_CPU moves to what the interpreter has used so far plus that.
-
-    The hard limit can only be lowered, never raised again, so it stays as the
-    session started; past the soft limit the kernel sends SIGXCPU (which kills,
-    unless the tool handles it: then the call's timeout ends it).
-    """
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = hard  # no limit of the call's own: the session's, if any
-    if cpu_s > 0:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        soft = math.ceil(usage.ru_utime + usage.ru_stime) + cpu_s
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))

@@ -26,14 +26,15 @@ on; the types the daemon maps for the files RPCs are "InvalidPathError",
 "FileNotFoundError" and "WorkspaceFullError". Results are small JSON values,
 with a "note" where something was left out.
 
-The ops live in three modules beside this one: _workspace_paths.py (the root,
-path checks, quota and errors), _workspace_read.py (the ops that only read, the
-text helpers and the bounds) and _workspace_write.py (the ops that change
-files). These files must stay stdlib-only and importable by Python 3.11+ on
-their own: they are installed beside _runner.py in every sandbox, where each is
-a top-level module (and a module of `tooljaild.runner` in the daemon, whose
-artifact tools share the text helpers). install_runner compiles them once, and
-the zygote imports them once for every session.
+The ops live in four modules beside this one: _workspace_paths.py (the root,
+path checks, quota and errors), _workspace_read.py (the ops that read one
+place, the text helpers and the bounds), _workspace_search.py (glob and grep)
+and _workspace_write.py (the ops that change files). These files must stay
+stdlib-only and importable by Python 3.11+ on their own: they are installed
+beside _runner.py in every sandbox, where each is a top-level module (and a
+module of `tooljaild.runner` in the daemon, whose artifact tools share the text
+helpers). install_runner compiles them once, and the zygote imports them once
+for every session.
 """
 
 from __future__ import annotations
@@ -44,10 +45,12 @@ from typing import Any
 try:  # the daemon and its tests: tooljaild.runner._workspace
     from . import _workspace_paths as paths
     from . import _workspace_read as read
+    from . import _workspace_search as search
     from . import _workspace_write as write
 except ImportError:  # a sandbox: top-level modules beside _runner.py, no package
     import _workspace_paths as paths  # type: ignore[import-not-found, no-redef]
     import _workspace_read as read  # type: ignore[import-not-found, no-redef]
+    import _workspace_search as search  # type: ignore[import-not-found, no-redef]
     import _workspace_write as write  # type: ignore[import-not-found, no-redef]
 
 __all__ = ["LIMITS", "WorkspaceError", "run"]
@@ -69,8 +72,8 @@ _OPS: dict[str, tuple[Callable[[paths.Workspace, dict[str, Any]], Any], frozense
     "delete_file": (write.delete_file, frozenset({"path"})),
     "move_file": (write.move_file, frozenset({"path", "new_path"})),
     "clear_files": (write.clear_files, frozenset({"path"})),
-    "glob": (read.glob, frozenset({"pattern", "path"})),
-    "grep": (read.grep, frozenset({"pattern", "path"})),
+    "glob": (search.glob, frozenset({"pattern", "path"})),
+    "grep": (search.grep, frozenset({"pattern", "path"})),
     "upload_chunk": (
         write.upload_chunk,
         frozenset({"path", "upload_id", "data_b64", "first", "last"}),

@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _keeper  # type: ignore[import-not-found]  # beside this file; path set above
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
 import _session  # type: ignore[import-not-found]  # noqa: F401  # loaded once, for every session
 
@@ -386,7 +387,7 @@ class _Zygote:
 
     def _reap(self) -> None:
         """Kill the sandbox of each worker that ended; report each sandbox gone."""
-        reaped = _runner._reap_all()
+        reaped = _keeper.reap_all()
         gone = {pid for pid, _ in reaped}
         for pid, status in reaped:
             box = self.by_worker.pop(pid, None)

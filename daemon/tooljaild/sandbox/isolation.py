@@ -355,6 +355,31 @@ RUNNER_FILE_MODE = 0o644
 """The runner's directories and files: every sandbox reads them (install_runner)."""
 
 
+RUNNER_MODULES = (
+    # Imported by _runner.py at every sandbox's start:
+    "_frames.py",
+    "_keeper.py",
+    "_kinds.py",
+    # A session's, imported when it starts:
+    "_session.py",
+    "_interpreter.py",
+    "_messages.py",
+    "_procs.py",
+    "_usage.py",
+    "_turn.py",
+    "_relay.py",
+    # A call's, imported when it needs them:
+    "_workspace.py",
+    "_workspace_paths.py",
+    "_workspace_read.py",
+    "_workspace_search.py",
+    "_workspace_write.py",
+    "_artifacts.py",
+)
+"""The runner's modules beside _runner.py (and _zygote.py, _tooljail_mpl.py),
+which install_runner copies and precompiles."""
+
+
 def install_runner(state_dir: Path) -> Path:
     """Copy the runner and the tool decorator where every sandbox can read them.
 
@@ -372,14 +397,7 @@ def install_runner(state_dir: Path) -> Path:
     for source in (
         RUNNER_PATH,
         RUNNER_PATH.with_name("_zygote.py"),
-        RUNNER_PATH.with_name("_session.py"),
-        RUNNER_PATH.with_name("_turn.py"),
-        RUNNER_PATH.with_name("_relay.py"),
-        RUNNER_PATH.with_name("_workspace.py"),
-        RUNNER_PATH.with_name("_workspace_paths.py"),
-        RUNNER_PATH.with_name("_workspace_read.py"),
-        RUNNER_PATH.with_name("_workspace_write.py"),
-        RUNNER_PATH.with_name("_artifacts.py"),
+        *(RUNNER_PATH.with_name(name) for name in RUNNER_MODULES),
         RUNNER_PATH.with_name("_tooljail_mpl.py"),
         TOOLDEF_SOURCE,
     ):
@@ -388,16 +406,11 @@ def install_runner(state_dir: Path) -> Path:
         shutil.copyfile(source, tmp)
         tmp.chmod(RUNNER_FILE_MODE)
         tmp.replace(dest)
-    # A session's modules are imported when it starts, not with every sandbox:
-    # compiled once here instead of at each session (~8 ms each on a small VM).
-    # Only an interpreter of the daemon's version uses these; others compile.
-    workspace = (
-        "_workspace.py",
-        "_workspace_paths.py",
-        "_workspace_read.py",
-        "_workspace_write.py",
-    )
-    for name in ("_session.py", "_turn.py", "_relay.py", *workspace, "_artifacts.py"):
+    # The runner's modules are imported by every sandbox that starts outside
+    # the zygote, and a session's when it starts: compiled once here instead
+    # of in each (~8 ms each on a small VM). Only an interpreter of the
+    # daemon's version uses these; others compile.
+    for name in RUNNER_MODULES:
         with contextlib.suppress(OSError):  # then each session compiles it, as before
             compiled = py_compile.compile(str(target / name), quiet=2)
             if compiled is not None:

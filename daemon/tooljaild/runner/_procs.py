@@ -1,0 +1,132 @@
+"""A session's processes as the kernel shows them, and the sweep that ends them.
+
+The supervisor is a child subreaper: whatever a call's code starts, and
+orphans, is re-parented to it. It finds them all through the kernel's
+children lists, from itself down (`below`), and ends them (`sweep`) before it
+reports a call's end; it counts those a call left (`alive`).
+
+stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Callable
+
+SWEEP_ROUNDS = 2000
+"""Passes of the end-of-call sweep before it gives up (a process stuck in the
+kernel); after the first few it sleeps a millisecond per pass."""
+
+Children = Callable[..., list[int]]
+"""children(pid, single=False): a process's children (see `children_reader`)."""
+
+
+def sweep(me: int, spare: int | None, children: Children, reap: Callable[[], None]) -> None:
+    """SIGKILL every process below `me` (but `spare`, when given) until none is left.
+
+    They are found through the kernel's children lists, from `me` down: an
+    orphan is re-parented to this subreaper, so nothing the tool started
+    escapes the walk, and no /proc scan of the host is needed (with no pid
+    namespace, isolation "none", kill(-1) would reach the host's processes
+    of this uid: never used). Stopping before killing keeps a fork loop
+    from outrunning the sweep.
+
+    Args:
+        me: The supervisor, a subreaper with one thread.
+        spare: A child to leave alive (the interpreter), None: none.
+        children: How to list a process's children (`children_reader`).
+        reap: Reaps whatever died (the supervisor's own bookkeeping).
+    """
+    for round_ in range(SWEEP_ROUNDS):
+        pids = [pid for pid in below(me, spare, children) if alive(pid)]
+        if not pids:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        reap()
+        if round_ > 10:
+            time.sleep(0.001)
+    reap()
+
+
+def below(me: int, spare: int | None, children: Children) -> list[int]:
+    """Every process below `me` (a process with one thread), but `spare`."""
+    found: list[int] = []
+    # The supervisor has one thread: its own children list is all of them.
+    stack = children(me, single=True)
+    while stack:
+        pid = stack.pop()
+        if pid != spare:
+            found.append(pid)
+        stack += children(pid)
+    return found
+
+
+def children_reader(me: int) -> Children:
+    """How to list a process's children: the kernel's lists where it keeps them
+    (/proc/PID/task/TID/children), else one walk of /proc (slower, same answer)."""
+    if os.path.exists(f"/proc/{me}/task/{me}/children"):
+        return _children
+    return _children_by_scan
+
+
+def _children(pid: int, single: bool = False) -> list[int]:
+    """The children of `pid`, from each of its threads' lists (the one thread's
+    when `single`). Read with bare system calls: this runs at every call's end."""
+    try:
+        tasks = [str(pid)] if single else os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        text = _read(f"/proc/{pid}/task/{tid}/children")
+        if text:
+            found += [int(child) for child in text.split()]
+    return found
+
+
+def _children_by_scan(pid: int, single: bool = False) -> list[int]:
+    parent = str(pid).encode()
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _stat(int(entry))[1:2] == [parent]
+    ]
+
+
+def read_dir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _read(path: str) -> bytes:
+    """A small /proc file's content; b"" when it is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _stat(pid: int) -> list[bytes]:
+    """/proc/PID/stat's fields after the command name: [state, ppid, ...]; [] if gone."""
+    stat = _read(f"/proc/{pid}/stat")
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    return stat[stat.rfind(b")") + 2 :].split() if stat else []
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a process not yet dead (zombies are)."""
+    return _stat(pid)[:1] not in ([], [b"Z"], [b"X"])
