@@ -42,9 +42,6 @@ OVER_500: dict[str, str] = {
     "together and taken apart in order (the steps without a daemon are app/start.py)",
     "daemon/tooljaild/tools/builtin/artifacts.py": "four tools, each a handler and its "
     "description for a model, sharing one reading of ids, bounds and notes",
-    "daemon/tooljaild/runner/_workspace_read.py": "runs in the sandbox: five ops and the "
-    "text helpers the write ops and artifact tools share; a module more is a file more "
-    "every sandbox reads",
     "client/tooljail/_tooldef.py": "copied alone next to the runner into every sandbox "
     "(isolation.install_runner), where a sibling module would not resolve",
     "client/tooljail/_client.py": "Client carries the full contract of every method in its "
@@ -62,8 +59,6 @@ OVER_500: dict[str, str] = {
 "over 500 lines on purpose" paragraphs the modules carried)."""
 
 PENDING: dict[str, int] = {
-    "daemon/tooljaild/runner/_runner.py": 880,  # issue 22 part 3: the runner's split
-    "daemon/tooljaild/runner/_session.py": 960,  # issue 22 part 3: the runner's split
     "daemon/tooljaild/calls/manager.py": 720,  # grew past 650 after issue 22 was filed
     "daemon/tooljaild/artifacts/store.py": 790,  # grew past 650 after issue 22 was filed
 }
