@@ -44,10 +44,6 @@ OVER_500: dict[str, str] = {
     "description for a model, sharing one reading of ids, bounds and notes",
     "client/tooljail/_tooldef.py": "copied alone next to the runner into every sandbox "
     "(isolation.install_runner), where a sibling module would not resolve",
-    "client/tooljail/_client.py": "Client carries the full contract of every method in its "
-    "docstrings, which AsyncClient refers to",
-    "client/tooljail/_client_base.py": "the one home of every check, builder and decoder "
-    "the two clients share",
     "client/tooljail/_wire.py": "every conversion of the wire contract, each enum table "
     "checked one-to-one beside its conversions",
     "client/tooljail/integrations/core.py": "the one adapter core every framework module "
