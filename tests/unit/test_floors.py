@@ -56,7 +56,6 @@ OVER_500: dict[str, str] = {
 
 PENDING: dict[str, int] = {
     "daemon/tooljaild/calls/manager.py": 720,  # grew past 650 after issue 22 was filed
-    "daemon/tooljaild/artifacts/store.py": 790,  # grew past 650 after issue 22 was filed
 }
 """Modules past `HARD_MAX_LINES` whose split is not done yet, with today's ceiling:
 they may shrink, never grow; each line goes when its module is split."""
