@@ -13,7 +13,7 @@ from pathlib import Path
 
 import grpc
 
-from tooljail._errors import InvalidRequestError
+from tooljail.errors import InvalidRequestError
 
 __all__ = ["TLS_CA_ENV", "TLS_CERT_ENV", "TLS_KEY_ENV", "TOKEN_ENV", "Credentials"]
 

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client, ToolResult
+from tooljaild.artifacts.index import ArtifactIndex
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.settings.artifacts import ArtifactSettings
 
@@ -84,7 +85,9 @@ def stored(state: Path, artifact_id: str) -> tuple[dict[str, str], bytes]:
         row = dict(
             db.execute("SELECT * FROM artifacts WHERE artifact_id = ?", (artifact_id,)).fetchone()
         )
-        data = ArtifactStore(root, ArtifactSettings(), db).read(artifact_id, row["owner"])
+        data = ArtifactStore(root, ArtifactSettings(), ArtifactIndex(db)).read(
+            artifact_id, row["owner"]
+        )
     finally:
         db.close()
     return row, data

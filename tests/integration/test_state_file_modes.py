@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RunningDaemon, spawn_daemon, wait_serving
+from tests.conftest import RunningDaemon, ServedDaemon, spawn_daemon, wait_serving
 from tooljail import Client
 
 SECRET = "sk-live-7f3a9-of-client-a"
@@ -196,3 +196,38 @@ def test_an_older_versions_world_readable_journal_is_made_private_at_start(
         process.send_signal(signal.SIGTERM)
         assert process.wait(60) == 0
     assert stat.S_IMODE(journal.stat().st_mode) == 0o600
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """The usual umask of a process that embeds a daemon (a test run, a notebook)."""
+    before = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(before)
+
+
+@pytest.mark.usefixtures("loose_umask")
+def test_an_embedded_daemon_keeps_its_artifacts_private_under_its_hosts_umask(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    """`tooljail.testing.daemon()` runs the daemon in the host process, whose umask
+    (0022 here) is not `tooljail serve`'s 0077: the artifact store's index (and its
+    -wal), its directories and its files were made 0644/0755 by it, readable by
+    every local user. Each is made with its own mode now, whatever the umask."""
+    served = serve()
+    state = Path(served.target.removeprefix("unix://")).parent / "state"
+    with Client(served.target) as client:
+        result = client.call("execute_python_code", MAKES_AN_ARTIFACT)
+        assert result.ok and result.artifacts, result
+        artifacts = state / "artifacts"
+        made = [p for p, _ in _walk(artifacts)]
+        assert {p.name for p in made} >= {"index.sqlite3", "index.sqlite3-wal"}
+        assert any(p.name == result.artifacts[0].artifact_id for p in made), made
+        loose = [
+            f"{p.relative_to(state)}: {stat.S_IMODE(st.st_mode):04o}"
+            for p, st in _walk(artifacts)
+            if stat.S_IMODE(st.st_mode) & 0o077
+        ]
+    assert loose == []

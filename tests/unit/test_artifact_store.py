@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,7 +188,7 @@ def test_expiry_by_age_on_read_list_and_prune(
         kept = store.put("kept", "text/plain", b"kept", ALICE, "output")
         unread = store.put("unread", "text/plain", b"unread", ALICE, "output")
         # Age them: as if made two hours ago.
-        store._db.execute(
+        store._index.db.execute(
             "UPDATE artifacts SET created = created - 7200 WHERE artifact_id IN (?, ?)",
             (old.artifact_id, unread.artifact_id),
         )
@@ -216,7 +218,7 @@ async def test_the_daemon_prunes_periodically(tmp_path: Path) -> None:
     store = _open(tmp_path / "a", max_age_s=3600)
     try:
         ref = store.put("old", "text/plain", b"old", ALICE, "output")
-        store._db.execute("UPDATE artifacts SET created = created - 7200")
+        store._index.db.execute("UPDATE artifacts SET created = created - 7200")
         task = asyncio.create_task(prune_periodically(store, interval_s=0.05))
         try:
             deadline = time.monotonic() + 10
@@ -268,19 +270,19 @@ def test_reopen_after_a_crash_repairs_files_and_rows(tmp_path: Path) -> None:
     orphan.parent.mkdir(exist_ok=True)
     orphan.write_bytes(b"orphan")
     # A row whose file is gone (lost with the disk, or removed by hand).
-    store._path(lost.artifact_id).unlink()
+    store._files.path(lost.artifact_id).unlink()
     # A crash between a row marked gone and its file's removal.
-    tomb_file = store._path(tomb.artifact_id)
-    store._db.execute(
+    tomb_file = store._files.path(tomb.artifact_id)
+    store._index.db.execute(
         "UPDATE artifacts SET gone = 'deleted', gone_at = ? WHERE artifact_id = ?",
         (time.time(), tomb.artifact_id),
     )
     half._file.close()
-    store._db.close()  # no orderly close: the process died
+    store._index.db.close()  # no orderly close: the process died
 
     again = _open(root)
     try:
-        assert _files(root) == [again._path(kept.artifact_id)]
+        assert _files(root) == [again._files.path(kept.artifact_id)]
         assert not tomb_file.exists()
         assert again.read(kept.artifact_id, "alice") == b"kept"
         with pytest.raises(ArtifactGoneError) as gone:
@@ -294,7 +296,7 @@ def test_reopen_after_a_crash_repairs_files_and_rows(tmp_path: Path) -> None:
 
 def test_a_file_removed_under_a_live_row_reads_as_gone(store: ArtifactStore) -> None:
     ref = store.put("x", "text/plain", b"x", ALICE, "output")
-    store._path(ref.artifact_id).unlink()
+    store._files.path(ref.artifact_id).unlink()
     with pytest.raises(ArtifactGoneError) as gone:
         store.read(ref.artifact_id, "alice")
     assert gone.value.reason == "evicted"
@@ -359,7 +361,7 @@ def test_counts_per_owner_and_in_all_and_tombstones_by_count(tmp_path: Path) -> 
         assert store.usage("alice") == (0, 5)
         kept = [a.name for a in store.list("alice")]
         assert kept == ["a39", "a38", "a37", "a36", "a35"]
-        tombstones = store._db.execute(
+        tombstones = store._index.db.execute(
             "SELECT count(*) FROM artifacts WHERE gone != ''"
         ).fetchone()[0]
         assert tombstones <= 5
@@ -415,3 +417,36 @@ def test_nested_bounds(tmp_path: Path) -> None:
         ArtifactSettings(max_bytes=MIB, max_owner_bytes=2 * MIB)
     lowered = ArtifactSettings(max_bytes=MIB)
     assert lowered.max_owner_bytes == lowered.max_artifact_bytes == MIB
+
+
+def test_the_store_is_private_whatever_the_umask_and_narrows_an_older_ones_modes(
+    tmp_path: Path,
+) -> None:
+    """Made 0700/0600 as such (an embedded daemon has its host's umask); what an
+    older tooljail left looser is narrowed at the next open."""
+    root = tmp_path / "artifacts"
+    before = os.umask(0)
+    try:
+        store = _open(root)
+        ref = store.put("x", "text/plain", b"x", ALICE, "output")
+        half = store.writer("half", "text/plain", ALICE, "output")
+        half.write(b"half")
+        made = {p: stat.S_IMODE(p.lstat().st_mode) for p in [root, *root.rglob("*")]}
+        half.abort()
+        store.close()
+    finally:
+        os.umask(before)
+    assert {p.name for p in made} >= {"index.sqlite3", "index.sqlite3-wal", ref.artifact_id}
+    assert any(p.name.endswith(".part") for p in made)
+    assert {p.name: m for p, m in made.items() if m not in (0o600, 0o700)} == {}
+
+    index, kept = root / "index.sqlite3", root / ref.artifact_id[:2] / ref.artifact_id
+    for path, mode in ((index, 0o644), (kept, 0o644), (kept.parent, 0o755)):
+        path.chmod(mode)
+    again = _open(root)
+    try:
+        modes = {p: stat.S_IMODE(p.stat().st_mode) for p in (index, kept, kept.parent)}
+        assert modes == {index: 0o600, kept: 0o600, kept.parent: 0o700}
+        assert again.read(ref.artifact_id, "alice") == b"x"
+    finally:
+        again.close()

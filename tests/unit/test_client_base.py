@@ -15,9 +15,9 @@ from tooljail._client_base import (
     default_socket_path,
     default_target,
 )
-from tooljail._errors import BadTimeoutError, InvalidRequestError, TooljailError, TransportError
 from tooljail._types import CallStatus, Output, StreamKind, ToolInfo, ToolResult
 from tooljail._wire import ERROR_DETAIL_KEY
+from tooljail.errors import BadTimeoutError, InvalidRequestError, TooljailError, TransportError
 from tooljail.v1 import tooljail_pb2 as pb
 
 # --- defaults ---

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+
+import grimp
 
 import tooljail
 import tooljail.errors
-from tooljail import _errors
 
 EXPECTED_ALL = {
     "AsyncClient",
@@ -123,10 +125,23 @@ def test_every_exception_class_is_exported() -> None:
         assert getattr(tooljail, name) is getattr(tooljail.errors, name)
 
 
-def test_the_old_private_module_still_names_the_same_classes() -> None:
-    # `from tooljail._errors import X` worked before the tree went public.
-    assert _exception_classes(_errors) == _exception_classes(tooljail.errors)
-    assert _errors.ERRORS_BY_CODE is tooljail.errors.ERRORS_BY_CODE
+def test_the_daemon_is_forbidden_every_private_module_of_the_sdk() -> None:
+    """The contract lint-imports runs ("The daemon imports only the SDK's public
+    modules") names the SDK's private modules one by one (import-linter has no
+    wildcard for a name's prefix): a new private module must join it."""
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    contracts = tomllib.loads(pyproject.read_text())["tool"]["importlinter"]["contracts"]
+    (contract,) = [c for c in contracts if c["name"].startswith("The daemon imports only")]
+    assert contract["source_modules"] == ["tooljaild"]
+    graph = grimp.build_graph("tooljail")
+    private = {m for m in graph.modules if any(part.startswith("_") for part in m.split(".")[1:])}
+    assert private >= {"tooljail._types", "tooljail._wire", "tooljail._tooldef"}
+    assert set(contract["forbidden_modules"]) == private
+
+
+def test_the_error_tree_has_one_home() -> None:
+    # The `tooljail._errors` shim is gone (issue 22): the tree is `tooljail.errors`.
+    assert not (Path(tooljail.errors.__file__).parent / "_errors.py").exists()
 
 
 def test_public_names_are_defined_in_private_modules() -> None:
@@ -150,9 +165,9 @@ def test_import_does_not_pull_in_daemon_or_its_dependencies() -> None:
         "if m.split('.')[0] in ('tooljaild', 'docker', 'psutil'))\n"
         "assert not bad, bad\n"
     )
-    # Find tooljail where this process found it, installed or not (`_errors`, as
+    # Find tooljail where this process found it, installed or not (`errors`, as
     # the package's own __file__ is None under some editable installs).
-    package_root = str(Path(_errors.__file__).resolve().parent.parent)
+    package_root = str(Path(tooljail.errors.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
     proc = subprocess.run(

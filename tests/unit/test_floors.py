@@ -56,7 +56,6 @@ OVER_500: dict[str, str] = {
 
 PENDING: dict[str, int] = {
     "daemon/tooljaild/calls/manager.py": 720,  # grew past 650 after issue 22 was filed
-    "daemon/tooljaild/artifacts/store.py": 790,  # grew past 650 after issue 22 was filed
 }
 """Modules past `HARD_MAX_LINES` whose split is not done yet, with today's ceiling:
 they may shrink, never grow; each line goes when its module is split."""
@@ -225,6 +224,12 @@ def test_lint_imports_keeps_the_contracts_of_the_tree(tree: Path) -> None:
             "daemon/tooljaild/calls/terms.py",
             "import grpc as _grpc",
             "Only the edge and app floors (and the CLI) speak gRPC",
+        ),
+        # The daemon reaching into the SDK's private modules (the old `tooljail._errors`).
+        (
+            "daemon/tooljaild/calls/terms.py",
+            "from tooljail import _wire as _private",
+            "The daemon imports only the SDK's public modules",
         ),
         (
             "daemon/tooljaild/runner/_turn.py",

@@ -10,8 +10,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import ValidationError
 
-from tooljail._errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail._tooldef import collect_tools, tool
+from tooljail.errors import InvalidArgumentsError, ToolNotFoundError
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
 from tooljaild.tools.builtin.workspace import WORKSPACE_TOOL_NAMES
 from tooljaild.tools.loader import build_user_tools, find_tool_files

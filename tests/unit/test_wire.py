@@ -4,23 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tooljail._errors import (
-    ERRORS_BY_CODE,
-    BadTimeoutError,
-    CallIdConflictError,
-    CallNotFoundError,
-    DaemonUnavailableError,
-    InternalError,
-    InvalidArgumentsError,
-    InvalidRequestError,
-    JournalUnavailableError,
-    OverloadedError,
-    ShuttingDownError,
-    TooljailError,
-    ToolNotFoundError,
-    TransportError,
-    UnknownError,
-)
 from tooljail._types import (
     CallInfo,
     CallState,
@@ -57,6 +40,23 @@ from tooljail._wire import (
     stream_kind_to_proto,
     tool_info_from_proto,
     tool_info_to_proto,
+)
+from tooljail.errors import (
+    ERRORS_BY_CODE,
+    BadTimeoutError,
+    CallIdConflictError,
+    CallNotFoundError,
+    DaemonUnavailableError,
+    InternalError,
+    InvalidArgumentsError,
+    InvalidRequestError,
+    JournalUnavailableError,
+    OverloadedError,
+    ShuttingDownError,
+    TooljailError,
+    ToolNotFoundError,
+    TransportError,
+    UnknownError,
 )
 from tooljail.v1 import tooljail_pb2 as pb
 

@@ -53,7 +53,7 @@ def create_server(
         artifacts: Serves the artifact methods; None: they are refused.
         authenticator: Who is calling (every method but health checks refuses a
             request it does not authenticate); None: nobody is asked.
-        credentials: Serve TLS with these (`auth.authenticator.server_credentials`);
+        credentials: Serve TLS with these (`authenticator.server_credentials`);
             None: plaintext.
         daemon_id: The name this daemon answers with (setting `daemon_id`); empty:
             `settings.addresses.default_daemon_id` of `listen` and the bound port.

@@ -62,7 +62,8 @@ class Host:
     """Absolute; the backends keep their own state below it."""
     workspace_root: Path
     runner_dir: Path
-    """Holds _runner.py and _tooldef.py (see `isolation.install_runner`)."""
+    """Holds the runner (`_runner.py` and the modules beside it) and `_tooldef.py`
+    (see `isolation.install_runner`, `isolation.RUNNER_MODULES`)."""
     shared_dirs: tuple[Path, ...] = ()
     """Tool and files directories, absolute: visible read-only, at the same paths, inside."""
     daemon_id: str = ""

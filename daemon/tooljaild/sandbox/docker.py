@@ -138,7 +138,8 @@ class DockerContext:
 
     engine: DockerEngine
     runner_dir: Path
-    """Host directory holding _runner.py and _tooldef.py (see isolation.install_runner)."""
+    """Host directory holding the runner (`_runner.py` and the modules beside it) and
+    `_tooldef.py` (see `isolation.install_runner`)."""
     state_dir: Path
     """Channel directories live in `<state_dir>/docker/<sandbox id>/`."""
     daemon_id: str

@@ -50,7 +50,8 @@ class SandboxContext:
 
     workspace_root: Path
     runner_dir: Path
-    """Host directory holding _runner.py and _tooldef.py (see isolation.install_runner)."""
+    """Host directory holding the runner (`_runner.py` and the modules beside it) and
+    `_tooldef.py` (see `isolation.install_runner`)."""
     isolation: Isolation
     shared_dirs: tuple[Path, ...] = ()
     """Tool and files directories: visible read-only, at the same paths, inside."""
@@ -288,8 +289,8 @@ class ProcessSandbox(RunnerSandbox):
     def usage_from_now(self) -> None:
         """A session's call starts: the cgroup's CPU counts from here, and so does
         its memory peak where it can be reset (v1). Where it cannot (v2), the
-        peak the session's supervisor measured for the call stands (runner/_session.py
-        `_CallUsage`): the cgroup's would be the whole session's."""
+        peak the session's supervisor measured for the call stands (runner/_usage.py
+        `CallUsage`): the cgroup's would be the whole session's."""
         if self._cgroup is not None:
             self._cpu_base = self._cgroup.cpu_s()
             self._peak_fresh = self._cgroup.reset_memory_peak()

@@ -79,7 +79,7 @@ carry the call's tag; one of another call (or none) is dropped
 (`CallFrames`); one that breaks the protocol ends the session.
 
 Usage per call, not per session. The supervisor measures each call from its
-request to its result (runner/_session.py `_CallUsage`: the interpreter's CPU
+request to its result (runner/_usage.py `CallUsage`: the interpreter's CPU
 and resident peak, reset per call, read from outside it), also for a call a
 reset or the interpreter's death ended. Where the sandbox has a cgroup, the
 backend counts from `begin` too (`RunnerSandbox.usage_from_now`): its CPU
