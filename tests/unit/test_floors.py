@@ -40,6 +40,9 @@ OVER_500: dict[str, str] = {
     "few helpers they share (the server's assembly is edge/server.py)",
     "daemon/tooljaild/app/daemon.py": "the one place where the daemon's parts are put "
     "together and taken apart in order (the steps without a daemon are app/start.py)",
+    "daemon/tooljaild/calls/manager.py": "a call's three ways (a fresh sandbox, a session, "
+    "the daemon itself) share one admission, one approval wait and one end, read together "
+    "(the checks before it are calls/intake.py; what is remembered, calls/book.py)",
     "daemon/tooljaild/tools/builtin/artifacts.py": "four tools, each a handler and its "
     "description for a model, sharing one reading of ids, bounds and notes",
     "client/tooljail/_tooldef.py": "copied alone next to the runner into every sandbox "
@@ -55,7 +58,6 @@ OVER_500: dict[str, str] = {
 "over 500 lines on purpose" paragraphs the modules carried)."""
 
 PENDING: dict[str, int] = {
-    "daemon/tooljaild/calls/manager.py": 720,  # grew past 650 after issue 22 was filed
     "daemon/tooljaild/artifacts/store.py": 790,  # grew past 650 after issue 22 was filed
 }
 """Modules past `HARD_MAX_LINES` whose split is not done yet, with today's ceiling:

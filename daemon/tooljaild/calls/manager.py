@@ -5,7 +5,7 @@ output goes to an `EventLog` that any number of readers follow; its caller gets
 exactly one result (`calls.results` decides what each ending means).
 
 A call in a fresh sandbox is started and seen to its end by `calls.fresh_run`
-(at once in `submit` when a slot and a ready sandbox are free, else in the
+(at once in `admit` when a slot and a ready sandbox are free, else in the
 call's task, `_run`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
 built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
@@ -16,6 +16,10 @@ Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
 identity's bound on such calls; approved, it counts in as any other.
+
+A caller comes in by `admit`, one trip: the checks before the admission
+(policy, arguments, whose session and id) are `calls.intake`'s. What is
+remembered of calls, in memory and in the journal, is `calls.book`'s.
 """
 
 from __future__ import annotations
