@@ -430,7 +430,7 @@ async def test_output_and_calls_kept_stay_bounded_when_calls_end_out_of_order(
     for call in fast:
         await asyncio.wait_for(call.ended.wait(), 10)
     assert not slow.state.finished
-    remembered = harness.manager._calls  # what the manager keeps in memory
+    remembered = harness.manager._book.calls  # what the manager keeps in memory
     assert len(remembered) <= 21 and slow.call_id in remembered
     holding = [c for c in fast if c.events._bytes]
     assert len(holding) <= 64, len(holding)

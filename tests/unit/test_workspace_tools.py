@@ -15,7 +15,7 @@ from tooljaild.sandbox.backends import Promises
 from tooljaild.sandbox.frames import _result_problem
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
-from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_run, builtin_tools
+from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS, RUNS, builtin_tools
 from tooljaild.tools.builtin.workspace import FRESH_WORKSPACE, WORKSPACE_TOOL_NAMES, workspace_tools
 from tooljaild.tools.loader import build_user_tools
 from tooljaild.tools.registry import Registry
@@ -45,8 +45,8 @@ def test_the_ten_names_are_omnicoreagents() -> None:
 
 def test_every_tool_runs_its_own_op_in_the_sandbox_and_returns_its_value() -> None:
     for name in NAMES:
-        run = builtin_run(_tool(name))
-        assert run is RUNS[name]
+        run = _tool(name).run
+        assert run is not None and run is RUNS[name]
         assert run.kind == "workspace" and run.output_is_data is False
         # Each tool is an op of the runner's _workspace, with the arguments its schema names.
         _, allowed = _workspace._OPS[name]

@@ -5,7 +5,7 @@ output goes to an `EventLog` that any number of readers follow; its caller gets
 exactly one result (`calls.results` decides what each ending means).
 
 A call in a fresh sandbox is started and seen to its end by `calls.fresh_run`
-(at once in `submit` when a slot and a ready sandbox are free, else in the
+(at once in `admit` when a slot and a ready sandbox are free, else in the
 call's task, `_run`). A call naming a session goes to its
 session's turn instead (`_submit_in_session`, run by `calls.in_session`), and a
 built-in that runs in the daemon to its handler (`_submit_in_daemon`, run by
@@ -16,6 +16,10 @@ Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
 identity's bound on such calls; approved, it counts in as any other.
+
+A caller comes in by `admit`, one trip: the checks before the admission
+(policy, arguments, whose session and id) are `calls.intake`'s. What is
+remembered of calls, in memory and in the journal, is `calls.book`'s.
 """
 
 from __future__ import annotations
@@ -23,38 +27,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
-import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 from tooljail.errors import (
     InvalidRequestError,
     SessionNotFoundError,
     ShuttingDownError,
     TooljailError,
-    ToolNotFoundError,
 )
 from tooljail.types import CallState, ToolInfo, ToolResult
 from tooljaild.auth.policy import Identity
-from tooljaild.calls import results, terms
-from tooljaild.calls.admission import (
-    Admission,
-    check_call_id,
-    known_call,
-    take_slot,
-    unknown_call,
-)
+from tooljaild.calls import intake, results, terms
+from tooljaild.calls.admission import Admission, take_slot
 from tooljaild.calls.approvals import Approvals, Decision
+from tooljaild.calls.book import CallBook
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
-from tooljaild.journal.store import Journal, JournalError
+from tooljaild.calls.intake import CallRequest, CheckedRequest
+from tooljaild.journal.store import Journal
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
@@ -62,53 +57,10 @@ from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
-from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
 from tooljaild.tools.registry import Registry, Tool
 
 log = logging.getLogger(__name__)
-
-_Submit = TypeVar("_Submit", bound=Callable[..., Any])
-
-PRUNE_EVERY = 1000
-"""Finished calls between two prunings of the journal (by age and row count)."""
-KEPT_EVENT_LOGS = 64
-"""Finished calls whose output chunks stay readable; older ones keep only their result."""
-
-
-@dataclass(frozen=True)
-class _CheckedRequest:
-    """A request `submit` has checked and will admit: what each path makes its call of."""
-
-    call_id: str
-    """The id the caller gave; "": a new one is made."""
-    tool: Tool
-    arguments: dict[str, Any]
-    arguments_json: str
-    """The arguments as sent, for the journal."""
-    fingerprint: str
-    timeout_s: float
-    client: str
-    rerun: bool
-    """The id is taken over by a rerun of a lost call of an idempotent tool."""
-    gated: bool
-    """The caller's policy makes it wait for an approver first."""
-
-
-def _counting_refusals(submit: _Submit) -> _Submit:
-    """`submit`, telling the manager's `on_refused` the code of each error it raises."""
-
-    @functools.wraps(submit)
-    def counted(self: CallManager, *args: Any, **kwargs: Any) -> Call:
-        try:
-            call: Call = submit(self, *args, **kwargs)
-            return call
-        except TooljailError as exc:
-            if self.on_refused is not None:
-                self.on_refused(exc.code)
-            raise
-
-    return cast(_Submit, counted)
 
 
 class CallManager:
@@ -137,18 +89,14 @@ class CallManager:
         self._settings = settings
         self._registry = registry
         self._pool_for = (lambda _tool: pool) if isinstance(pool, SandboxPool) else pool
-        self._calls: OrderedDict[str, Call] = OrderedDict()
-        self._with_events: OrderedDict[str, Call] = OrderedDict()
+        self._book = CallBook(settings, registry, journal)
+        self._calls = self._book.calls
         self._admission = Admission(settings)
-        self._fresh = FreshRunner(self._admission.slots, self._running, self._end)
+        self._fresh = FreshRunner(self._admission.slots, self._book.running, self._book.end)
         self._tasks: set[asyncio.Task[None]] = set()
-        self._journal = journal
         self._sessions = sessions
         self._session_misfit = session_misfit
         self._services = services or Services(settings, sessions=sessions)
-        self._finished_since_prune = 0
-        self._unrecorded: list[tuple[Call, ToolResult]] = []
-        """Calls answered but not yet journaled as over (see `_end`)."""
         self.approvals = Approvals(
             settings.auth.approval_timeout_s,
             journal,
@@ -156,9 +104,17 @@ class CallManager:
             max_reason_chars=settings.auth.max_reason_chars,
         )
         self.draining = False
-        # Observers (tooljaild.app.metrics): each call's end once answered, each refusal's code.
-        self.on_end: Callable[[Call, ToolResult], None] | None = None
+        # Observer (tooljaild.app.metrics) of each refusal's code; `on_end` of each end.
         self.on_refused: Callable[[str], None] | None = None
+
+    @property
+    def on_end(self) -> Callable[[Call, ToolResult], None] | None:
+        """Told of each call's end once answered and recorded (tooljaild.app.metrics)."""
+        return self._book.on_end
+
+    @on_end.setter
+    def on_end(self, observer: Callable[[Call, ToolResult], None] | None) -> None:
+        self._book.on_end = observer
 
     @property
     def registry(self) -> Registry:
@@ -166,7 +122,7 @@ class CallManager:
 
     def states(self) -> collections.Counter[CallState]:
         """How many of the calls remembered are in each state."""
-        return collections.Counter(call.state for call in self._calls.values())
+        return self._book.states()
 
     def reconfigure(self, settings: Settings, registry: Registry) -> None:
         """Serve `registry` under `settings` from the next call on (a reload, SIGHUP).
@@ -174,8 +130,8 @@ class CallManager:
         Calls admitted before keep the tool, terms and sandbox they were admitted
         with. The admission bounds (`max_concurrent`, `max_queue`) stay as built.
         """
-        self._settings = settings
-        self._registry = registry
+        self._settings = self._book.settings = settings
+        self._registry = self._book.registry = registry
 
     @property
     def active(self) -> int:
@@ -188,7 +144,38 @@ class CallManager:
 
     # ------------------------------------------------------------------ admission
 
-    @_counting_refusals
+    async def admit(self, request: CallRequest, *, identity: Identity | None, client: str) -> Call:
+        """Admit the call `request` asks for, or return the call already admitted
+        under its id: the one way in for a caller (the edge's Call and Run).
+
+        In order: the caller's policy may call the tool; the arguments fit it
+        (checked off the event loop when large); the session and call id it
+        names are not another identity's; then the admission (`submit`). Each
+        refusal is told to `on_refused` once.
+
+        Args:
+            identity: The authenticated caller (None: no tokens file): its policy
+                may refuse the tool or make the call wait for an approver, and
+                it owns the call (`client` is then its name).
+            client: Who asks, for fairness and ownership (see `submit`).
+
+        Raises:
+            PermissionDeniedError: The identity may not call the tool.
+            CallIdConflictError: The id is another identity's call's.
+            SessionNotFoundError, SessionEndedError: The session is not the
+                identity's, or not open.
+            And every error of `submit`.
+        """
+        with self._counting_refusals():
+            intake.check_policy(identity, request.tool)
+            tool = self._registry.get(request.tool)
+            checked = await intake.check_arguments(tool, request.arguments_json, self._settings)
+            # No await from here to the admission: an id or session found free or
+            # the caller's here cannot change hands before the call takes it.
+            if identity is not None:
+                intake.check_owner(request, identity, self._book, self._sessions)
+            return self._admit(request, client, identity, checked)
+
     def submit(
         self,
         tool_name: str,
@@ -198,12 +185,10 @@ class CallManager:
         client: str = "",
         session_id: str = "",
         identity: Identity | None = None,
-        checked: terms.CheckedArguments | None = None,
     ) -> Call:
-        """Admit a call, or return the call already admitted under the same id.
-
-        `checked`: the arguments as `check_arguments` decoded and checked them
-        (off the event loop when large); None: they are checked here.
+        """Admit a call now, its arguments checked on the event loop, no ownership
+        checked (`admit` is the callers' way in); or return the call already
+        admitted under the same id.
 
         `identity` is the authenticated caller (None: no tokens file): its
         policy may make the call wait for an approver (see calls/approvals.py).
@@ -234,30 +219,60 @@ class CallManager:
                 its bound of calls waiting for approval.
             SessionNotFoundError, SessionEndedError: No such open session.
         """
+        request = CallRequest(tool_name, arguments_json, call_id, timeout_s, session_id)
+        with self._counting_refusals():
+            return self._admit(request, client, identity, None)
+
+    @contextlib.contextmanager
+    def _counting_refusals(self) -> Iterator[None]:
+        """Tell `on_refused` the code of the error that refuses a call (once)."""
+        try:
+            yield
+        except TooljailError as exc:
+            if self.on_refused is not None:
+                self.on_refused(exc.code)
+            raise
+
+    def _admit(
+        self,
+        asked: CallRequest,
+        client: str,
+        identity: Identity | None,
+        checked: terms.CheckedArguments | None,
+    ) -> Call:
+        """`submit`'s work, without an await; `checked`: the arguments as
+        `admit` checked them (None, or for a tool since reloaded: checked here)."""
         if identity is not None:  # its policy's bound on calls, in place of the share
             self._admission.limit_client(client, identity.max_concurrent_calls)
-        tool = self._registry.get(tool_name)
+        tool = self._registry.get(asked.tool)
         if checked is not None and checked.tool is tool:
             arguments = checked.values
-        else:  # not checked beforehand, or the tool was reloaded meanwhile
-            arguments = terms.parse_arguments(tool, arguments_json, self._settings)
-        timeout = terms.timeout_for(tool, timeout_s, self._settings)
-        fingerprint = terms.fingerprint(tool.name, arguments, session_id)
-        known, rerun = self._known(call_id, tool, fingerprint)
+        else:
+            arguments = terms.parse_arguments(tool, asked.arguments_json, self._settings)
+        timeout = terms.timeout_for(tool, asked.timeout_s, self._settings)
+        fingerprint = terms.fingerprint(tool.name, arguments, asked.session_id)
+        known, rerun = self._book.known(asked.call_id, tool, fingerprint)
         if known is not None:
             return known
         gated = identity is not None and identity.needs_approval(tool.name)
-        request = _CheckedRequest(
-            call_id, tool, arguments, arguments_json, fingerprint, timeout, client, rerun, gated
+        request = CheckedRequest(
+            asked.call_id,
+            tool,
+            arguments,
+            asked.arguments_json,
+            fingerprint,
+            timeout,
+            client,
+            rerun,
+            gated,
         )
-        builtin = builtin_run(tool)
-        if builtin is not None and builtin.in_daemon is not None:
-            return self._submit_in_daemon(builtin.in_daemon, session_id, request)
-        if session_id:
-            return self._submit_in_session(session_id, request)
+        if tool.run is not None and tool.run.in_daemon is not None:
+            return self._submit_in_daemon(tool.run.in_daemon, asked.session_id, request)
+        if asked.session_id:
+            return self._submit_in_session(asked.session_id, request)
         self._check_room(request)
         call = self._new_call(request, terms.limits_for(request.tool, self._settings))
-        self._journal_admitted(call, arguments_json, rerun)
+        self._book.admitted(call, request.arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
             self.approvals.hold(call)
@@ -267,30 +282,7 @@ class CallManager:
         self._spawn(call, self._run(call, pool, run))
         return call
 
-    async def check_arguments(self, tool_name: str, arguments_json: str) -> terms.CheckedArguments:
-        """Decode and check a request's arguments for `submit`: bounded in their
-        shape before any decoding (`terms.check_shape`), and on a thread when
-        large, so that no request holds the event loop for long.
-
-        Raises:
-            ToolNotFoundError, InvalidRequestError, InvalidArgumentsError: As `submit`.
-        """
-        try:
-            tool = self._registry.get(tool_name)
-            settings = self._settings
-            if len(arguments_json) <= terms.CHECK_ON_LOOP_BYTES:
-                return terms.CheckedArguments(
-                    tool, terms.parse_arguments(tool, arguments_json, settings)
-                )
-            values = await asyncio.to_thread(terms.parse_arguments, tool, arguments_json, settings)
-            return terms.CheckedArguments(tool, values)
-        except TooljailError as exc:
-            # A refusal as much as one `submit` makes: counted the same way.
-            if self.on_refused is not None:
-                self.on_refused(exc.code)
-            raise
-
-    def _check_room(self, request: _CheckedRequest) -> None:
+    def _check_room(self, request: CheckedRequest) -> None:
         """Refuse a new call the daemon has no room for, whatever runs it.
 
         Raises:
@@ -306,7 +298,7 @@ class CallManager:
         else:
             self._admission.check_room(request.client)
 
-    def _count_in(self, call: Call, request: _CheckedRequest) -> None:
+    def _count_in(self, call: Call, request: CheckedRequest) -> None:
         """Count an admitted call among the running and queued (unless it waits
         for approval: `_approved` counts it in then); `_let_go` counts it out."""
         if not request.gated:
@@ -319,7 +311,7 @@ class CallManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _new_call(self, request: _CheckedRequest, limits: Limits) -> Call:
+    def _new_call(self, request: CheckedRequest, limits: Limits) -> Call:
         """The call `request` asks for, under its id or a new one."""
         return Call(
             request.call_id or uuid.uuid4().hex,
@@ -334,13 +326,13 @@ class CallManager:
         )
 
     def _admitted_here(
-        self, request: _CheckedRequest, limits: Limits, session: Session | None
+        self, request: CheckedRequest, limits: Limits, session: Session | None
     ) -> Call:
         """A call outside the daemon's slots (in `session`, or in the daemon), made,
         journaled and remembered; held for approval if `request` is gated."""
         call = self._new_call(request, limits)
         call.session_id = session.id if session else ""
-        self._journal_admitted(call, request.arguments_json, request.rerun)
+        self._book.admitted(call, request.arguments_json, request.rerun)
         if request.gated:
             self.approvals.hold(call)
         self._calls[call.call_id] = call
@@ -357,7 +349,7 @@ class CallManager:
             raise SessionNotFoundError(f"no session {session_id!r}: this daemon serves none")
         return self._sessions.get(session_id)
 
-    def _submit_in_session(self, session_id: str, request: _CheckedRequest) -> Call:
+    def _submit_in_session(self, session_id: str, request: CheckedRequest) -> Call:
         """Admit a call into its session's line (see `submit`)."""
         self._check_room(request)
         session = self._session_named(session_id)
@@ -374,15 +366,13 @@ class CallManager:
         # The request is in the sandbox before this returns (unless it awaits approval).
         if not request.gated and session.try_take_turn():
             try:
-                started = start_in_session(call, session, self._running)
+                started = start_in_session(call, session, self._book.running)
             except SandboxError:
                 session.give_turn()  # the call's task finds out why, in its turn
         self._spawn(call, self._run_in_session(call, session, started))
         return call
 
-    def _submit_in_daemon(
-        self, handler: Handler, session_id: str, request: _CheckedRequest
-    ) -> Call:
+    def _submit_in_daemon(self, handler: Handler, session_id: str, request: CheckedRequest) -> Call:
         """Admit a call of an in-daemon tool (`tooljaild.tools.in_daemon`): no sandbox; it
         counts as any call, and runs in the in-daemon tools' pool of slots."""
         self._check_room(request)
@@ -409,13 +399,13 @@ class CallManager:
                 return
             held = await take_slot(slots, call)
             if not held or call.stop_reason is not None:
-                self._end(call, results.not_started(call))
+                self._book.end(call, results.not_started(call))
                 return
-            self._running(call, "daemon")
-            self._end(call, await run_in_daemon(call, handler, work))
+            self._book.running(call, "daemon")
+            self._book.end(call, await run_in_daemon(call, handler, work))
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
-            self._end(call, results.internal_error(call, exc))
+            self._book.end(call, results.internal_error(call, exc))
         finally:
             if held:
                 slots.give()
@@ -432,64 +422,17 @@ class CallManager:
         try:
             if not await self._approved(call):
                 return
-            result = await run_in_session(call, session, self._sessions, self._running, started)
-            self._end(call, result)
+            result = await run_in_session(
+                call, session, self._sessions, self._book.running, started
+            )
+            self._book.end(call, result)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
-            self._end(call, results.internal_error(call, exc))
+            self._book.end(call, results.internal_error(call, exc))
         finally:
             self._let_go(call)
 
-    def _known(self, call_id: str, tool: Tool, fingerprint: str) -> tuple[Call | None, bool]:
-        """The call already under `call_id` that answers this request (or None),
-        and whether the id is taken over by a rerun of a lost idempotent call.
-
-        Raises:
-            InvalidRequestError: The call id is malformed.
-            CallIdConflictError: The id belongs to a call with other arguments.
-        """
-        if not call_id:
-            return None, False
-        check_call_id(call_id)
-        existing = self._calls.get(call_id) or self._from_journal(call_id, tool)
-        if existing is None:
-            return None, False
-        if known_call(existing, tool, fingerprint) is not None:
-            return existing, False
-        self._calls.pop(call_id, None)  # lost, idempotent: it runs again under its id
-        return None, True
-
-    def _journal_admitted(self, call: Call, arguments_json: str, rerun: bool) -> None:
-        if self._journal is None:
-            return
-        # Committed before the call can start: a call the journal does not know
-        # never ran, so a retry after a crash cannot run it twice.
-        self._journal.admitted(
-            call.call_id,
-            tool=call.tool.name,
-            fingerprint=call.fingerprint,
-            arguments_json=arguments_json,
-            timeout_s=call.timeout_s,
-            idempotent=call.tool.options.idempotent,
-            client=call.client,
-            replace=rerun,
-        )
-
     # ------------------------------------------------------------------ lookups
-
-    def _from_journal(self, call_id: str, tool: Tool | None = None) -> Call | None:
-        """A call the journal knows (over, or lost to a crash), as a finished Call."""
-        if self._journal is None:
-            return None
-        entry = self._journal.get(call_id)
-        if entry is None:
-            return None
-        if tool is None or tool.name != entry.tool:
-            try:
-                tool = self._registry.get(entry.tool)
-            except ToolNotFoundError:  # served no more: the record still answers
-                tool = Tool(name=entry.tool, input_schema={"type": "object"}, source="user")
-        return Call.recorded(entry, tool, self._settings)
 
     def get(self, call_id: str) -> Call:
         """The call with that id, from memory or else from the journal.
@@ -497,10 +440,7 @@ class CallManager:
         Raises:
             CallNotFoundError: The daemon does not know or no longer remembers it.
         """
-        call = self._calls.get(call_id) or self._from_journal(call_id)
-        if call is None:
-            raise unknown_call(call_id)
-        return call
+        return self._book.get(call_id)
 
     async def cancel(self, call_id: str) -> CallState:
         """Stop a call; wait up to 10 s for its end. Returns its state afterwards.
@@ -530,7 +470,7 @@ class CallManager:
                 self.approvals.let_go(call)
                 return True
             refused = results.not_started(call)
-        self._end(call, refused)
+        self._book.end(call, refused)
         return False
 
     async def decide(
@@ -582,18 +522,6 @@ class CallManager:
 
     # ------------------------------------------------------------------ running
 
-    def _running(self, call: Call, sandbox_id: str) -> None:
-        """Mark the call running in `sandbox_id` (its request is on the way there)."""
-        call.state = CallState.RUNNING
-        call.started_at = time.monotonic()
-        call.sandbox_id = sandbox_id
-        call.running.set(sandbox_id)
-        if self._journal is not None:
-            try:
-                self._journal.running(call.call_id, sandbox_id)
-            except JournalError as exc:  # the call runs on; its end says it, or it is lost
-                log.error("cannot journal call %s as running: %s", call.call_id, exc)
-
     async def _run(self, call: Call, pool: SandboxPool, run: Run | None) -> None:
         """The call's task: start it unless `submit` did, see it through, let go."""
         try:
@@ -605,7 +533,7 @@ class CallManager:
                 await self._fresh.supervise(call, run)
         except Exception as exc:  # a bug of ours must still answer the caller
             log.exception("call %s failed inside the daemon", call.call_id)
-            self._end(call, results.internal_error(call, exc))
+            self._book.end(call, results.internal_error(call, exc))
         finally:
             self._let_go(call)
 
@@ -618,79 +546,7 @@ class CallManager:
         self.approvals.let_go(call)
         call.events.close()
         call.compact()
-        self._forget_old(call)
-
-    # ------------------------------------------------------------------ the end
-
-    def _end(self, call: Call, result: ToolResult) -> None:
-        call.end(results.state_of(result), result)
-        # Recorded a turn of the event loop later, once the caller's RPC has
-        # answered: the journal's write is then not on the call's path. A crash
-        # in between (microseconds) leaves the call `lost` in the journal.
-        if not self._unrecorded:
-            asyncio.get_running_loop().call_soon(self._record_ends)
-        self._unrecorded.append((call, result))
-
-    def _record_ends(self) -> None:
-        ends, self._unrecorded = self._unrecorded, []
-        for call, result in ends:
-            self._journal_finished(call, result)
-            if self.on_end is not None:
-                self.on_end(call, result)
-            log.info(
-                "call finished",
-                extra={
-                    "call_id": call.call_id,
-                    "tool": call.tool.name,
-                    "status": result.status.value,
-                    "duration_s": round(result.duration_s, 4),
-                    "sandbox": call.sandbox_id,
-                },
-            )
-
-    def _journal_finished(self, call: Call, result: ToolResult) -> None:
-        if self._journal is None:
-            return
-        try:
-            self._journal.finished(call.call_id, call.state, result.model_dump_json())
-        except JournalError as exc:
-            # After a restart the call shows as lost: honest, if less precise.
-            log.error("cannot journal the end of call %s: %s", call.call_id, exc)
-            return
-        self._finished_since_prune += 1
-        if self._finished_since_prune >= PRUNE_EVERY:
-            self._finished_since_prune = 0
-            try:
-                self._journal.prune()
-            except JournalError as exc:
-                log.error("cannot prune the journal: %s", exc)
-
-    def _forget_old(self, ended: Call) -> None:
-        """Bound memory: drop the oldest finished calls and old output logs.
-
-        `ended`'s output joins the logs kept; past `KEPT_EVENT_LOGS` the oldest
-        ended one's is released. By end, not by admission: calls end out of
-        order, and a log never listed was never released (up to
-        `remembered_calls` x `event_buffer_bytes`). Unfinished calls are never
-        dropped, but they do not shield the finished ones behind them either:
-        one long call must not keep every later one in memory.
-        """
-        limit = self._settings.remembered_calls
-        excess = len(self._calls) - limit
-        if excess > 0:
-            drop: list[str] = []
-            for call_id, call in self._calls.items():  # oldest first: usually one step
-                if call.state.finished:
-                    drop.append(call_id)
-                    if len(drop) == excess:
-                        break
-            for call_id in drop:
-                del self._calls[call_id]
-        if ended.state.finished:
-            self._with_events[ended.call_id] = ended
-        while len(self._with_events) > KEPT_EVENT_LOGS:
-            _, old = self._with_events.popitem(last=False)
-            old.events.release()
+        self._book.forget_old(call)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -715,4 +571,4 @@ class CallManager:
                 call.request_stop(StopReason.SHUTDOWN)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=15.0)
-        self._record_ends()
+        self._book.record_ends()

@@ -31,7 +31,6 @@ from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import RunOutcome, Termination
 from tooljaild.sandbox.session_channel import LeftRunning, SessionCallEnd
 from tooljaild.sessions.session import END_MESSAGES, Session
-from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.builtin.workspace import NOTHING_PERSISTS
 
 NO_OUTPUT_MESSAGE = "Tool executed successfully (no output)"
@@ -75,7 +74,7 @@ def result_of(call: Call, outcome: RunOutcome, stop: StopReason | None) -> ToolR
             "memory_peak_bytes": outcome.memory_peak_bytes or 0,
         }
         result = result.model_copy(update={"usage": result.usage.model_copy(update=measured)})
-    run = builtin_run(call.tool)
+    run = call.tool.run
     if run is not None and run.kind == "workspace" and not call.session_id:
         message = f"{result.message} {NOTHING_PERSISTS}".strip()
         return result.model_copy(update={"message": message})
@@ -440,7 +439,7 @@ def _result(call: Call, **fields: Any) -> ToolResult:
 
 def _output_is_data(call: Call) -> bool:
     """The call's result data is the program's output (the Python built-ins)."""
-    run = builtin_run(call.tool)
+    run = call.tool.run
     return run is not None and run.output_is_data
 
 

@@ -15,7 +15,6 @@ from tooljail.types import ToolInfo
 from tooljaild.sandbox.base import RunRequest
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
-from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.registry import Tool, validate_arguments
 
 CHECK_ON_LOOP_BYTES = 64 * 1024
@@ -92,7 +91,7 @@ def parse_arguments(tool: Tool, arguments_json: str, settings: Settings) -> dict
     except (ValueError, RecursionError) as exc:
         raise InvalidRequestError(f"arguments are not valid JSON: {exc}") from exc
     validated = dict(validate_arguments(tool, arguments))
-    run = builtin_run(tool)
+    run = tool.run
     if run is not None and run.prepare is not None:
         validated = run.prepare(validated, settings)
     return validated
@@ -153,7 +152,7 @@ def fingerprint(tool: str, arguments: dict[str, Any], session_id: str = "") -> s
 
 def run_request(tool: Tool, arguments: dict[str, Any], limits: Limits) -> RunRequest:
     """What the sandbox's runner is asked to run."""
-    run = builtin_run(tool)
+    run = tool.run
     if run is not None:
         if run.kind == "daemon":
             raise ValueError(f"{tool.name!r} runs in the daemon: it has no sandbox request")

@@ -18,10 +18,7 @@ import grpc.aio
 
 from tooljail import __version__
 from tooljail.errors import (
-    CallIdConflictError,
-    CallNotFoundError,
     InvalidRequestError,
-    PermissionDeniedError,
     ShuttingDownError,
     TooljailError,
 )
@@ -44,6 +41,7 @@ from tooljaild.calls import Call, CallManager
 from tooljaild.calls.admission import unknown_call
 from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
+from tooljaild.calls.intake import CallRequest, owned_by
 from tooljaild.calls.output import Event
 from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
@@ -56,7 +54,6 @@ from tooljaild.sessions.policy import (
     check_may_open_session,
 )
 from tooljaild.sessions.session import Session, SessionOptions
-from tooljaild.tools.builtin.catalog import builtin_run
 from tooljaild.tools.registry import Tool
 
 log = logging.getLogger(__name__)
@@ -135,7 +132,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         """
         call = self._manager.get(call_id)
         identity = self._identity(context)
-        if identity is None or _owned_by(call, identity):
+        if identity is None or owned_by(call, identity):
             return call
         seen = approvers_too and identity.approver
         if not call.client:
@@ -149,24 +146,6 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         if not seen:
             raise unknown_call(call_id)
         return call
-
-    def _refuse_anothers_id(self, call_id: str, identity: Identity) -> None:
-        """Refuse a call id that names another identity's call, live or journaled.
-
-        Checked before the manager sees the request: it would answer with that
-        call (same arguments), run it again in its owner's place (a lost call of
-        an idempotent tool), or name its tool (other arguments).
-
-        Raises:
-            CallIdConflictError: The id is another's (or a call's from before
-                calls had owners), whatever the arguments.
-        """
-        try:
-            call = self._manager.get(call_id)
-        except CallNotFoundError:
-            return
-        if not _owned_by(call, identity):
-            raise CallIdConflictError(f"the call id {call_id!r} is taken; use another (or none)")
 
     def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
         """The open session, if the caller may use it (as `_own_call`): another
@@ -201,28 +180,18 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
 
     async def _submit(self, request: pb.CallRequest, context: grpc.aio.ServicerContext) -> Call:
         """Admit the call a Call or Run request asks for, or end the RPC with why not."""
+        identity = self._identity(context)
+        asked = CallRequest(
+            request.tool,
+            request.arguments_json,
+            request.call_id,
+            request.timeout_s,
+            request.session_id,
+        )
         try:
-            identity = self._identity(context)
-            if identity is not None and not identity.may_use(request.tool):
-                raise PermissionDeniedError(f"this identity may not call the tool {request.tool!r}")
-            # Bounded, and off the event loop when large: before the checks below,
-            # which must not be separated from the admission by an await.
-            checked = await self._manager.check_arguments(request.tool, request.arguments_json)
-            if identity is not None and request.session_id:
-                self._own_session(request.session_id, context)
-            if identity is not None and request.call_id:
-                self._refuse_anothers_id(request.call_id, identity)
-            # No await from the check to the admission: the id cannot change hands between.
-            return self._manager.submit(
-                request.tool,
-                request.arguments_json,
-                request.call_id,
-                request.timeout_s,
-                client=client_of(context) if identity is None else identity.name,
-                session_id=request.session_id,
-                identity=identity,
-                checked=checked,
-            )
+            # One trip: the policy, the arguments, whose session and id, the admission.
+            client = client_of(context) if identity is None else identity.name
+            return await self._manager.admit(asked, identity=identity, client=client)
         except TooljailError as exc:
             await self._refuse(context, exc)
 
@@ -466,13 +435,6 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         return pb.DeleteArtifactResponse(deleted=deleted)
 
 
-def _owned_by(call: Call, identity: Identity) -> bool:
-    """Whether `call` is `identity`'s own, live or answered from the journal (which
-    records each call's client). A call journaled before it did (client "") is
-    nobody's: every identity treats it as another's (an identity's name is never "")."""
-    return call.client == identity.name
-
-
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
     """Wait until the call runs or `until` is given; True if it runs (or ran).
 
@@ -507,8 +469,7 @@ async def _next_chunk(
 
 def _runs_in_a_sandbox(tool: Tool) -> bool:
     """Whether `tool` runs in a sandbox (so in a session), not in the daemon."""
-    run = builtin_run(tool)
-    return run is None or run.kind != "daemon"
+    return not tool.runs_in_daemon
 
 
 def _started(call: Call) -> pb.Started:

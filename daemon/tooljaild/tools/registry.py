@@ -18,12 +18,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import jsonschema
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation, model_validator
 
 from tooljail.common import bounded, json_type_name
 from tooljail.errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail.types import Diagnostic, ToolInfo
 from tooljaild.settings.sandbox import Limits, SandboxProfile
+from tooljaild.tools.run import BuiltinRun
 
 __all__ = [
     "Registry",
@@ -102,6 +103,9 @@ class Tool(BaseModel):
     source: Literal["builtin", "user"]
     builtin: str | None = None
     """Which built-in implementation runs the call (built-ins only)."""
+    run: SkipValidation[BuiltinRun | None] = Field(default=None, exclude=True, repr=False)
+    """How the daemon runs it, set once by the catalog that builds a built-in
+    (`tools.builtin.catalog.builtin_tools`); None: a user tool (its module's function)."""
     module_path: str | None = None
     """The file the runner imports (user tools only)."""
     function: str | None = None
@@ -112,6 +116,11 @@ class Tool(BaseModel):
     # Compiled lazily by `validate_arguments`; private attributes may be set on a
     # frozen model, and the schema never changes after construction.
     _validator: Any = PrivateAttr(default=None)
+
+    @property
+    def runs_in_daemon(self) -> bool:
+        """Whether it runs in the daemon itself (no sandbox, so never in a session)."""
+        return self.run is not None and self.run.kind == "daemon"
 
     def info(self) -> ToolInfo:
         """This tool as the SDK sees it."""
@@ -296,6 +305,8 @@ class Registry:
         for tool in builtins:
             if tool.name in self._tools:
                 raise ValueError(f"two built-in tools are named {tool.name!r}")
+            if tool.source == "builtin" and tool.run is None:
+                raise ValueError(f"the built-in {tool.name!r} does not say how it runs")
             self._tools[tool.name] = tool
         for tool in user_tools:
             first = self._tools.get(tool.name)

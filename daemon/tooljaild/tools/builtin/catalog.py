@@ -16,10 +16,9 @@ a new request kind also needs its handler in the runner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from tooljail.errors import InvalidArgumentsError
 from tooljaild.sandbox.backends import Promises
@@ -31,10 +30,10 @@ from tooljaild.tools.builtin.workspace import (
     workspace_payload,
     workspace_tools,
 )
-from tooljaild.tools.in_daemon import Handler
 from tooljaild.tools.registry import Tool, ToolOptions
+from tooljaild.tools.run import BuiltinRun
 
-__all__ = ["BUILTIN_TOOLS", "RUNS", "BuiltinRun", "builtin_run", "builtin_tools"]
+__all__ = ["BUILTIN_TOOLS", "RUNS", "BuiltinRun", "builtin_tools"]
 
 _RESULT = "Returns {stdout, stderr, exit_code}; exit_code 0 means success."
 
@@ -86,7 +85,8 @@ def _files_rule(files_dirs: Sequence[Path] | None) -> str:
 def builtin_tools(
     promises: Promises | None = None, files_dirs: Sequence[Path] | None = None
 ) -> tuple[Tool, ...]:
-    """The built-in tools, their descriptions saying only what holds.
+    """The built-in tools, their descriptions saying only what holds, each
+    carrying how it runs (its `BuiltinRun` from `RUNS`, as `Tool.run`).
 
     Args:
         promises: What holds in the built-ins' sandboxes; None: unknown, so
@@ -94,7 +94,7 @@ def builtin_tools(
         files_dirs: The daemon's files directories (absolute); None: unknown.
     """
     where, holds = _where(promises), _what_holds(promises)
-    return (
+    tools = (
         Tool(
             name="execute_python_code",
             description=(
@@ -152,30 +152,7 @@ def builtin_tools(
         *ARTIFACT_TOOLS,
         UPLOAD_FILE_TOOL,
     )
-
-
-BUILTIN_TOOLS: tuple[Tool, ...] = builtin_tools()
-"""The tools every daemon serves, described without a daemon (promising nothing)."""
-
-
-@dataclass(frozen=True)
-class BuiltinRun:
-    """How the daemon runs one built-in tool."""
-
-    kind: Literal["code", "file", "workspace", "daemon"]
-    """The request kind the sandbox's runner gets (see `sandbox.runner_channel`);
-    "daemon": no sandbox, `in_daemon` runs it (`tooljaild.tools.in_daemon`)."""
-    payload: Callable[[Mapping[str, Any]], dict[str, Any]]
-    """The request's payload, from the call's checked arguments."""
-    prepare: Callable[[dict[str, Any], Settings], dict[str, Any]] | None = None
-    """Checks the arguments beyond the schema at admission, before anything is
-    recorded or run, and returns them as the call keeps them. Raises
-    `InvalidArgumentsError`."""
-    output_is_data: bool = True
-    """The result's data is the program's `{stdout, stderr, exit_code}`; False:
-    it is the value the run returned (the workspace tools' op results)."""
-    in_daemon: Handler | None = None
-    """For kind "daemon": the handler the daemon awaits instead of a sandbox."""
+    return tuple(_with_run(tool) for tool in tools)
 
 
 def _resolve_file(arguments: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -235,6 +212,11 @@ RUNS: dict[str, BuiltinRun] = {
 """Each built-in's implementation, by the `builtin` name its `Tool` carries."""
 
 
-def builtin_run(tool: Tool) -> BuiltinRun | None:
-    """How `tool` runs, if it is a built-in; None for a user tool."""
-    return RUNS.get(tool.builtin) if tool.builtin else None
+def _with_run(tool: Tool) -> Tool:
+    """`tool`, carrying how it runs (`RUNS`): decided here, once, for every call."""
+    assert tool.builtin is not None, tool.name
+    return tool.model_copy(update={"run": RUNS[tool.builtin]})
+
+
+BUILTIN_TOOLS: tuple[Tool, ...] = builtin_tools()
+"""The tools every daemon serves, described without a daemon (promising nothing)."""

@@ -1,0 +1,40 @@
+"""How the daemon runs a built-in tool: its `BuiltinRun`, which its `Tool` carries.
+
+Decided once, when the catalog builds the tool (`tools.builtin.catalog`), and
+read from the tool on every step of a call (the argument check, the sandbox's
+request, the result), never looked up again by name. A user tool carries none:
+the runner imports its module and calls its function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tooljaild.settings.config import Settings
+from tooljaild.tools.in_daemon import Handler
+
+__all__ = ["BuiltinRun", "RunKind"]
+
+RunKind = Literal["code", "file", "workspace", "daemon"]
+
+
+@dataclass(frozen=True)
+class BuiltinRun:
+    """How the daemon runs one built-in tool."""
+
+    kind: RunKind
+    """The request kind the sandbox's runner gets (see `sandbox.runner_channel`);
+    "daemon": no sandbox, `in_daemon` runs it (`tooljaild.tools.in_daemon`)."""
+    payload: Callable[[Mapping[str, Any]], dict[str, Any]]
+    """The request's payload, from the call's checked arguments."""
+    prepare: Callable[[dict[str, Any], Settings], dict[str, Any]] | None = None
+    """Checks the arguments beyond the schema at admission, before anything is
+    recorded or run, and returns them as the call keeps them. Raises
+    `InvalidArgumentsError`."""
+    output_is_data: bool = True
+    """The result's data is the program's `{stdout, stderr, exit_code}`; False:
+    it is the value the run returned (the workspace tools' op results)."""
+    in_daemon: Handler | None = None
+    """For kind "daemon": the handler the daemon awaits instead of a sandbox."""
