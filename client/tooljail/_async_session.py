@@ -12,14 +12,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from tooljail._session_base import _SessionBase
+from tooljail._session_host import AsyncSessionHost
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
 from tooljail.v1 import tooljail_pb2 as pb
-
-if TYPE_CHECKING:
-    from tooljail._async_client import AsyncClient
 
 __all__ = ["AsyncSession"]
 
@@ -34,7 +32,7 @@ class AsyncSession(_SessionBase):
             print(result.data["stdout"])  # 42
     """
 
-    _client: AsyncClient
+    _client: AsyncSessionHost
 
     async def __aenter__(self) -> Self:
         return self
@@ -97,7 +95,7 @@ class _AsyncSessionStart:
     `RuntimeError` rather than open another. Never awaited, it opens nothing.
     """
 
-    def __init__(self, client: AsyncClient, request: pb.CreateSessionRequest) -> None:
+    def __init__(self, client: AsyncSessionHost, request: pb.CreateSessionRequest) -> None:
         self._client = client
         self._request = request
         self._used = False

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from tooljail._session_base import _SessionBase
+from tooljail._session_host import SessionHost
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
-
-if TYPE_CHECKING:
-    from tooljail._client import Client
 
 __all__ = ["Session"]
 
@@ -42,7 +40,7 @@ class Session(_SessionBase):
     after that raise `SessionEndedError`, whose `reason` says why.
     """
 
-    _client: Client
+    _client: SessionHost
 
     def __enter__(self) -> Self:
         return self

@@ -235,7 +235,12 @@ def specs_of(
 
 def _client_of(target: Target) -> tuple[Client | AsyncClient, str | None]:
     if isinstance(target, Session | AsyncSession):
-        return target._client, target.id
+        # A session knows its client only as a host of its methods; one made by
+        # Client.session() or AsyncClient.session() has the client itself.
+        client = target._client
+        if isinstance(client, Client | AsyncClient):
+            return client, target.id
+        raise TypeError(f"a session of a {type(client).__name__}, not of a tooljail client")
     if isinstance(target, Client | AsyncClient):
         return target, None
     raise TypeError(

@@ -1,0 +1,88 @@
+"""What a session needs of the client that made it: `SessionHost` and `AsyncSessionHost`.
+
+A session fills in its id and calls its client's own methods; it names only
+these methods, as a Protocol, so `_session` does not import `_client` (which
+imports `_session` to make one) and the SDK has no import circle. `Client`
+and `AsyncClient` satisfy them as they are (mypy checks it where they hand
+themselves to a session).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Generator
+from typing import Any, Protocol
+
+from tooljail._types import Output, SessionInfo, ToolResult
+from tooljail.v1 import tooljail_pb2 as pb
+
+__all__ = ["AsyncSessionHost", "SessionHost"]
+
+
+class SessionHost(Protocol):
+    """The blocking client's methods a `Session` calls (as `Client`'s)."""
+
+    def call(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        tool_timeout_s: float | None = None,
+        call_id: str | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult: ...
+
+    def stream(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        tool_timeout_s: float | None = None,
+        call_id: str | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Generator[Output | ToolResult, None, None]: ...
+
+    def close_session(self, session_id: str) -> SessionInfo: ...
+
+    def upload_file(
+        self, session_id: str, path: str, data: bytes | bytearray | memoryview
+    ) -> int: ...
+
+    def download_file(self, session_id: str, path: str) -> bytes: ...
+
+
+class AsyncSessionHost(Protocol):
+    """The asyncio client's methods an `AsyncSession` calls (as `AsyncClient`'s)."""
+
+    async def call(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        tool_timeout_s: float | None = None,
+        call_id: str | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109
+    ) -> ToolResult: ...
+
+    def stream(
+        self,
+        tool: str,
+        args: dict[str, Any] | None = None,
+        *,
+        tool_timeout_s: float | None = None,
+        call_id: str | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncGenerator[Output | ToolResult, None]: ...
+
+    async def close_session(self, session_id: str) -> SessionInfo: ...
+
+    async def upload_file(
+        self, session_id: str, path: str, data: bytes | bytearray | memoryview
+    ) -> int: ...
+
+    async def download_file(self, session_id: str, path: str) -> bytes: ...
+
+    async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...
