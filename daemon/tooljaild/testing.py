@@ -41,25 +41,8 @@ def daemon(
 ) -> Iterator[str]:
     """Run a tooljail daemon for the duration of the `with` block.
 
-    Args:
-        in_process: Run the daemon on a background thread of this process (True,
-            fast) or as a `python -m tooljaild serve` child process (False).
-        start_timeout_s: How long the daemon may take to serve; past it, this raises.
-        stop_grace_s: At exit, how long calls still running may take to finish
-            before the daemon stops them (in place of `shutdown_grace_s`).
-        settings: The daemon's config keys; nested tables as dicts
-            (`limits={"cpu_s": 5}`). Unless given: `listen` is a Unix socket in
-            a fresh temporary directory, `state_dir` another directory there, and
-            `pool_size` is 1. The environment's `TOOLJAIL_*` variables apply as
-            they do to `tooljail serve`, below these.
-
-    Yields:
-        The target to connect to: `Client(target)`.
-
-    Raises:
-        tooljaild.settings.config.ConfigError: When a setting is unknown or invalid (named).
-        tooljaild.app.errors.DaemonError: When the daemon cannot start (its message says why).
-        TimeoutError: When it does not serve within `start_timeout_s`.
+    The harness behind `tooljail.testing.daemon`, the public entry point, whose
+    docstring is the contract (arguments, defaults, what it yields and raises).
     """
     base = Path(tempfile.mkdtemp(prefix="tooljail-test-"))
     try:
