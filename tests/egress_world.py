@@ -7,6 +7,8 @@ tests/conftest.py) and shared by every egress test:
   stand-in for the public roots real hosts chain to;
 - `world.https`: an HTTPS server on 127.0.0.1 ("api.example.com:443" maps to it);
 - `world.http`: a plain HTTP server on 127.0.0.1 ("data.example.org:80");
+- `world.traps`: TCP and UDP listeners on every host address (v4 and v6), a
+  trap for a sandbox that would get around the proxy;
 - `world.index`: a plain HTTP package index on 127.0.0.1 ("pypi.internal:80";
   "pypi.internal:443" maps to the HTTPS server, which serves the same index),
   PEP 503 pages with two wheels built here: `tjdemo-1.0` (requires `tjdep>=1`)
@@ -61,8 +63,18 @@ from tests.certs import Authority
 FILE_BODY = bytes(range(256)) * 4
 """What GET /file answers: 1 KiB."""
 
-NAMES = ("api.example.com", "data.example.org", "pypi.internal", "other.example.net")
-"""The names the test leaf covers (also "localhost" and 127.0.0.1)."""
+NAMES = (
+    "api.example.com",
+    "data.example.org",
+    "pypi.internal",
+    "other.example.net",
+    "evil.example.net",
+    "files.example.org",
+    "a.files.example.org",
+    "deny.files.example.org",
+)
+"""The names the test leaf covers (also "localhost" and 127.0.0.1); each maps to
+a world server in `World.hosts`, so a refusal that failed would reach it."""
 
 WHEEL_DATE = (2020, 1, 1, 0, 0, 0)
 """Every wheel member's timestamp: the same wheels (and hashes) on every run."""
@@ -91,6 +103,8 @@ class Request:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     at: float
+    complete: bool = True
+    """False when the body ended before its Content-Length (the client hung up)."""
 
     def header(self, name: str) -> str | None:
         """The first header called `name` (any case), or None."""
@@ -249,11 +263,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     server: _Server
+    tj_complete = True
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the record is the log
 
     def _body(self) -> bytes:
+        self.tj_complete = True
         length = int(self.headers.get("Content-Length") or 0)
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
             chunks = []
@@ -265,7 +281,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 chunks.append(self.rfile.read(size))
                 self.rfile.readline()
             return b"".join(chunks)
-        return self.rfile.read(length) if length else b""
+        body = self.rfile.read(length) if length else b""
+        self.tj_complete = len(body) == length
+        return body
 
     def _handle(self) -> None:
         body = self._body()
@@ -280,6 +298,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             headers=tuple(self.headers.items()),
             body=body,
             at=time.monotonic(),
+            complete=self.tj_complete,
         )
         world.recorder.add(request)
         path = self.path.split("?", 1)[0]
@@ -488,6 +507,61 @@ DEFAULT_ALLOW = ("api.example.com", "data.example.org", "pypi.internal")
 """The ceiling `World.settings` allows unless told: the three world names, ports 80/443."""
 
 
+class _Traps:
+    """Listeners on every address of the host (TCP v4 and v6, UDP v4 and v6) that
+    record whatever reaches them: a sandbox that gets around the proxy (a direct
+    connect(), a DNS query) would land here."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self.recorder = recorder
+        self.sockets: list[socket.socket] = []
+        self.tcp_port = self.udp_port = 0
+        for family, kind, any_address in (
+            (socket.AF_INET, socket.SOCK_STREAM, "0.0.0.0"),
+            (socket.AF_INET6, socket.SOCK_STREAM, "::"),
+            (socket.AF_INET, socket.SOCK_DGRAM, "0.0.0.0"),
+            (socket.AF_INET6, socket.SOCK_DGRAM, "::"),
+        ):
+            sock = socket.socket(family, kind)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            port = self.tcp_port if kind == socket.SOCK_STREAM else self.udp_port
+            try:
+                sock.bind((any_address, port))
+            except OSError:
+                sock.close()  # no IPv6 here, or the port is taken in v6: v4 only
+                continue
+            if kind == socket.SOCK_STREAM:
+                sock.listen(64)
+                self.tcp_port = sock.getsockname()[1]
+            else:
+                self.udp_port = sock.getsockname()[1]
+            sock.settimeout(0.2)
+            self.sockets.append(sock)
+            threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
+        self._closed = False
+
+    def _serve(self, sock: socket.socket) -> None:
+        label = "trap-tcp" if sock.type == socket.SOCK_STREAM else "trap-udp"
+        while not getattr(self, "_closed", False):
+            try:
+                if sock.type == socket.SOCK_STREAM:
+                    conn, peer = sock.accept()
+                    conn.close()
+                else:
+                    _data, peer = sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.recorder.add(Connection(label, peer[:2], None, time.monotonic()))
+
+    def close(self) -> None:
+        self._closed = True
+        for sock in self.sockets:
+            sock.close()
+
+
 @dataclass
 class World:
     """The running world: servers, CA, wheels, and how to configure a daemon for it."""
@@ -499,6 +573,7 @@ class World:
     http: _Server
     index: _Server
     wheels: tuple[Wheel, ...]
+    traps: _Traps
 
     @property
     def ca_file(self) -> Path:
@@ -520,6 +595,12 @@ class World:
             "pypi.internal:443": self.https.address,
             "other.example.net:443": self.https.address,
             "other.example.net:80": self.http.address,
+            "evil.example.net:443": self.https.address,
+            "evil.example.net:80": self.http.address,
+            "files.example.org:443": self.https.address,
+            "a.files.example.org:443": self.https.address,
+            "deny.files.example.org:443": self.https.address,
+            "api.example.com:8443": self.https.address,
         }
 
     def mark(self) -> Mark:
@@ -591,6 +672,7 @@ class World:
         for server in (self.https, self.http, self.index):
             server.shutdown()
             server.server_close()
+        self.traps.close()
 
 
 def start_world(directory: Path) -> World:
@@ -609,7 +691,7 @@ def start_world(directory: Path) -> World:
             target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True,
             name=f"egress-world-{server.label}",
         ).start()  # fmt: skip
-    return World(directory, ca, recorder, https, plain, pypi, wheels)
+    return World(directory, ca, recorder, https, plain, pypi, wheels, _Traps(recorder))
 
 
 def trust_prelude(world: World, bundle: str = "/tmp/tj-world-ca.pem") -> str:

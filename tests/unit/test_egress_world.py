@@ -57,3 +57,22 @@ def test_config_is_toml_with_hosts_ca_and_a_0600_secrets_file(egress_world: Worl
         "value": "v4lue",
         "hosts": ["api.example.com"],
     }
+
+
+def test_traps_record_tcp_and_udp_on_any_address(egress_world: World) -> None:
+    import socket
+
+    mark = egress_world.mark()
+    socket.create_connection(("127.0.0.1", egress_world.traps.tcp_port), 5).close()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.sendto(b"\0" * 12, ("127.0.0.1", egress_world.traps.udp_port))
+    egress_world.wait_seen(mark, requests=0, timeout=0)
+    import time
+
+    deadline = time.monotonic() + 5
+    while len(egress_world.since(mark).connections) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(c.server for c in egress_world.since(mark).connections) == [
+        "trap-tcp",
+        "trap-udp",
+    ]
