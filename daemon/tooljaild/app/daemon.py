@@ -248,7 +248,9 @@ class Daemon:
         assert self.sandboxes is not None and self.pools is not None
         s, default = settings or self.settings, self.pools.default
         builtins = builtin_tools(
-            self.sandboxes.promises(default), [d.resolve() for d in s.files_dirs]
+            self.sandboxes.promises(default),
+            [d.resolve() for d in s.files_dirs],
+            packages=s.egress is not None,  # no [egress]: no index to install from
         )
         registry = await load_tools(s, self.sandboxes, default, builtins)
         for d in registry.diagnostics:

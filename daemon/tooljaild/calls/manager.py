@@ -59,6 +59,7 @@ from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
 from tooljaild.tools.registry import Registry, Tool
+from tooljaild.tools.run import session_required
 
 log = logging.getLogger(__name__)
 
@@ -266,6 +267,8 @@ class CallManager:
             rerun,
             gated,
         )
+        if tool.run is not None and tool.run.needs_session and not asked.session_id:
+            raise session_required(tool.name)
         if tool.run is not None and tool.run.in_daemon is not None:
             return self._submit_in_daemon(tool.run.in_daemon, asked.session_id, request)
         if asked.session_id:
