@@ -257,6 +257,12 @@ def parse_rule(text: str) -> Rule:
         raise ValueError(f"{text[:40]!r}...: an egress rule has at most 1024 characters")
     if any(c.isspace() for c in text):
         raise ValueError(f"{text!r}: an egress rule holds no whitespace")
+    if "/" in text or "@" in text:
+        _, sep, rest = text.partition("://")
+        example = rest.split("/")[0].split("@")[-1] if sep else "api.example.com"
+        raise ValueError(
+            f"{text!r}: a rule names a host and ports, not a URL or a path: write {example}"
+        )
     host, ports = _split_host_port(text)
     return Rule(
         host=_check_name(host, text, wildcard_ok=True),
