@@ -67,6 +67,8 @@ def test_the_rule_syntax(text: str, host: str, ports: frozenset[int] | None) -> 
         ("10.0.0", "whole IP address"),
         ("010.0.0.1", "whole IP address"),
         ("*.10.0.0.1", "whole IP address"),
+        ("0x7f000001", "whole IP address"),
+        ("0x7f.1:80", "whole IP address"),
         ("[fe80::1%eth0]", "zone"),
         ("a" * 64 + ".com", "not a host name label"),
         ("http://api.example.com", "not a URL or a path: write api.example.com"),
