@@ -85,6 +85,11 @@ def run(
     flush = [stream.flush for stream in streams]
     limits = dict(session.get("limits") or {})
     cpu_s = int(limits.pop("cpu_s", 0) or 0)
+    egress = bool(session.get("egress"))
+    if egress:
+        # For the session's life (each call checks it is still there); before
+        # the limits, so that its thread does not count against a tight nproc.
+        _relay_up()
     # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
     runner._apply_limits(limits)
     if session.get("cwd"):
@@ -125,6 +130,8 @@ def run(
             os.dup2(pipes[0], 1)
             os.dup2(pipes[1], 2)
         _close_fds(pipes)
+        if egress:
+            _relay_up()
         turn = _begin_turn(message, turn, streams)
         frame = _interpret(
             message,
@@ -142,6 +149,15 @@ def run(
                 each()
         frame.update(left, seq=message.get("seq"), n=turn.nonce)
         write_frame(frame)
+
+
+def _relay_up() -> None:
+    """Start the egress relay unless it runs (tool code may have ended it: that
+    cut only this session's own access, until now); its thread is the runner's,
+    not a call's (_turn.RUNNER_THREADS)."""
+    thread = _kinds.import_beside("_egress").ensure_relay()
+    if thread is not None and thread.ident is not None:
+        _turn.RUNNER_THREADS.add(thread.ident)
 
 
 def _begin_turn(

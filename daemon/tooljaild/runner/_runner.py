@@ -164,6 +164,9 @@ def _worker() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    if request.get("egress"):
+        # Before the limits: its thread must not count against a tight nproc.
+        _kinds.import_beside("_egress").ensure_relay()
     _apply_limits(request.get("limits", {}))
     workdir = request.get("cwd")
     if workdir:
