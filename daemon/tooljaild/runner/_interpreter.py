@@ -26,11 +26,12 @@ import types
 from typing import Any
 
 try:  # the daemon's view (mypy): tooljaild.runner._interpreter
-    from . import _frames, _keeper, _kinds, _turn
+    from . import _frames, _keeper, _kinds, _packages, _turn
 except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
     import _frames  # type: ignore[import-not-found, no-redef]
     import _keeper  # type: ignore[import-not-found, no-redef]
     import _kinds  # type: ignore[import-not-found, no-redef]
+    import _packages  # type: ignore[import-not-found, no-redef]
     import _turn  # type: ignore[import-not-found, no-redef]
 
 _CHUNK = 1 << 20
@@ -96,6 +97,10 @@ def run(
         os.chdir(session["cwd"])
     os.environ.clear()
     os.environ.update(session.get("env") or {})
+    if session.get("egress"):
+        # Installs go to the workspace's site directory, on sys.path from the
+        # start (and again after every reset: this runs in each interpreter).
+        _packages.activate(session.get("cwd") or os.getcwd())
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -189,6 +194,13 @@ def _interpret(message: dict[str, Any], main: types.ModuleType, **options: Any) 
             _keeper.reap_all()  # zombies of the call before (the sweep killed them)
         limits = request.get("limits")  # the call's own; else the session's
         _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
+        _packages.refresh()  # what the call before installed, importable now
+        if request.get("kind") == "packages":  # install_packages: pip is tool code too
+            _in_tool = True
+            try:
+                return _packages.install(request, options["session"].get("cwd") or os.getcwd())
+            finally:
+                _in_tool = False
         rich = request.get("kind") == "code"
         # Figures and display() only: outputs/ is the supervisor's to send.
         if rich:

@@ -174,6 +174,8 @@ def _worker() -> None:
     workspace = os.getcwd()  # outputs/ is where the call starts, wherever it goes
     os.environ.clear()
     os.environ.update(request.get("env", {}))
+    if request.get("egress"):  # pip installs into the workspace (see _packages.py)
+        _kinds.import_beside("_packages").activate(workspace)
 
     kind = request.get("kind")
     write_frame = _frames.write_frame

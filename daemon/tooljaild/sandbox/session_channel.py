@@ -20,6 +20,8 @@ The daemon's lines (request pipe), one JSON object each:
         frame of the call carries it. Kinds code, file and user run in the
         interpreter; kind "workspace" ({"op", "args", "quota_bytes"}) runs in
         the supervisor itself (`_workspace.run`), where tool code cannot reach.
+        Kind "packages" ({"requirements", "known"}: install_packages, see
+        runner/_packages.py) runs in the interpreter too: pip is tool code.
     {"op": "interrupt", "seq": n}
         SIGINT to the interpreter if call n is still running there: its code
         sees KeyboardInterrupt (only while tool code runs, never the runner's
@@ -118,7 +120,7 @@ from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, runner_line
 from tooljaild.settings.sandbox import Limits
 
-SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
+SESSION_KINDS = frozenset({"code", "file", "user", "workspace", "packages"})
 """The request kinds a session runs."""
 _CALL_FRAMES = frozenset({"yield", "artifact", "result"})
 """The frames that name a call (its ``seq``)."""
