@@ -340,3 +340,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"skipped in CI, which must provide what this test needs: {reason}"
+
+
+from tests.egress_world import egress_world  # noqa: E402, F401  (the egress tests' local world)
