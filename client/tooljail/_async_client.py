@@ -6,7 +6,7 @@ same flow with blocking calls); the contract of each is in `Client`'s docstrings
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -99,12 +99,15 @@ class AsyncClient(_ClientPlans):
         session_id: str | None = None,
         # Deprecated name of tool_timeout_s (a tool's run time, not an await deadline).
         timeout: float | None = None,  # noqa: ASYNC109
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult:
         """Runs a tool and waits for its result. See `Client.call` for the contract.
 
         Cancelling the awaiting task cancels the RPC only, not the call on the daemon.
         """
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return await self._router.run(
             self._plan_call(tool, args, session_id=session_id, timeout=timeout, **options)
         )
@@ -118,6 +121,8 @@ class AsyncClient(_ClientPlans):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Runs a tool and yields its output as it arrives, then its result.
 
@@ -127,6 +132,7 @@ class AsyncClient(_ClientPlans):
         it. See `Client.stream`.
         """
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return self._router.stream(
             self._plan_stream(tool, args, session_id=session_id, timeout=timeout, **options)
         )
@@ -168,6 +174,10 @@ class AsyncClient(_ClientPlans):
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo:
         """The one CreateSession RPC, never retried (see `Client.session`)."""
         return await self._router.run(self._plan_open_session(request))
+
+    async def set_session_egress(self, session_id: str, rules: Sequence[str]) -> SessionInfo:
+        """Replaces the egress rules of an open session. See `Client.set_session_egress`."""
+        return await self._router.run(self._plan_set_session_egress(session_id, rules))
 
     async def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
         """The open sessions of this client, or of every client. See `Client.list_sessions`."""

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -55,9 +55,12 @@ class AsyncSession(_SessionBase):
         call_id: str | None = None,
         # Deprecated name of tool_timeout_s (a tool's run time, not an await deadline).
         timeout: float | None = None,  # noqa: ASYNC109
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult:
         """Runs a tool in this session. See `Session.call`."""
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return await self._client.call(tool, args, session_id=self.id, timeout=timeout, **options)
 
     def stream(
@@ -68,10 +71,21 @@ class AsyncSession(_SessionBase):
         tool_timeout_s: float | None = None,
         call_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> AsyncGenerator[Output | ToolResult, None]:
         """Runs a tool in this session, yielding its output. See `Session.stream`."""
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return self._client.stream(tool, args, session_id=self.id, timeout=timeout, **options)
+
+    async def set_egress(self, rules: Sequence[str]) -> SessionInfo:
+        """Replaces this session's egress rules, live.
+
+        See `Session.set_egress`.
+        """
+        self._info = await self._client.set_session_egress(self.id, rules)
+        return self._info
 
     async def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
         """Writes `data` to `path` in the workspace. See `Session.upload`."""

@@ -19,7 +19,7 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -180,6 +180,8 @@ class Client(_ClientPlans):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult:
         """Runs a tool and waits for its result; output chunks are not kept.
 
@@ -200,10 +202,21 @@ class Client(_ClientPlans):
                 in a session waits for the session's calls before it.
             timeout: Deprecated (a DeprecationWarning): the old name of
                 `tool_timeout_s`.
+            egress: What the call's sandbox may reach through the daemon's
+                egress proxy: rules such as "api.example.com",
+                "*.example.org:443", each within the tool's own rules (when it
+                has some) and the caller's allowance. None: the tool's rules
+                (a tool with none has no network). In a session, the session's
+                rules decide, and these may only narrow them for the call.
+            secrets: Names of secrets (the daemon's secrets file) the call
+                holds: inside the sandbox each is an environment variable with a
+                placeholder the proxy swaps for the value only on the way to
+                the secret's hosts. In a session: secrets the session holds.
 
         Returns:
             The call's one final result; over many daemons, LOST (effect
-            UNKNOWN) when the daemon it was sent to is gone.
+            UNKNOWN) when the daemon it was sent to is gone. Connections the
+            egress proxy refused are in `result.egress_denied`.
 
         Raises:
             TypeError: When an argument has the wrong type.
@@ -216,11 +229,16 @@ class Client(_ClientPlans):
             ShuttingDownError: When the daemon is draining.
             SessionNotFoundError: When the daemon never knew the session.
             SessionEndedError: When the session has ended (`reason` says why).
+            PermissionDeniedError: When `egress` or `secrets` ask for more than
+                the tool or this identity may have (the message names the rule).
+            EgressUnavailableError: When `egress` or `secrets` are asked of a
+                daemon without egress configured.
             TransportError: When the RPC fails or ends without a result.
         """
         return self._router.run(
             self._plan_call(tool, args, tool_timeout_s=tool_timeout_s, call_id=call_id,
-                            session_id=session_id, timeout=timeout)
+                            session_id=session_id, timeout=timeout, egress=egress,
+                            secrets=secrets)
         )  # fmt: skip
 
     def stream(
@@ -232,6 +250,8 @@ class Client(_ClientPlans):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> Generator[Output | ToolResult, None, None]:
         """Runs a tool and yields its output as it arrives, then its result.
 
@@ -250,6 +270,8 @@ class Client(_ClientPlans):
             call_id: An idempotency key; None lets the SDK make one.
             session_id: Run in this session; None means a fresh sandbox.
             timeout: Deprecated: the old name of `tool_timeout_s`.
+            egress: What the sandbox may reach; as for `call`.
+            secrets: Secrets the call holds; as for `call`.
 
         Returns:
             An iterator of `Output` chunks in order, and the `ToolResult` last.
@@ -260,7 +282,8 @@ class Client(_ClientPlans):
         """
         return self._router.stream(
             self._plan_stream(tool, args, tool_timeout_s=tool_timeout_s, call_id=call_id,
-                              session_id=session_id, timeout=timeout)
+                              session_id=session_id, timeout=timeout, egress=egress,
+                              secrets=secrets)
         )  # fmt: skip
 
     def attach(
@@ -346,6 +369,12 @@ class Client(_ClientPlans):
             keep_processes: Processes a call starts keep running after the call
                 (servers, background jobs) until the session ends; by default
                 they are killed when the call ends.
+            egress: What the session may reach through the daemon's egress
+                proxy (rules as for `call`), within this identity's allowance;
+                `session.set_egress(...)` changes them while it lives. None:
+                no network.
+            secrets: Names of secrets the session holds for its life (as for
+                `call`); their placeholders are in its environment.
 
         Returns:
             The open `Session`; `session.info` holds the bounds in force.
@@ -353,7 +382,10 @@ class Client(_ClientPlans):
         Raises:
             TypeError: When an option has the wrong type.
             InvalidRequestError: When an option is negative or not finite (or
-                the daemon refuses it).
+                the daemon refuses it, e.g. an egress rule it cannot parse).
+            PermissionDeniedError: When `egress` or `secrets` ask for more than
+                this identity may have.
+            EgressUnavailableError: When they are asked of a daemon without egress.
             OverloadedError: When the daemon (or this client) has as many
                 sessions as it allows; see `retry_after_s`.
             ShuttingDownError: When the daemon is draining.
@@ -361,6 +393,29 @@ class Client(_ClientPlans):
         """
         request = create_session_request(**options)
         return Session(self, self._router.run(self._plan_open_session(request)))
+
+    def set_session_egress(self, session_id: str, rules: Sequence[str]) -> SessionInfo:
+        """Replaces the egress rules of an open session of this client's.
+
+        Connections the session opens from the answer on are decided by the new
+        rules (open ones are kept); an empty list cuts it off the network.
+        Retried like `call` (setting the same rules twice is harmless).
+
+        Returns:
+            The session as it is now (`egress` holds the new rules).
+
+        Raises:
+            TypeError: When an argument has the wrong type.
+            InvalidRequestError: When a rule is empty or cannot be parsed (the
+                message names it).
+            PermissionDeniedError: When a rule asks for more than this
+                identity may reach (the message names it).
+            EgressUnavailableError: When the daemon has no egress configured.
+            SessionNotFoundError: When no session of this client has that id.
+            SessionEndedError: When the session has ended.
+            TransportError: When the RPC fails.
+        """
+        return self._router.run(self._plan_set_session_egress(session_id, rules))
 
     def list_sessions(self, *, all_clients: bool = False) -> list[SessionInfo]:
         """The open sessions of this client (its host and process), or of every client.

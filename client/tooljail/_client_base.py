@@ -15,6 +15,7 @@ import os
 import socket
 import uuid
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -31,7 +32,7 @@ from tooljail._link import (
 )
 from tooljail._router_base import RouterBase
 from tooljail._routing import Targets, parse_targets
-from tooljail._session_base import check_session_id
+from tooljail._session_base import check_names, check_session_id
 from tooljail._types import CallInfo, CallState, Diagnostic, ToolInfo
 from tooljail._wire import (
     call_info_from_proto,
@@ -374,16 +375,21 @@ class _BaseClient:
         call_id: str | None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> pb.CallRequest:
         """The `CallRequest` for a call, after checking every argument.
 
         `timeout` is `tool_timeout_s`'s old name (a DeprecationWarning).
+        `egress` and `secrets` travel as given (the daemon parses the rules and
+        judges them against the caller's allowance); None sends none.
 
         Raises:
             TypeError: When an argument has the wrong type, or both
                 `tool_timeout_s` and `timeout` are given.
             InvalidRequestError: When the tool name, call id or session id is
-                empty, or the arguments are not JSON-serialisable.
+                empty, the arguments are not JSON-serialisable, or an egress
+                rule or secret name is empty.
             BadTimeoutError: When the timeout is not a positive finite number.
         """
         tool_timeout_s = renamed_keyword("timeout", "tool_timeout_s", tool_timeout_s, timeout)
@@ -396,6 +402,8 @@ class _BaseClient:
             timeout_s=checked_timeout or 0.0,
             # "" on the wire means "a fresh sandbox, no session".
             session_id="" if session_id is None else check_session_id(session_id),
+            egress=check_names(egress, "egress"),
+            secrets=check_names(secrets, "secrets"),
         )
 
     def _build_attach_request(self, call_id: str, from_seq: int) -> pb.AttachRequest:

@@ -11,6 +11,7 @@ request names (its `Route`) is decided here, how a route is followed in
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tooljail._artifact_base import (
@@ -32,6 +33,7 @@ from tooljail._session_base import (
     download_request,
     list_sessions_request,
     session_closed_with_daemon,
+    set_egress_request,
     upload_messages,
 )
 from tooljail._steps import Flow, Try, then
@@ -143,6 +145,12 @@ class _ClientPlans(_BaseClient):
 
     def _opened(self, answer: tuple[Daemon, pb.SessionInfo]) -> SessionInfo:
         return self._router.opened_session(answer[0], decode_session_info(answer[1]))
+
+    def _plan_set_session_egress(self, session_id: str, rules: Sequence[str]) -> Flow[SessionInfo]:
+        """`Client.set_session_egress`: retried (the same rules set twice are the same)."""
+        request = set_egress_request(session_id, rules)
+        flow = self._ask(self._session_route(request), "SetSessionEgress", request, retry=True)
+        return then(flow, decode_session_info)
 
     def _plan_list_sessions(self, all_clients: bool) -> Flow[list[SessionInfo]]:
         flow = self._router.each(self._link.rpc("ListSessions", list_sessions_request(all_clients)))

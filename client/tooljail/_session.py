@@ -7,7 +7,7 @@ behaves exactly as its id does in any other client, even in another process.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -62,6 +62,8 @@ class Session(_SessionBase):
         tool_timeout_s: float | None = None,
         call_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult:
         """Runs a tool in this session and waits for its result.
 
@@ -70,6 +72,7 @@ class Session(_SessionBase):
         (`SessionEndedError` once the session has ended).
         """
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return self._client.call(tool, args, session_id=self.id, timeout=timeout, **options)
 
     def stream(
@@ -80,13 +83,29 @@ class Session(_SessionBase):
         tool_timeout_s: float | None = None,
         call_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> Generator[Output | ToolResult, None, None]:
         """Runs a tool in this session, yielding its output, then its result.
 
         As `Client.stream` with this session's id.
         """
         options: dict[str, Any] = {"tool_timeout_s": tool_timeout_s, "call_id": call_id}
+        options.update(egress=egress, secrets=secrets)
         return self._client.stream(tool, args, session_id=self.id, timeout=timeout, **options)
+
+    def set_egress(self, rules: Sequence[str]) -> SessionInfo:
+        """Replaces this session's egress rules, live.
+
+        As `Client.set_session_egress`: connections opened from the answer on
+        are decided by `rules` (open ones are kept); [] cuts the session off the
+        network. Each rule must lie within this identity's allowance.
+
+        Returns:
+            The session as it is now (also `self.info`).
+        """
+        self._info = self._client.set_session_egress(self.id, rules)
+        return self._info
 
     def upload(self, path: str, data: bytes | bytearray | memoryview) -> int:
         """Writes `data` to `path` in the workspace. As `Client.upload_file`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypedDict, Unpack
 
 from tooljail._types import SessionInfo, SessionState
@@ -38,6 +38,43 @@ def check_session_id(session_id: str) -> str:
         # "" on a CallRequest means "no session": an explicit empty id is a bug.
         raise InvalidRequestError("session_id is empty")
     return session_id
+
+
+MAX_NAMES = 256
+"""Egress rules (or secret names) one request may carry: far more than a real
+policy lists, few enough that a runaway list is refused before it is sent."""
+
+
+def check_names(names: Sequence[str] | None, what: str) -> list[str]:
+    """Egress rules or secret names as sent on the wire (None: none).
+
+    Only their shape is checked here: the daemon parses the rules and judges
+    them (INVALID_ARGUMENT or PERMISSION_DENIED, naming the rule).
+
+    Raises:
+        TypeError: When `names` is a str (a list was meant) or holds a non-str.
+        InvalidRequestError: When a name is empty, or there are more than 256.
+    """
+    if names is None:
+        return []
+    if isinstance(names, str | bytes):
+        raise TypeError(f"{what} must be a list of str, got a single {type(names).__name__}")
+    out = list(names)
+    if len(out) > MAX_NAMES:
+        raise InvalidRequestError(f"{what} names {len(out)} entries; at most {MAX_NAMES}")
+    for name in out:
+        if not isinstance(name, str):
+            raise TypeError(f"{what} must hold str, got {name!r}")
+        if not name.strip():
+            raise InvalidRequestError(f"{what} holds an empty entry")
+    return out
+
+
+def set_egress_request(session_id: str, rules: Sequence[str]) -> pb.SetSessionEgressRequest:
+    """The `SetSessionEgressRequest` for `set_egress`. Raises as `check_names`."""
+    return pb.SetSessionEgressRequest(
+        session_id=check_session_id(session_id), egress=check_names(rules, "egress")
+    )
 
 
 def check_path(path: str) -> str:
@@ -146,6 +183,8 @@ class SessionOptions(TypedDict, total=False):
     cpus: float | None
     workspace_bytes: int | None
     keep_processes: bool
+    egress: Sequence[str] | None
+    secrets: Sequence[str] | None
 
 
 def create_session_request(**options: Unpack[SessionOptions]) -> pb.CreateSessionRequest:
@@ -176,6 +215,8 @@ def create_session_request(**options: Unpack[SessionOptions]) -> pb.CreateSessio
             options.get("workspace_bytes"), "workspace_bytes", _UINT64_MAX
         ),
         keep_processes=keep_processes,
+        egress=check_names(options.get("egress"), "egress"),
+        secrets=check_names(options.get("secrets"), "secrets"),
     )
 
 

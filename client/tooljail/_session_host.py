@@ -9,7 +9,7 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
@@ -30,6 +30,8 @@ class SessionHost(Protocol):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult: ...
 
     def stream(
@@ -41,9 +43,13 @@ class SessionHost(Protocol):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> Generator[Output | ToolResult, None, None]: ...
 
     def close_session(self, session_id: str) -> SessionInfo: ...
+
+    def set_session_egress(self, session_id: str, rules: Sequence[str]) -> SessionInfo: ...
 
     def upload_file(
         self, session_id: str, path: str, data: bytes | bytearray | memoryview
@@ -64,6 +70,8 @@ class AsyncSessionHost(Protocol):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> ToolResult: ...
 
     def stream(
@@ -75,9 +83,13 @@ class AsyncSessionHost(Protocol):
         call_id: str | None = None,
         session_id: str | None = None,
         timeout: float | None = None,
+        egress: Sequence[str] | None = None,
+        secrets: Sequence[str] | None = None,
     ) -> AsyncGenerator[Output | ToolResult, None]: ...
 
     async def close_session(self, session_id: str) -> SessionInfo: ...
+
+    async def set_session_egress(self, session_id: str, rules: Sequence[str]) -> SessionInfo: ...
 
     async def upload_file(
         self, session_id: str, path: str, data: bytes | bytearray | memoryview

@@ -55,7 +55,8 @@ _TOOL_INFO_TYPES = {
     "list": "array",
     "dict": "object",
 }
-_TOOL_INFO_OPTIONS = ("timeout_s", "kill_after_s", "idempotent", "streaming")
+# "sandbox" (its "egress" rules among them) and "secrets" as for `@tool`.
+_TOOL_INFO_OPTIONS = ("timeout_s", "kill_after_s", "idempotent", "streaming", "sandbox", "secrets")
 _PARAM_LINE = re.compile(r"^(\s*)\*{0,2}([A-Za-z_]\w*)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 _SECTION = re.compile(
     r"^(Args|Arguments|Parameters|Params|Returns|Yields|Raises|Examples?|Notes?):\s*$"
@@ -92,6 +93,7 @@ def tool(
     streaming: bool | None = None,
     limits: dict[str, Any] | None = None,
     sandbox: dict[str, Any] | None = None,
+    secrets: list[str] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -107,6 +109,7 @@ def tool(
     streaming: bool | None = None,
     limits: dict[str, Any] | None = None,
     sandbox: dict[str, Any] | None = None,
+    secrets: list[str] | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a function as a tool, inferring its input schema from its signature.
 
@@ -127,6 +130,12 @@ def tool(
         limits: Sandbox limit overrides, passed through to the sandbox layer.
         sandbox: Where calls run, e.g. `{"backend": "docker", "image": "python",
             "network": False}`; keys left out follow the daemon's defaults.
+            `"egress": ["api.example.com"]` names what its calls may reach
+            through the daemon's egress proxy (none: no network).
+        secrets: Names of secrets from the daemon's secrets file that its
+            calls hold, e.g. `["NEWS_API_KEY"]`: inside the sandbox each is an
+            environment variable with a placeholder, which the proxy swaps for
+            the value only on the way to the secret's hosts.
 
     Returns:
         The function itself, or a decorator when called with options only.
@@ -144,6 +153,7 @@ def tool(
             ("streaming", streaming),
             ("limits", limits),
             ("sandbox", sandbox),
+            ("secrets", secrets),
         )
         if value is not None
     }

@@ -154,6 +154,35 @@ class Usage(BaseModel):
     """Seconds from the call's start to its end."""
     output_bytes: int = 0
     """Bytes written to stdout and stderr, kept or not."""
+    net_connections: int = 0
+    """Connections the call's sandbox opened through the daemon's egress proxy
+    (refused ones included); 0 without egress."""
+    net_bytes_out: int = 0
+    """Bytes sent out through the egress proxy (to the upstream hosts)."""
+    net_bytes_in: int = 0
+    """Bytes received through the egress proxy (from the upstream hosts)."""
+
+
+class EgressDenial(BaseModel):
+    """A connection the daemon's egress proxy refused during a call.
+
+    Repeats of the same (host, port, reason) are one entry with a `count`; a
+    result lists at most 64 entries.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    host: str
+    """The host asked for, as the sandbox named it (a name or an address)."""
+    port: int = 0
+    reason: str = ""
+    """Why: "not_allowed", "deny_rule", "port_not_allowed", "ip_literal",
+    "private_address", "resolve_failed", "sni_mismatch", "host_mismatch",
+    "secret_leak", "connection_limit", "bad_request" or "no_egress"."""
+    rule: str = ""
+    """The rule that refused it, as written, when one did ("evil.example.com")."""
+    count: int = 1
+    """Times it was refused."""
 
 
 class ToolResult(BaseModel):
@@ -191,6 +220,9 @@ class ToolResult(BaseModel):
     """The daemon that holds the call (its `daemon_id` setting); "" from an old
     daemon that does not say. Over many daemons, `get_call`, `attach`, `cancel`
     and the call's artifacts go to this one."""
+    egress_denied: tuple[EgressDenial, ...] = ()
+    """Connections the egress proxy refused during the call, each with why:
+    what a model reads to know that a host is out of reach (not down)."""
 
     @property
     def ok(self) -> bool:
@@ -222,6 +254,10 @@ class ToolInfo(BaseModel):
     idempotent: bool = False
     streaming: bool = False
     source: str = "builtin"
+    egress: tuple[str, ...] = ()
+    """The egress rules the tool asks for; () means its calls have no network."""
+    secrets: tuple[str, ...] = ()
+    """The names of the secrets its calls hold (never the values)."""
 
     def openai_schema(self) -> dict[str, Any]:
         """This tool as an OpenAI function-calling tool definition."""
@@ -295,3 +331,7 @@ class SessionInfo(BaseModel):
     """Times its interpreter was restarted (timeouts it did not survive, crashes)."""
     daemon_id: str = ""
     """The daemon that holds the session; "" from an old daemon that does not say."""
+    egress: tuple[str, ...] = ()
+    """The session's egress rules now (`set_egress` changes them); () = no network."""
+    secrets: tuple[str, ...] = ()
+    """The names of the secrets the session holds (never their values)."""

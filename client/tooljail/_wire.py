@@ -34,6 +34,7 @@ from tooljail._types import (
     CallStatus,
     Diagnostic,
     Effect,
+    EgressDenial,
     Output,
     SessionInfo,
     SessionState,
@@ -71,6 +72,8 @@ __all__ = [
     "diagnostic_to_proto",
     "effect_from_proto",
     "effect_to_proto",
+    "egress_denial_from_proto",
+    "egress_denial_to_proto",
     "error_detail_for",
     "error_from_rpc",
     "output_from_proto",
@@ -236,6 +239,7 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         session_reset=r.session_reset,
         artifacts=[artifact_ref_to_proto(a) for a in r.artifacts],
         daemon_id=r.daemon_id,
+        egress_denied=[egress_denial_to_proto(d) for d in r.egress_denied],
     )
     if r.usage is not None:
         m.usage.CopyFrom(pb.Usage(**r.usage.model_dump()))
@@ -285,11 +289,27 @@ def result_from_proto(m: pb.Result) -> ToolResult:
                 memory_peak_bytes=m.usage.memory_peak_bytes,
                 wall_s=m.usage.wall_s,
                 output_bytes=m.usage.output_bytes,
+                net_connections=m.usage.net_connections,
+                net_bytes_out=m.usage.net_bytes_out,
+                net_bytes_in=m.usage.net_bytes_in,
             )
             if m.HasField("usage")
             else None
         ),
         daemon_id=m.daemon_id,
+        egress_denied=tuple(egress_denial_from_proto(d) for d in m.egress_denied),
+    )
+
+
+def egress_denial_to_proto(d: EgressDenial) -> pb.EgressDenial:
+    """A refused connection as its wire message."""
+    return pb.EgressDenial(host=d.host, port=d.port, reason=d.reason, rule=d.rule, count=d.count)
+
+
+def egress_denial_from_proto(m: pb.EgressDenial) -> EgressDenial:
+    """A refused connection from its wire message; a count of 0 (unset) reads as 1."""
+    return EgressDenial(
+        host=m.host, port=m.port, reason=m.reason, rule=m.rule, count=max(1, m.count)
     )
 
 
@@ -326,6 +346,8 @@ def tool_info_to_proto(t: ToolInfo) -> pb.ToolSpec:
         idempotent=t.idempotent,
         streaming=t.streaming,
         source=t.source,
+        egress=list(t.egress),
+        secrets=list(t.secrets),
     )
 
 
@@ -348,6 +370,8 @@ def tool_info_from_proto(m: pb.ToolSpec) -> ToolInfo:
         idempotent=m.idempotent,
         streaming=m.streaming,
         source=m.source,
+        egress=tuple(m.egress),
+        secrets=tuple(m.secrets),
     )
 
 
@@ -532,6 +556,8 @@ def session_info_to_proto(s: SessionInfo) -> pb.SessionInfo:
     """A session's description as its wire message."""
     return pb.SessionInfo(
         state=_SESSION_STATE_TO_PB[s.state],  # type: ignore[arg-type]
+        egress=list(s.egress),
+        secrets=list(s.secrets),
         **{name: getattr(s, name) for name in _SESSION_FIELDS},
     )
 
@@ -544,6 +570,8 @@ def session_info_from_proto(m: pb.SessionInfo) -> SessionInfo:
     """
     return SessionInfo(
         state=_from_pb(_SESSION_STATE_FROM_PB, m.state, "SessionState"),
+        egress=tuple(m.egress),
+        secrets=tuple(m.secrets),
         **{name: getattr(m, name) for name in _SESSION_FIELDS},
     )
 

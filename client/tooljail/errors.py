@@ -21,6 +21,7 @@
     ├── UnauthenticatedError (PermissionError)   UNAUTHENTICATED, code "unauthenticated"
     ├── PermissionDeniedError (PermissionError)  PERMISSION_DENIED, code "permission_denied"
     ├── NotAwaitingApprovalError                 FAILED_PRECONDITION, code "not_awaiting_approval"
+    ├── EgressUnavailableError                   FAILED_PRECONDITION, code "egress_unavailable"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -49,6 +50,7 @@ __all__ = [
     "CallIdConflictError",
     "CallNotFoundError",
     "DaemonUnavailableError",
+    "EgressUnavailableError",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidPathError",
@@ -285,6 +287,14 @@ class NotAwaitingApprovalError(TooljailError):
     code = "not_awaiting_approval"
 
 
+class EgressUnavailableError(TooljailError):
+    """The request asks for egress or secrets, and the daemon has no `[egress]`
+    section: its sandboxes have no network at all. Ask without them, or ask the
+    operator to configure egress."""
+
+    code = "egress_unavailable"
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -347,6 +357,7 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         UnauthenticatedError,
         PermissionDeniedError,
         NotAwaitingApprovalError,
+        EgressUnavailableError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

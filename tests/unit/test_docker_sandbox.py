@@ -329,7 +329,7 @@ print(json.dumps({
     "clone3": attempt(libc_call("syscall", 435, None, 0)),
     "no_aslr": attempt(libc_call("personality", 0x0040000)),
     "docker_socket": [p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p)],
-    "channel": os.listdir("/run/tooljail"),
+    "channel": os.listdir("/run/tooljail-channel"),
     "environ": sorted(os.environ),
     "hostname": socket.gethostname(),
 }))

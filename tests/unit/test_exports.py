@@ -61,6 +61,9 @@ EXPECTED_ALL = {
     "UnauthenticatedError",
     "PermissionDeniedError",
     "NotAwaitingApprovalError",
+    # Egress (issue 23).
+    "EgressDenial",
+    "EgressUnavailableError",
 }
 
 
@@ -100,6 +103,7 @@ EXPECTED_ERRORS_ALL = {
     "UnauthenticatedError",
     "PermissionDeniedError",
     "NotAwaitingApprovalError",
+    "EgressUnavailableError",
 }
 
 

@@ -73,6 +73,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
     ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
     ERROR_CODE_NOT_AWAITING_APPROVAL: _ClassVar[ErrorCode]
+    ERROR_CODE_EGRESS_UNAVAILABLE: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -122,6 +123,7 @@ ERROR_CODE_ARTIFACT_GONE: ErrorCode
 ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_NOT_AWAITING_APPROVAL: ErrorCode
+ERROR_CODE_EGRESS_UNAVAILABLE: ErrorCode
 
 class GetDaemonInfoRequest(_message.Message):
     __slots__ = ()
@@ -144,7 +146,7 @@ class ListToolsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ToolSpec(_message.Message):
-    __slots__ = ("name", "description", "input_schema_json", "timeout_s", "max_timeout_s", "kill_after_s", "idempotent", "streaming", "source")
+    __slots__ = ("name", "description", "input_schema_json", "timeout_s", "max_timeout_s", "kill_after_s", "idempotent", "streaming", "source", "egress", "secrets")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +156,8 @@ class ToolSpec(_message.Message):
     IDEMPOTENT_FIELD_NUMBER: _ClassVar[int]
     STREAMING_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     input_schema_json: str
@@ -163,7 +167,9 @@ class ToolSpec(_message.Message):
     idempotent: bool
     streaming: bool
     source: str
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., kill_after_s: _Optional[float] = ..., idempotent: _Optional[bool] = ..., streaming: _Optional[bool] = ..., source: _Optional[str] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    secrets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., kill_after_s: _Optional[float] = ..., idempotent: _Optional[bool] = ..., streaming: _Optional[bool] = ..., source: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Diagnostic(_message.Message):
     __slots__ = ("severity", "code", "message", "file", "tool")
@@ -188,18 +194,22 @@ class ListToolsResponse(_message.Message):
     def __init__(self, tools: _Optional[_Iterable[_Union[ToolSpec, _Mapping]]] = ..., diagnostics: _Optional[_Iterable[_Union[Diagnostic, _Mapping]]] = ...) -> None: ...
 
 class CallRequest(_message.Message):
-    __slots__ = ("tool", "arguments_json", "call_id", "timeout_s", "session_id")
+    __slots__ = ("tool", "arguments_json", "call_id", "timeout_s", "session_id", "egress", "secrets")
     TOOL_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     tool: str
     arguments_json: str
     call_id: str
     timeout_s: float
     session_id: str
-    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., session_id: _Optional[str] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    secrets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tool: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., session_id: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CallEvent(_message.Message):
     __slots__ = ("started", "output", "result")
@@ -244,7 +254,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id", "egress_denied")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -261,6 +271,7 @@ class Result(_message.Message):
     ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_DENIED_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -277,19 +288,40 @@ class Result(_message.Message):
     artifacts: _containers.RepeatedCompositeFieldContainer[ArtifactRef]
     usage: Usage
     daemon_id: str
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ...) -> None: ...
+    egress_denied: _containers.RepeatedCompositeFieldContainer[EgressDenial]
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ..., egress_denied: _Optional[_Iterable[_Union[EgressDenial, _Mapping]]] = ...) -> None: ...
+
+class EgressDenial(_message.Message):
+    __slots__ = ("host", "port", "reason", "rule", "count")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    reason: str
+    rule: str
+    count: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ..., reason: _Optional[str] = ..., rule: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("cpu_s", "memory_peak_bytes", "wall_s", "output_bytes")
+    __slots__ = ("cpu_s", "memory_peak_bytes", "wall_s", "output_bytes", "net_connections", "net_bytes_out", "net_bytes_in")
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     MEMORY_PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     WALL_S_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NET_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    NET_BYTES_OUT_FIELD_NUMBER: _ClassVar[int]
+    NET_BYTES_IN_FIELD_NUMBER: _ClassVar[int]
     cpu_s: float
     memory_peak_bytes: int
     wall_s: float
     output_bytes: int
-    def __init__(self, cpu_s: _Optional[float] = ..., memory_peak_bytes: _Optional[int] = ..., wall_s: _Optional[float] = ..., output_bytes: _Optional[int] = ...) -> None: ...
+    net_connections: int
+    net_bytes_out: int
+    net_bytes_in: int
+    def __init__(self, cpu_s: _Optional[float] = ..., memory_peak_bytes: _Optional[int] = ..., wall_s: _Optional[float] = ..., output_bytes: _Optional[int] = ..., net_connections: _Optional[int] = ..., net_bytes_out: _Optional[int] = ..., net_bytes_in: _Optional[int] = ...) -> None: ...
 
 class ArtifactRef(_message.Message):
     __slots__ = ("artifact_id", "name", "mime_type", "size_bytes")
@@ -356,7 +388,7 @@ class CancelResponse(_message.Message):
     def __init__(self, state: _Optional[_Union[CallState, str]] = ...) -> None: ...
 
 class CreateSessionRequest(_message.Message):
-    __slots__ = ("idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes")
+    __slots__ = ("idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "egress", "secrets")
     IDLE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     MAX_LIFETIME_S_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +396,8 @@ class CreateSessionRequest(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_BYTES_FIELD_NUMBER: _ClassVar[int]
     KEEP_PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     idle_ttl_s: float
     max_lifetime_s: float
     memory_bytes: int
@@ -371,10 +405,12 @@ class CreateSessionRequest(_message.Message):
     cpus: float
     workspace_bytes: int
     keep_processes: bool
-    def __init__(self, idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    secrets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SessionInfo(_message.Message):
-    __slots__ = ("session_id", "state", "end_reason", "sandbox_id", "created_unix", "last_used_unix", "idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "calls", "queued", "resets", "daemon_id")
+    __slots__ = ("session_id", "state", "end_reason", "sandbox_id", "created_unix", "last_used_unix", "idle_ttl_s", "max_lifetime_s", "memory_bytes", "pids", "cpus", "workspace_bytes", "keep_processes", "calls", "queued", "resets", "daemon_id", "egress", "secrets")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     END_REASON_FIELD_NUMBER: _ClassVar[int]
@@ -392,6 +428,8 @@ class SessionInfo(_message.Message):
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     RESETS_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     state: SessionState
     end_reason: str
@@ -409,7 +447,17 @@ class SessionInfo(_message.Message):
     queued: int
     resets: int
     daemon_id: str
-    def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ..., daemon_id: _Optional[str] = ...) -> None: ...
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    secrets: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ..., daemon_id: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class SetSessionEgressRequest(_message.Message):
+    __slots__ = ("session_id", "egress")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    egress: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CloseSessionRequest(_message.Message):
     __slots__ = ("session_id",)

@@ -115,6 +115,11 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.FromString,
                 _registered_method=True)
+        self.SetSessionEgress = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/SetSessionEgress',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -253,6 +258,17 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSessionEgress(self, request, context):
+        """Replaces the egress rules of an open session of the caller's: connections
+        opened from then on are decided by the new rules (open ones are kept).
+        The rules must lie within what the caller's identity may reach
+        (PERMISSION_DENIED naming the rule); another client's session is NOT_FOUND.
+        Answers the session as it is now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -335,6 +351,11 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.GetDaemonInfo,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.SerializeToString,
+            ),
+            'SetSessionEgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSessionEgress,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -770,6 +791,33 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/GetDaemonInfo',
             tooljail_dot_v1_dot_tooljail__pb2.GetDaemonInfoRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.DaemonInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSessionEgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/SetSessionEgress',
+            tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,6 +42,7 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2
 
+from tooljaild.app.egress import DaemonEgress
 from tooljaild.app.errors import DaemonError
 from tooljaild.app.listen import SocketPlan, prepare_socket
 from tooljaild.app.pools import PoolSet, Profile
@@ -50,7 +51,7 @@ from tooljaild.app.reload import Reloader
 from tooljaild.app.start import STATE_DIR_MODE, load_tools, open_sandboxes
 from tooljaild.app.systemd import Notifier
 from tooljaild.artifacts.store import ArtifactStore, prune_periodically
-from tooljaild.auth.policy import Identities
+from tooljaild.auth.policy import Identities, Identity
 from tooljaild.calls import CallManager
 from tooljaild.edge.drain import LINGER_MAX_S, Refusals
 from tooljaild.edge.server import create_health_server, create_server
@@ -107,6 +108,7 @@ class Daemon:
             registry=self._registry,
             security=lambda: self._security,
             on_identities=self._revoke,
+            reload_egress=self._reload_egress,
         )
         self._reload_lock = asyncio.Lock()
         self._reloads: set[asyncio.Task[bool]] = set()
@@ -140,6 +142,8 @@ class Daemon:
         """Serves the public Unix socket (None on TCP)."""
         self.metrics: Metrics | None = None
         """Served on `metrics_listen` (tooljaild.app.metrics); None when not configured."""
+        self.egress: DaemonEgress | None = None
+        """The egress proxy and policy (`[egress]`); None: no section, no network."""
 
     @property
     def pool(self) -> SandboxPool | None:
@@ -163,6 +167,11 @@ class Daemon:
         self._check_listen()
         s = self.settings
         try:
+            if s.egress is not None:
+                status("starting the egress proxy")
+            self.egress = await DaemonEgress.start(
+                s, identities=self._identities(), on_denial=self._egress_denied
+            )
             status("preparing the sandbox backends")
             self.sandboxes = await open_sandboxes(
                 s, state_dir=s.state_dir, daemon_id=self.run_id, table=self._table
@@ -177,7 +186,25 @@ class Daemon:
         except BaseException:
             if self._socket is not None:
                 self._socket.discard()  # the private bind directory, if still there
+            if self.egress is not None:
+                self.egress.stop()
             raise
+
+    def _identities(self) -> tuple[Identity, ...]:
+        """The tokens file's identities in force (none without one)."""
+        found = None if self._security is None else self._security.authenticator.identities
+        return () if found is None else tuple(found.by_name.values())
+
+    def _egress_denied(self, reason: str) -> None:
+        """A refusal of the egress proxy (its thread): counted when metrics are served."""
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.egress_denied(reason)
+
+    async def _reload_egress(self, settings: Settings) -> None:
+        """A reload's `[egress]` and secrets file (see `DaemonEgress.reload`)."""
+        if self.egress is not None:
+            await self.egress.reload(settings, self._identities())
 
     def _make_state_dirs(self) -> None:
         s = self.settings
@@ -247,9 +274,8 @@ class Daemon:
         """
         assert self.sandboxes is not None and self.pools is not None
         s, default = settings or self.settings, self.pools.default
-        builtins = builtin_tools(
-            self.sandboxes.promises(default), [d.resolve() for d in s.files_dirs]
-        )
+        dirs, packages = [d.resolve() for d in s.files_dirs], s.egress is not None
+        builtins = builtin_tools(self.sandboxes.promises(default), dirs, packages=packages)
         registry = await load_tools(s, self.sandboxes, default, builtins)
         for d in registry.diagnostics:
             log.warning(
@@ -302,8 +328,10 @@ class Daemon:
             self.journal,
             open_timeout_s=s.sandbox.start_timeout_s,
             spool_dir=s.state_dir / "spool",
+            egress=None if self.egress is None else self.egress.service,
         )
         self.sessions.start()
+        cache = None if self.egress is None else self.egress.cache  # install_packages's
         self.manager = CallManager(
             s,
             registry,
@@ -311,7 +339,8 @@ class Daemon:
             journal=self.journal,
             sessions=self.sessions,
             session_misfit=self.pools.session_misfit,
-            services=Services(s, artifacts=self.artifacts, sessions=self.sessions),
+            services=Services(s, artifacts=self.artifacts, sessions=self.sessions, packages=cache),
+            egress=None if self.egress is None else self.egress.service,
         )
         try:
             self._serve_metrics()
@@ -492,6 +521,9 @@ class Daemon:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self._close_sandboxes()
+        if self.egress is not None:
+            # After the sandboxes: their gates close with the proxy.
+            await asyncio.to_thread(self.egress.stop)
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._socket_path.unlink()
@@ -549,6 +581,7 @@ class Daemon:
         metrics = Metrics()
         metrics.sources.pools, metrics.sources.sessions = self.pools, self.sessions
         metrics.sources.artifacts = self.artifacts
+        metrics.sources.egress = None if self.egress is None else self.egress.service
         metrics.attach(self.manager, self.journal)
         try:
             metrics.serve(listen)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from tooljaild.artifacts.store import ArtifactStore
     from tooljaild.calls.call import Call
     from tooljaild.calls.manager import CallManager
+    from tooljaild.egress.service import EgressService
     from tooljaild.journal.store import Journal
     from tooljaild.sessions.manager import SessionManager
 
@@ -81,6 +82,7 @@ class Sources:
     pools: PoolSet | None = None
     sessions: SessionManager | None = None
     artifacts: ArtifactStore | None = None
+    egress: EgressService | None = None
 
 
 class Metrics:
@@ -142,6 +144,13 @@ class Metrics:
             buckets=JOURNAL_BUCKETS,
             registry=r,
         )
+        self.egress_denials = Counter(
+            "tooljail_egress_denials",
+            "Connections or requests the egress proxy refused, by reason (not_allowed, "
+            "deny_rule, port_not_allowed, ip_literal, private_address, ...).",
+            ["reason"],
+            registry=r,
+        )
         r.register(_Levels(self.sources))
         self._server: Any = None
         self.port: int | None = None
@@ -173,6 +182,11 @@ class Metrics:
             self.output.labels(tool).inc(usage.output_bytes)
             if usage.memory_peak_bytes:
                 self.memory_peak.labels(tool).observe(usage.memory_peak_bytes)
+
+    def egress_denied(self, reason: str) -> None:
+        """Count one refusal of the egress proxy (called on the proxy's thread;
+        prometheus_client's counters are thread-safe)."""
+        self.egress_denials.labels(reason).inc()
 
     def refused(self, reason: str) -> None:
         """Count a call refused at admission; `reason` is the error's wire code."""
@@ -238,6 +252,12 @@ class _Levels(Collector):
         yield GaugeMetricFamily(
             "tooljail_artifacts_stored_bytes", "Bytes of the artifacts kept now.", value=stored
         )
+        if s.egress is not None:
+            yield GaugeMetricFamily(
+                "tooljail_egress_connections",
+                "Connections open through the egress proxy now, every sandbox's.",
+                value=s.egress.open_connections(),
+            )
         yield from _pool_metrics(s.pools)
 
 

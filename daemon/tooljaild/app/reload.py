@@ -81,6 +81,18 @@ LIVE_SETTINGS = frozenset(
 )
 """Dotted setting names a reload applies to the running daemon (see the module doc)."""
 
+LIVE_TABLES = ("egress", "secrets", "packages")
+"""Tables a reload applies whole, when the daemon has `[egress]` before and after
+(`Reloader` reloads the egress policy: new calls and sessions get it). Adding
+or removing `[egress]` needs a restart: each sandbox is made with its egress
+directory, or without."""
+
+
+def _live(key: str, egress_kept: bool) -> bool:
+    if key in LIVE_SETTINGS:
+        return True
+    return egress_kept and key.split(".", 1)[0] in LIVE_TABLES
+
 
 @dataclass(frozen=True)
 class SettingsChange:
@@ -101,9 +113,13 @@ def compare(running: Settings, read: Settings) -> SettingsChange:
     """Split the differences of `read` from `running` into live and restart-needing ones."""
     old, new = _flatten(running.model_dump(mode="json")), _flatten(read.model_dump(mode="json"))
     changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    live = tuple(k for k in changed if k in LIVE_SETTINGS)
-    restart = tuple(k for k in changed if k not in LIVE_SETTINGS)
+    egress_kept = running.egress is not None and read.egress is not None
+    live = tuple(k for k in changed if _live(k, egress_kept))
+    restart = tuple(k for k in changed if not _live(k, egress_kept))
     top = {k: getattr(read, k) for k in live if "." not in k}
+    for table in LIVE_TABLES:
+        if any(k.split(".", 1)[0] == table for k in live):
+            top[table] = getattr(read, table)
     names = [k.removeprefix("limits.") for k in live if k.startswith("limits.")]
     limits = {name: getattr(read.limits, name) for name in names}
     if limits:
@@ -137,6 +153,9 @@ class Reloader:
             listen yet, or a caller without one (nothing of `[auth]` reloads).
         on_identities: Told the new identities once they are in force (the call
             manager stops the calls of revoked ones that have not started).
+        reload_egress: Puts the re-read `[egress]` and secrets file in force for
+            new calls and sessions; raises TooljailError (naming what) when they
+            cannot be used, and the running ones stay.
     """
 
     def __init__(
@@ -149,7 +168,9 @@ class Reloader:
         registry: Callable[[], Registry],
         security: Callable[[], ListenerSecurity | None] = lambda: None,
         on_identities: Callable[[Identities], None] = lambda _identities: None,
+        reload_egress: Callable[[Settings], Awaitable[None]] | None = None,
     ) -> None:
+        self._reload_egress = reload_egress
         self._running = running
         self._read = read_settings
         self._load_tools = load_tools
@@ -195,6 +216,8 @@ class Reloader:
                 extra={"tokens_file": str(settings.auth.tokens_file)},
             )
             kept.append("the tokens file")
+        if self._reload_egress is not None:
+            settings = await self._egress(running, settings, kept)
         old_registry = registry = self._registry()
         try:
             registry = await self._load_tools(settings)
@@ -208,6 +231,26 @@ class Reloader:
         await self._check_tls_files(settings)
         self.kept = tuple(kept)
         return not kept
+
+    async def _egress(self, running: Settings, settings: Settings, kept: list[str]) -> Settings:
+        """Put the re-read egress policy in force; on failure keep the running one.
+
+        Returns:
+            `settings`, with the running `[egress]` and `[secrets]` when the new
+            ones cannot be used (and "the egress policy" added to `kept`).
+        """
+        assert self._reload_egress is not None
+        try:
+            await self._reload_egress(settings)
+        except TooljailError as exc:  # it names the rule, file or secret; never a value
+            why = exc.message
+        except Exception as exc:  # a bug; its text might quote a file: only its type
+            why = f"{type(exc).__name__}"
+        else:
+            return settings
+        log.error("reload: egress policy kept, the new one cannot be used: %s", why)
+        kept.append("the egress policy")
+        return settings.model_copy(update={"egress": running.egress, "secrets": running.secrets})
 
     async def _reload_identities(self, settings: Settings) -> IdentityChanges | None:
         """Read the tokens file in force again and identify new requests by it.

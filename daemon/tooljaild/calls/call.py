@@ -28,6 +28,9 @@ from tooljail.types import ArtifactRef, CallInfo, CallState, StreamKind, ToolRes
 from tooljaild.artifacts.store import ArtifactStore, Origin
 from tooljaild.calls.artifacts import CallArtifacts
 from tooljaild.calls.output import Event, EventLog, HeadTail
+from tooljaild.egress.gate import EgressGate
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.usage import GateMark
 from tooljaild.journal.store import JournalEntry
 from tooljaild.sandbox.base import RunRequest
 from tooljaild.settings.config import Settings
@@ -156,6 +159,12 @@ class Call:
         """Who asked for the call (see `CallManager.submit`)."""
         self.session_id = ""
         """The session it runs in; "" for a call in a fresh sandbox of its own."""
+        self.egress: EgressPolicy = NO_EGRESS
+        """What its sandbox may reach (`calls.egress.policy_for`, at admission)."""
+        self.gate: EgressGate | None = None
+        """Its sandbox's egress gate while it runs (its own, or its session's)."""
+        self.gate_mark: GateMark | None = None
+        """The gate's usage at the call's start: its result tells what came after."""
         self.artifacts: list[ArtifactRef] = []
         """What it made so far (see `ToolResult.artifacts`), in order."""
         self.made: CallArtifacts | None = None

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tooljail.types import ToolResult
-from tooljaild.calls import results, terms
+from tooljaild.calls import egress, results, terms
 from tooljaild.calls.admission import Slots, take_slot
 from tooljaild.calls.call import Call, StopReason
+from tooljaild.egress.service import EgressService
 from tooljaild.sandbox.base import RunOutcome, Sandbox, SandboxError
 from tooljaild.sandbox.pool import SandboxPool
 
@@ -46,6 +47,7 @@ class FreshRunner:
         slots: The daemon's running slots (`Admission.slots`): a run holds one.
         running: Marks a call running in a sandbox (its request is on the way).
         end: Ends a call with its result.
+        egress: The daemon's egress; None: no `[egress]` (no call has network).
     """
 
     def __init__(
@@ -53,10 +55,13 @@ class FreshRunner:
         slots: Slots,
         running: Callable[[Call, str], None],
         end: Callable[[Call, ToolResult], None],
+        *,
+        egress: EgressService | None = None,
     ) -> None:
         self._slots = slots
         self._running = running
         self._end = end
+        self._egress = egress
 
     def start_now(self, call: Call, pool: SandboxPool) -> Run | None:
         """Start the call before `submit` returns, when nothing has to wait.
@@ -109,8 +114,11 @@ class FreshRunner:
         """
         request = call.with_artifacts(terms.run_request(call.tool, call.arguments, call.limits))
         try:
+            if not call.egress.empty:  # the gate opens as late as can be, once per call
+                request = egress.open_fresh(self._egress, call, sandbox, request)
             outcome = sandbox.begin(request, call.sink)
         except BaseException:
+            egress.close_fresh(call)
             pool.release(sandbox)
             raise
         self._running(call, sandbox.id)
@@ -151,8 +159,10 @@ class FreshRunner:
             if killing is not None:
                 await killing
             call.kill_with(None)
-            self._end(call, results.result_of(call, outcome, call.stop_reason))
+            result = results.result_of(call, outcome, call.stop_reason)
+            self._end(call, result if call.gate is None else egress.with_net(call, result))
         finally:
+            egress.close_fresh(call)
             call.kill_with(None)
             for timer in timers:
                 timer.cancel()

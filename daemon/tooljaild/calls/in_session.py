@@ -24,7 +24,7 @@ from typing import Any
 
 from tooljail.errors import SessionEndedError
 from tooljail.types import ToolResult
-from tooljaild.calls import results, terms
+from tooljaild.calls import egress, results, terms
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.session_channel import SessionCallEnd
@@ -44,7 +44,12 @@ def start_in_session(
     request = call.with_artifacts(
         terms.run_request(call.tool, call.arguments, session.terms.limits)
     )
-    waiter = session.channel.begin(request, call.sink)
+    egress.enter_session(call, session)
+    try:
+        waiter = session.channel.begin(request, call.sink)
+    except BaseException:
+        egress.leave_session(call, session)
+        raise
     session.calls += 1
     on_start(call, session.channel.id)
     return waiter
@@ -80,8 +85,10 @@ async def run_in_session(
         end = await _supervise(call, session, sessions, started)
         if session.channel.ended.done():  # its sandbox is gone: so is the session, now
             await sessions.end(session, session.end_reason or "sandbox_died")
-        return results.in_session(call, end, call.stop_reason, session)
+        result = results.in_session(call, end, call.stop_reason, session)
+        return result if call.gate is None else egress.with_net(call, result)
     finally:
+        egress.leave_session(call, session)
         session.give_turn()
 
 

@@ -41,6 +41,10 @@ class CallRequest:
     """0: the tool's default."""
     session_id: str = ""
     """The session to run in; "": a fresh sandbox."""
+    egress: tuple[str, ...] = ()
+    """Egress rules the call asks for, as sent (`calls.egress.policy_for`)."""
+    secrets: tuple[str, ...] = ()
+    """Names of the secrets the call asks to hold."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class CheckedRequest:
     """The id is taken over by a rerun of a lost call of an idempotent tool."""
     gated: bool
     """The caller's policy makes it wait for an approver first."""
+    identity: Identity | None = None
+    """The authenticated caller (None: no authentication): its egress allowance."""
+    egress: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
+    """The egress rules and secrets asked for (`CallRequest`'s)."""
 
 
 def check_policy(identity: Identity | None, tool_name: str) -> None:

@@ -40,6 +40,7 @@ from tooljail.errors import (
 )
 from tooljail.types import CallState, ToolInfo, ToolResult
 from tooljaild.auth.policy import Identity
+from tooljaild.calls import egress as call_egress
 from tooljaild.calls import intake, results, terms
 from tooljaild.calls.admission import Admission, take_slot
 from tooljaild.calls.approvals import Approvals, Decision
@@ -49,6 +50,8 @@ from tooljaild.calls.fresh_run import FreshRunner, Run
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.calls.intake import CallRequest, CheckedRequest
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.service import EgressService
 from tooljaild.journal.store import Journal
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.pool import SandboxPool
@@ -59,6 +62,7 @@ from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
 from tooljaild.tools.registry import Registry, Tool
+from tooljaild.tools.run import session_required
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class CallManager:
         *,
         session_misfit: Callable[[Tool], str | None] = lambda _tool: None,
         services: Services | None = None,
+        egress: EgressService | None = None,
     ) -> None:
         """
         Args:
@@ -85,6 +90,8 @@ class CallManager:
             session_misfit: Why a tool cannot run in a session (its sandbox profile
                 is not the sessions'), or None when it can.
             services: What in-daemon tools may use (the artifact store, ...).
+            egress: The daemon's egress (`[egress]`); None: no sandbox has network,
+                and a call asking for egress or secrets is refused.
         """
         self._settings = settings
         self._registry = registry
@@ -92,7 +99,10 @@ class CallManager:
         self._book = CallBook(settings, registry, journal)
         self._calls = self._book.calls
         self._admission = Admission(settings)
-        self._fresh = FreshRunner(self._admission.slots, self._book.running, self._book.end)
+        self.egress = egress
+        self._fresh = FreshRunner(
+            self._admission.slots, self._book.running, self._book.end, egress=egress
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._sessions = sessions
         self._session_misfit = session_misfit
@@ -265,13 +275,26 @@ class CallManager:
             client,
             rerun,
             gated,
+            identity,
+            asked.egress,
+            asked.secrets,
         )
+        if tool.run is not None and tool.run.needs_session and not asked.session_id:
+            raise session_required(tool.name)
         if tool.run is not None and tool.run.in_daemon is not None:
+            if asked.egress or asked.secrets:
+                raise InvalidRequestError(
+                    f"{tool.name!r} runs in the daemon, with no sandbox: it takes no "
+                    "egress or secrets; call it without them"
+                )
             return self._submit_in_daemon(tool.run.in_daemon, asked.session_id, request)
         if asked.session_id:
             return self._submit_in_session(asked.session_id, request)
         self._check_room(request)
+        # Before anything is journaled: a refusal here leaves no trace of a run.
+        policy = self._egress_policy(request, None)
         call = self._new_call(request, terms.limits_for(request.tool, self._settings))
+        call.egress = policy
         self._book.admitted(call, request.arguments_json, rerun)
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
@@ -360,7 +383,9 @@ class CallManager:
                 f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
             )
         session.check_room()
+        policy = self._egress_policy(request, session)
         call = self._admitted_here(request, session.terms.limits, session)
+        call.egress = policy
         self._count_in(call, request)
         started = None
         # The request is in the sandbox before this returns (unless it awaits approval).
@@ -371,6 +396,31 @@ class CallManager:
                 session.give_turn()  # the call's task finds out why, in its turn
         self._spawn(call, self._run_in_session(call, session, started))
         return call
+
+    def _egress_policy(self, request: CheckedRequest, session: Session | None) -> EgressPolicy:
+        """The call's egress policy (`calls.egress.policy_for`); NO_EGRESS at no
+        cost when nothing asks for any.
+
+        Raises:
+            EgressUnavailableError, InvalidRequestError, EgressNotAllowed: As
+                `policy_for`.
+        """
+        tool = request.tool
+        if (
+            self.egress is None
+            and not (request.egress or request.secrets)
+            and not tool.options.sandbox.egress
+            and not tool.options.secrets
+        ):
+            return NO_EGRESS
+        return call_egress.policy_for(
+            self.egress,
+            request.identity,
+            tool,
+            egress=request.egress,
+            secrets=request.secrets,
+            session=session,
+        )
 
     def _submit_in_daemon(self, handler: Handler, session_id: str, request: CheckedRequest) -> Call:
         """Admit a call of an in-daemon tool (`tooljaild.tools.in_daemon`): no sandbox; it

@@ -129,6 +129,9 @@ def tool_info(tool: Tool, settings: Settings) -> ToolInfo:
         update={
             "timeout_s": timeout_for(tool, 0.0, settings),
             "max_timeout_s": max_timeout_for(tool, settings),
+            # What it may reach and the names of what it holds; never a value.
+            "egress": tuple(tool.options.sandbox.egress or ()),
+            "secrets": tuple(tool.options.secrets),
         }
     )
 

@@ -35,6 +35,7 @@ from tooljail.errors import (
     BadTimeoutError,
     CallIdConflictError,
     CallNotFoundError,
+    EgressUnavailableError,
     InternalError,
     InvalidArgumentsError,
     InvalidPathError,
@@ -80,6 +81,8 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     UnauthenticatedError: grpc.StatusCode.UNAUTHENTICATED,
     PermissionDeniedError: grpc.StatusCode.PERMISSION_DENIED,
     NotAwaitingApprovalError: grpc.StatusCode.FAILED_PRECONDITION,
+    # Retrying cannot help: the daemon's config has no [egress] section.
+    EgressUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 

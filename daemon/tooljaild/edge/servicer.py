@@ -187,6 +187,8 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             request.call_id,
             request.timeout_s,
             request.session_id,
+            tuple(request.egress),
+            tuple(request.secrets),
         )
         try:
             # One trip: the policy, the arguments, whose session and id, the admission.
@@ -282,10 +284,26 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
                 options,
                 self._owner(context),
                 max_sessions=None if identity is None else identity.max_sessions,
+                identity=identity,
+                egress=tuple(request.egress),
+                secrets=tuple(request.secrets),
             )
         except TooljailError as exc:
             await self._refuse(context, exc)
         return self._named(session_info_to_proto(session.info()))
+
+    async def SetSessionEgress(
+        self, request: pb.SetSessionEgressRequest, context: grpc.aio.ServicerContext
+    ) -> pb.SessionInfo:
+        # Owned as CloseSession: another identity's session is not found.
+        identity = self._identity(context)
+        info = self._session_manager().set_egress(
+            request.session_id,
+            tuple(request.egress),
+            identity=identity,
+            client=None if identity is None else identity.name,
+        )
+        return self._named(session_info_to_proto(info))
 
     async def CloseSession(
         self, request: pb.CloseSessionRequest, context: grpc.aio.ServicerContext

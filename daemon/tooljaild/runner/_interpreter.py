@@ -26,11 +26,12 @@ import types
 from typing import Any
 
 try:  # the daemon's view (mypy): tooljaild.runner._interpreter
-    from . import _frames, _keeper, _kinds, _turn
+    from . import _frames, _keeper, _kinds, _packages, _turn
 except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
     import _frames  # type: ignore[import-not-found, no-redef]
     import _keeper  # type: ignore[import-not-found, no-redef]
     import _kinds  # type: ignore[import-not-found, no-redef]
+    import _packages  # type: ignore[import-not-found, no-redef]
     import _turn  # type: ignore[import-not-found, no-redef]
 
 _CHUNK = 1 << 20
@@ -85,12 +86,21 @@ def run(
     flush = [stream.flush for stream in streams]
     limits = dict(session.get("limits") or {})
     cpu_s = int(limits.pop("cpu_s", 0) or 0)
+    egress = bool(session.get("egress"))
+    if egress:
+        # For the session's life (each call checks it is still there); before
+        # the limits, so that its thread does not count against a tight nproc.
+        _relay_up()
     # RLIMIT_CPU is set per call (below); its hard limit stays as the session started.
     runner._apply_limits(limits)
     if session.get("cwd"):
         os.chdir(session["cwd"])
     os.environ.clear()
     os.environ.update(session.get("env") or {})
+    if egress:
+        # Installs go to the workspace's site directory, on sys.path from the
+        # start (and again after every reset: this runs in each interpreter).
+        _packages.activate(session.get("cwd") or os.getcwd())
     main = types.ModuleType("__main__")
     main.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = main
@@ -125,6 +135,8 @@ def run(
             os.dup2(pipes[0], 1)
             os.dup2(pipes[1], 2)
         _close_fds(pipes)
+        if egress:
+            _relay_up()
         turn = _begin_turn(message, turn, streams)
         frame = _interpret(
             message,
@@ -142,6 +154,15 @@ def run(
                 each()
         frame.update(left, seq=message.get("seq"), n=turn.nonce)
         write_frame(frame)
+
+
+def _relay_up() -> None:
+    """Start the egress relay unless it runs (tool code may have ended it: that
+    cut only this session's own access, until now); its thread is the runner's,
+    not a call's (_turn.RUNNER_THREADS)."""
+    thread = _kinds.import_beside("_egress").ensure_relay()
+    if thread is not None and thread.ident is not None:
+        _turn.RUNNER_THREADS.add(thread.ident)
 
 
 def _begin_turn(
@@ -173,6 +194,13 @@ def _interpret(message: dict[str, Any], main: types.ModuleType, **options: Any) 
             _keeper.reap_all()  # zombies of the call before (the sweep killed them)
         limits = request.get("limits")  # the call's own; else the session's
         _cpu_limit(int(limits.get("cpu_s") or 0) if limits else options["cpu_s"])
+        _packages.refresh()  # what the call before installed, importable now
+        if request.get("kind") == "packages":  # install_packages: pip is tool code too
+            _in_tool = True
+            try:
+                return _packages.install(request, options["session"].get("cwd") or os.getcwd())
+            finally:
+                _in_tool = False
         rich = request.get("kind") == "code"
         # Figures and display() only: outputs/ is the supervisor's to send.
         if rich:

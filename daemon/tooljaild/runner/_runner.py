@@ -164,6 +164,9 @@ def _worker() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    if request.get("egress"):
+        # Before the limits: its thread must not count against a tight nproc.
+        _kinds.import_beside("_egress").ensure_relay()
     _apply_limits(request.get("limits", {}))
     workdir = request.get("cwd")
     if workdir:
@@ -171,6 +174,8 @@ def _worker() -> None:
     workspace = os.getcwd()  # outputs/ is where the call starts, wherever it goes
     os.environ.clear()
     os.environ.update(request.get("env", {}))
+    if request.get("egress"):  # pip installs into the workspace (see _packages.py)
+        _kinds.import_beside("_packages").activate(workspace)
 
     kind = request.get("kind")
     write_frame = _frames.write_frame

@@ -51,9 +51,15 @@ def os_threads() -> set[int]:
         return {_native_id()}
 
 
+RUNNER_THREADS: set[int] = set()
+"""Idents of the runner's own threads in the interpreter (the egress relay:
+_egress.py), which run no tool code: not counted as a call's threads."""
+
+
 def python_threads() -> int:
-    """Threads that run Python code in this interpreter, the main one included."""
-    return len(_current_frames())
+    """Threads that run Python code in this interpreter, the main one included
+    (the runner's own, `RUNNER_THREADS`, aside)."""
+    return len(_current_frames().keys() - RUNNER_THREADS)
 
 
 class Turn:

@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _egress  # type: ignore[import-not-found]  # beside this file; path set above
 import _keeper  # type: ignore[import-not-found]  # beside this file; path set above
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
 import _session  # type: ignore[import-not-found]  # noqa: F401  # loaded once, for every session
@@ -154,6 +155,8 @@ def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
             _mount(
                 "none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None
             )
+    if params.get("egress_view"):
+        _egress.enter(params["egress_view"], params.get("egress"))
     os.chdir("/workspace")
     _check(libc.sethostname(b"tooljail", 8), "sethostname")
     _drop_capabilities()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tooljaild.egress.dirs import egress_root
 from tooljaild.sandbox.base import Sandbox
 from tooljaild.settings.sandbox import Limits
 
@@ -68,6 +69,15 @@ class Host:
     """Tool and files directories, absolute: visible read-only, at the same paths, inside."""
     daemon_id: str = ""
     """Labels what this daemon makes (containers), to tell it from leftovers."""
+
+    def egress_root(self, settings: Settings) -> Path | None:
+        """Where the sandboxes' egress directories live (egress/dirs.py); None
+        when the daemon has no egress (no `[egress]` section): then no sandbox
+        gets one, and nothing changes."""
+        # getattr: `Settings.egress` is the egress settings' (None: no section).
+        if getattr(settings, "egress", None) is None:
+            return None
+        return egress_root(self.state_dir)
 
 
 @dataclass(frozen=True)

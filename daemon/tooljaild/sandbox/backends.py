@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tooljaild.egress.dirs import EgressDirs
 from tooljaild.sandbox.backend import (
     Backend,
     Host,
@@ -102,11 +103,15 @@ class ProcessBackend(Backend):
         if python != self.python_config.python:
             self.python_config = self.python_config.model_copy(update={"python": python})
         _check_reachable(self.isolation, (self.host.state_dir, *self.host.shared_dirs))
+        egress = self.host.egress_root(self.settings)
+        if egress is not None:
+            await asyncio.to_thread(_prepare_egress_root, egress)
         self.context = SandboxContext(
             workspace_root=self.host.workspace_root,
             runner_dir=self.host.runner_dir,
             isolation=self.isolation,
             shared_dirs=self.host.shared_dirs,
+            egress_root=egress,
         )
 
     def _resolve_isolation(self) -> Isolation:
@@ -169,6 +174,22 @@ class ProcessBackend(Backend):
             await asyncio.to_thread(self.isolation.tracker.close)
 
 
+def _prepare_egress_root(root: Path) -> None:
+    """Make the sandboxes' egress root (0711), emptied of an earlier run's directories.
+
+    Raises:
+        IsolationError: It cannot be made.
+    """
+    dirs = EgressDirs(root)
+    try:
+        dirs.prepare()
+        swept = dirs.sweep()
+    except OSError as exc:
+        raise IsolationError(f"cannot make the egress directory {root}: {exc}") from exc
+    if swept:
+        log.info("removed %d egress directories an earlier run left behind", swept)
+
+
 def _check_reachable(iso: Isolation, paths: tuple[Path, ...]) -> None:
     """Under namespaces the sandbox uid must be able to walk down to what it binds."""
     if not iso.namespaces or iso.uid is None:
@@ -205,6 +226,7 @@ class DockerBackend(Backend):
             state_dir=host.state_dir,
             daemon_id=host.daemon_id,
             shared_dirs=host.shared_dirs,
+            egress_root=host.egress_root(settings),
         )
 
     @classmethod
@@ -222,6 +244,10 @@ class DockerBackend(Backend):
             if chosen.network is not None:
                 network = chosen.network
         return Profile(cls.kind, image, network, limits)
+
+    async def prepare(self) -> None:
+        if self.context.egress_root is not None:
+            await asyncio.to_thread(_prepare_egress_root, self.context.egress_root)
 
     def _sweep(self, client: Any) -> None:
         """Remove containers of earlier runs (a crash); on an engine thread, once."""

@@ -46,15 +46,19 @@ Must not block for long (a local file write)."""
 class RunRequest:
     """One thing to run inside a sandbox."""
 
-    kind: Literal["code", "file", "user", "describe", "workspace"]
+    kind: Literal["code", "file", "user", "describe", "workspace", "packages"]
     payload: dict[str, Any]
     """Kind-specific fields: code | path, args | module_path, function, args | files
-    | op, args, quota_bytes."""
+    | op, args, quota_bytes | requirements, known (a session's only)."""
     limits: Limits = field(default_factory=Limits)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables on top of the sandbox's scrubbed environment."""
     artifacts: ArtifactSink | None = field(default=None, compare=False)
     """Where artifacts the sandbox sends go; None: they are dropped (still checked)."""
+    egress: bool = False
+    """The call may reach out through the daemon's egress proxy: the runner
+    starts its relay (runner/_egress.py) before the tool runs. Its environment
+    (`env`) then holds the proxy variables (egress/env.py)."""
 
 
 class Termination(enum.StrEnum):
@@ -115,6 +119,10 @@ class Sandbox(abc.ABC):
 
     id: str
     workspace: Path
+    egress_dir: Path | None = None
+    """This sandbox's egress directory on the host (egress/dirs.py), which it
+    sees read-only at /run/tooljail: where the daemon opens its gate. None:
+    the daemon has no egress (no `[egress]`), or the backend gives none."""
 
     @abc.abstractmethod
     async def start(self) -> None:

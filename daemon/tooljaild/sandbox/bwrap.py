@@ -26,6 +26,11 @@ INSIDE_RUNNER_DIR = "/opt/tooljail"
 INSIDE_WORKSPACE = "/workspace"
 ZYGOTE_SHARED = "/.tooljail-shared"
 """Where the zygote sees the shared directories a second time (see argv)."""
+INSIDE_EGRESS = "/run/tooljail"
+"""Where a sandbox sees its own egress directory, read-only (egress/env.py's INSIDE_DIR)."""
+ZYGOTE_EGRESS = "/.tooljail-egress"
+"""Where the zygote sees the egress root (every sandbox's directory), read-only:
+each worker binds its own from there and then hides this view."""
 INSIDE_UID = 1000
 INSIDE_GID = 1000
 
@@ -84,6 +89,11 @@ class BwrapSpec:
     zygote: bool = False
     """For the zygote: it may make nested user namespaces (one per sandbox it
     forks), and each child applies the seccomp filter itself."""
+    egress_fd: int | None = None
+    """The sandbox's egress directory, bound read-only at INSIDE_EGRESS."""
+    zygote_egress_fd: int | None = None
+    """For the zygote: the egress root, bound read-only at ZYGOTE_EGRESS, and an
+    empty INSIDE_EGRESS for its workers to bind their own directory on."""
 
     def argv(self, runner_args: list[str]) -> list[str]:
         args = [
@@ -141,6 +151,11 @@ class BwrapSpec:
             # Its sandboxes mount fresh /tmp, /dev/shm and /workspace over the
             # zygote's: they bind from here what lay below those again.
             args += ["--ro-bind-fd", str(fd), f"{ZYGOTE_SHARED}/{i}"]
+        if self.egress_fd is not None:
+            args += ["--ro-bind-fd", str(self.egress_fd), INSIDE_EGRESS]
+        if self.zygote_egress_fd is not None:
+            args += ["--ro-bind-fd", str(self.zygote_egress_fd), ZYGOTE_EGRESS]
+            args += ["--dir", INSIDE_EGRESS]
         args += [
             "--ro-bind-fd", str(self.runner_dir_fd), INSIDE_RUNNER_DIR,
             # Everything else is read-only: the root tmpfs bubblewrap built, /etc
@@ -155,6 +170,7 @@ class BwrapSpec:
     def fds(self) -> list[int]:
         """Every descriptor bubblewrap must inherit."""
         fds = [self.runner_dir_fd, *(fd for fd, _ in self.extra_ro), *self.zygote_ro]
+        fds += [fd for fd in (self.egress_fd, self.zygote_egress_fd) if fd is not None]
         if self.seccomp_fd is not None:
             fds.append(self.seccomp_fd)
         if self.data_fds is not None:

@@ -3,7 +3,7 @@
 A sandbox is one container from a sandbox image (`tooljail images build
 python`), started by the pool's refill. Its command is the daemon's own
 stdlib-only runner, bind-mounted read-only at /opt/tooljail/runner, started as
-``python3 -I -B _runner.py --connect /run/tooljail/sandbox.sock``. The call
+``python3 -I -B _runner.py --connect /run/tooljail-channel/sandbox.sock``. The call
 path then goes through no `docker exec` and no container start: `run` writes
 one JSON line into a pipe the runner is already blocked on, and reads.
 
@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tooljaild.egress.dirs import EgressDirs
 from tooljaild.sandbox.base import RunOutcome, SandboxError
 from tooljaild.sandbox.docker_engine import (
     CHANNEL_SUBDIR,
@@ -113,6 +114,8 @@ T = TypeVar("T")
 
 INSIDE_RUNNER_DIR = "/opt/tooljail/runner"
 INSIDE_WORKSPACE = "/workspace"
+INSIDE_EGRESS = "/run/tooljail"
+"""Where a sandbox sees its egress directory (egress/env.py's INSIDE_DIR)."""
 
 _STATUS_POLL_S = 0.5
 """While waiting for the runner to connect: how often to ask whether the container died."""
@@ -146,6 +149,9 @@ class DockerContext:
     """Labels every container, so the daemon can tell its own from leftovers."""
     shared_dirs: tuple[Path, ...] = ()
     """Tool and files directories: visible read-only, at the same paths, inside."""
+    egress_root: Path | None = None
+    """Where each sandbox's egress directory is made (egress/dirs.py), bound
+    read-only at /run/tooljail; None: no egress on this daemon."""
 
     @property
     def channel_root(self) -> Path:
@@ -231,6 +237,8 @@ class DockerSandbox(RunnerSandbox):
         client = await self._engine.client()
         # A few quick local file-system calls, made here rather than on a thread
         # so that a cancelled start cannot leave a listening socket behind.
+        if self._context.egress_root is not None:
+            self.egress_dir = EgressDirs(self._context.egress_root).new()
         self._handover = Handover(self._channel, self._config.uid, self._config.gid)
         self._create_sent = True
         self.container_id = await self._tracked(self._create_and_start, client)
@@ -257,6 +265,10 @@ class DockerSandbox(RunnerSandbox):
             _bind(self._channel, INSIDE_CHANNEL_DIR),
             *(_bind(d, str(d)) for d in self._context.shared_dirs if d.is_dir()),
         ]
+        if self.egress_dir is not None:
+            # The gate's socket and the CA bundle; the network stays "none":
+            # the relay reaches the host through this socket only.
+            mounts.append(_bind(self.egress_dir, INSIDE_EGRESS))
         host_config: dict[str, Any] = {
             "network_mode": "bridge" if cfg.network else "none",
             "read_only": True,
@@ -495,7 +507,13 @@ class DockerSandbox(RunnerSandbox):
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
-        await asyncio.to_thread(shutil.rmtree, self._channel, True)
+        await asyncio.to_thread(self._remove_dirs)
+
+    def _remove_dirs(self) -> None:
+        """The channel and egress directories (blocking: on a thread)."""
+        shutil.rmtree(self._channel, True)
+        if self.egress_dir is not None and self._context.egress_root is not None:
+            EgressDirs(self._context.egress_root).remove(self.egress_dir)
 
 
 # ---------------------------------------------------------------------- helpers

@@ -3,7 +3,7 @@
 A container cannot inherit the daemon's pipes, so the daemon hands them over
 (decision 20): before the container starts it listens on a Unix socket in a
 per-sandbox host directory (``<state_dir>/docker/<sandbox id>/``, bind-mounted
-read-only at /run/tooljail, reachable by the sandbox uid only); the runner
+read-only at /run/tooljail-channel, reachable by the sandbox uid only); the runner
 connects once (`_runner.connect_sandbox`) and receives the request, stdout,
 stderr and frame pipes as descriptors (SCM_RIGHTS). The daemon checks that the
 peer is the container's first process (its cgroup names the container), then
@@ -27,7 +27,7 @@ from tooljaild.sandbox.runner_channel import PipeEnds
 
 log = logging.getLogger(__name__)
 
-INSIDE_CHANNEL_DIR = "/run/tooljail"
+INSIDE_CHANNEL_DIR = "/run/tooljail-channel"
 """Where the channel directory is bound inside the container."""
 SOCKET_NAME = "sandbox.sock"
 INSIDE_SOCKET = f"{INSIDE_CHANNEL_DIR}/{SOCKET_NAME}"

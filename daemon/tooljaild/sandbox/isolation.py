@@ -368,6 +368,7 @@ RUNNER_MODULES = (
     "_usage.py",
     "_turn.py",
     "_relay.py",
+    "_egress.py",
     # A call's, imported when it needs them:
     "_workspace.py",
     "_workspace_paths.py",
@@ -375,6 +376,7 @@ RUNNER_MODULES = (
     "_workspace_search.py",
     "_workspace_write.py",
     "_artifacts.py",
+    "_packages.py",
 )
 """The runner's modules beside _runner.py (and _zygote.py, _tooljail_mpl.py),
 which install_runner copies and precompiles."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tooljaild.egress.dirs import EgressDirs
 from tooljaild.sandbox import bwrap as bw
 from tooljaild.sandbox import interpreter
 from tooljaild.sandbox.base import RunOutcome, SandboxError
@@ -57,6 +58,9 @@ class SandboxContext:
     """Tool and files directories: visible read-only, at the same paths, inside."""
     zygote: Zygote | None = None
     """When set (under namespaces), sandboxes are forked by it instead of started."""
+    egress_root: Path | None = None
+    """Where each sandbox's egress directory is made (egress/dirs.py); None: no
+    egress on this daemon (no sandbox gets a directory, nothing is bound)."""
 
 
 def build_process_sandbox(
@@ -132,6 +136,13 @@ class ProcessSandbox(RunnerSandbox):
     async def start(self) -> None:
         if self._proc is not None:
             raise SandboxError(f"sandbox {self.id} was already started")
+        if self._context.egress_root is not None:
+            # A mkdir and a link: made here, not on a thread, so that a
+            # cancelled start cannot leave a directory that close() misses.
+            try:
+                self.egress_dir = EgressDirs(self._context.egress_root).new()
+            except OSError as exc:
+                raise SandboxError(f"cannot make the egress directory of {self.id}: {exc}") from exc
         if not self.namespaced:
             # Under namespaces the workspace is a size-capped tmpfs inside the sandbox.
             self.workspace.mkdir(mode=0o700, parents=True)
@@ -198,11 +209,18 @@ class ProcessSandbox(RunnerSandbox):
         self._exited = asyncio.ensure_future(proc.wait())
 
     async def _start_from_zygote(self, zygote: Zygote, theirs: list[int]) -> None:
-        params = {
+        params: dict[str, Any] = {
             "tmp_bytes": self._limits.tmp_bytes,
             "workspace_bytes": self._limits.workspace_bytes,
             "shared": zygote_shared(self._config, self._context),
         }
+        if self._context.egress_root is not None:
+            # The zygote sees every sandbox's directory (read-only) at
+            # ZYGOTE_EGRESS; the worker binds its own at /run/tooljail and
+            # then hides the zygote's view (runner/_zygote.py).
+            params["egress_view"] = bw.ZYGOTE_EGRESS
+            if self.egress_dir is not None:
+                params["egress"] = self.egress_dir.name
         pid = await zygote.spawn(self.id, params, theirs)
         child = ZygoteChild(zygote, self.id, pid)
         self._proc = child
@@ -229,7 +247,9 @@ class ProcessSandbox(RunnerSandbox):
         )
 
     def _bwrap_spec(self, passed: list[int]) -> bw.BwrapSpec:
-        return build_bwrap_spec(self._config, self._context, self._limits, passed)
+        return build_bwrap_spec(
+            self._config, self._context, self._limits, passed, egress_dir=self.egress_dir
+        )
 
     def _runner_spec(self) -> RunnerSpec:
         return RunnerSpec(
@@ -367,8 +387,8 @@ class ProcessSandbox(RunnerSandbox):
             self._exited.cancel()
         if self._cgroup is not None and self._cgroup.release_if_empty():
             self._cgroup = None  # given back without a wait: the common case
-        if self._cgroup is not None or not self.namespaced:
-            # One trip to a thread for both (under namespaces the workspace is a
+        if self._cgroup is not None or not self.namespaced or self.egress_dir is not None:
+            # One trip to a thread for all (under namespaces the workspace is a
             # tmpfs inside the sandbox: nothing to remove on the host).
             await asyncio.to_thread(self._remove_leftovers)
 
@@ -377,6 +397,8 @@ class ProcessSandbox(RunnerSandbox):
             self._cgroup.release()
         if not self.namespaced:
             shutil.rmtree(self.workspace, ignore_errors=True)
+        if self.egress_dir is not None and self._context.egress_root is not None:
+            EgressDirs(self._context.egress_root).remove(self.egress_dir)
 
 
 def build_bwrap_spec(
@@ -386,12 +408,16 @@ def build_bwrap_spec(
     passed: list[int],
     *,
     zygote: bool = False,
+    egress_dir: Path | None = None,
 ) -> bw.BwrapSpec:
     """Open what a sandbox binds; every descriptor is appended to `passed` at once.
 
     Args:
         zygote: For the zygote: nested user namespaces allowed, no seccomp here
-            (each sandbox it forks applies the filter itself).
+            (each sandbox it forks applies the filter itself); it sees the
+            egress root (every sandbox's egress directory) at ZYGOTE_EGRESS.
+        egress_dir: A sandbox's own egress directory, bound read-only at
+            /run/tooljail (a sandbox bubblewrap starts itself).
     """
     iso = context.isolation
     assert iso.bwrap is not None
@@ -426,6 +452,10 @@ def build_bwrap_spec(
         seccomp_fd=seccomp_fd,
         data_fds=(data[0], data[1]),
         zygote=zygote,
+        egress_fd=open_dir(egress_dir) if egress_dir is not None and not zygote else None,
+        zygote_egress_fd=(
+            open_dir(context.egress_root) if zygote and context.egress_root is not None else None
+        ),
     )
 
 

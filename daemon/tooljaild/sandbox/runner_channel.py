@@ -15,7 +15,9 @@ The request (`request_message`) is the `RunRequest`'s kind and payload, plus
 ``limits`` (rlimits the worker applies), ``cwd``, ``env`` (the scrubbed
 `sandbox_env` and the request's own variables: the worker's environment is
 replaced by it), ``tooldef`` (where the sandbox sees _tooldef.py) and
-``seal`` (whether the worker may seal its result: below).
+``seal`` (whether the worker may seal its result: below) and, when the call
+may reach out, ``egress`` (true: the runner starts its relay, runner/_egress.py,
+before the tool runs).
 
 The frames, each on a line of its own (the runner writes a newline before
 each, which ends any partial line tool code left in the pipe):
@@ -120,13 +122,26 @@ class RunnerSpec:
 
 def request_message(request: RunRequest, spec: RunnerSpec) -> bytes:
     """The request line for the runner (see the module docstring)."""
-    return runner_line(request.kind, request.payload, request.limits, request.env, spec)
+    return runner_line(
+        request.kind, request.payload, request.limits, request.env, spec, egress=request.egress
+    )
 
 
 def runner_line(
-    kind: str, payload: dict[str, Any], limits: Limits, env: dict[str, str], spec: RunnerSpec
+    kind: str,
+    payload: dict[str, Any],
+    limits: Limits,
+    env: dict[str, str],
+    spec: RunnerSpec,
+    *,
+    egress: bool = False,
 ) -> bytes:
-    """A first request line of any kind (a session's too: see session_channel)."""
+    """A first request line of any kind (a session's too: see session_channel).
+
+    Args:
+        egress: The runner starts its egress relay before the tool runs (a
+            session's interpreter: at the session's start).
+    """
     message = {
         "kind": kind,
         **payload,
@@ -136,6 +151,8 @@ def runner_line(
         "tooldef": spec.tooldef,
         "seal": spec.seal,
     }
+    if egress:
+        message["egress"] = True
     return json.dumps(message).encode() + b"\n"
 
 

@@ -8,16 +8,20 @@ more lines; each frame the supervisor writes names the call it belongs to.
 The daemon's lines (request pipe), one JSON object each:
 
     {"kind": "session", "keep_processes": bool, "quota_bytes": int,
-     "idle_output_bytes_per_s": int, "limits", "cwd", "env", "tooldef", "seal": false}
+     "idle_output_bytes_per_s": int, "limits", "cwd", "env", "tooldef", "seal": false,
+     "egress": true (only when the session may reach out)}
         first, once, after the ready frame (`runner_line`): the worker becomes
         the supervisor, forks the interpreter (which applies the limits, moves
         to the workspace, takes the env and holds one ``__main__`` namespace)
-        and answers {"t": "session"}.
+        and answers {"t": "session"}. With "egress", the interpreter runs the
+        egress relay (runner/_egress.py) for the session's life.
     {"op": "call", "seq": n, "tag": hex, "request": {"kind", ...payload, "limits"}}
         one call; ``seq`` counts from 1; ``tag`` is random per call, and every
         frame of the call carries it. Kinds code, file and user run in the
         interpreter; kind "workspace" ({"op", "args", "quota_bytes"}) runs in
         the supervisor itself (`_workspace.run`), where tool code cannot reach.
+        Kind "packages" ({"requirements", "known"}: install_packages, see
+        runner/_packages.py) runs in the interpreter too: pip is tool code.
     {"op": "interrupt", "seq": n}
         SIGINT to the interpreter if call n is still running there: its code
         sees KeyboardInterrupt (only while tool code runs, never the runner's
@@ -116,7 +120,7 @@ from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, runner_line
 from tooljaild.settings.sandbox import Limits
 
-SESSION_KINDS = frozenset({"code", "file", "user", "workspace"})
+SESSION_KINDS = frozenset({"code", "file", "user", "workspace", "packages"})
 """The request kinds a session runs."""
 _CALL_FRAMES = frozenset({"yield", "artifact", "result"})
 """The frames that name a call (its ``seq``)."""
@@ -267,6 +271,8 @@ class SessionSandbox:
         limits: Limits,
         timeout_s: float,
         idle_output_bytes_per_s: int = 65536,
+        env: dict[str, str] | None = None,
+        egress: bool | None = None,
     ) -> SessionSandbox:
         """Turn a started, unused sandbox (from a pool or a factory) into a session.
 
@@ -279,6 +285,12 @@ class SessionSandbox:
             idle_output_bytes_per_s: Output written between calls (by kept
                 processes, by threads of ended calls) is dropped in the sandbox;
                 past this rate it is not even read (its writers wait).
+            env: Variables the interpreter gets on top of the scrubbed
+                environment, for the session's life (the egress variables:
+                egress/env.py).
+            egress: The interpreter runs the egress relay for the session's
+                life (runner/_egress.py); None: when the sandbox has an egress
+                directory (`Sandbox.egress_dir`: the daemon has `[egress]`).
 
         Raises:
             SandboxError: When the sandbox is not started, or is used (then it is
@@ -292,7 +304,12 @@ class SessionSandbox:
             "quota_bytes": quota_bytes,
             "idle_output_bytes_per_s": idle_output_bytes_per_s,
         }
-        pipes.send(runner_line("session", options, limits, {}, replace(spec, seal=False)))
+        if egress is None:
+            egress = sandbox.egress_dir is not None
+        line = runner_line(
+            "session", options, limits, env or {}, replace(spec, seal=False), egress=egress
+        )
+        pipes.send(line)
         timer = asyncio.get_running_loop().call_later(timeout_s, _settle, session._started, False)
         try:
             started = await session._started

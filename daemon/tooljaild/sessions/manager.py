@@ -27,7 +27,7 @@ import tempfile
 import time
 import uuid
 from collections import OrderedDict, defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,9 @@ from tooljail.errors import (
     WorkspaceFullError,
 )
 from tooljail.types import SessionInfo, SessionState
+from tooljaild.auth.policy import Identity
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.service import EgressService, parse_asked, require_egress
 from tooljaild.journal.store import Journal, JournalError
 from tooljaild.sandbox.base import RunRequest, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.session_channel import SessionSandbox
@@ -84,6 +87,8 @@ class SessionManager:
         journal: Where sessions are recorded; None: nowhere (tests).
         spool_dir: Where uploads wait on disk (private to the daemon); None: a
             fresh private directory under the system's temporary one.
+        egress: The daemon's egress (`[egress]`); None: sessions have no network,
+            and asking for egress or secrets is refused.
     """
 
     def __init__(
@@ -95,7 +100,9 @@ class SessionManager:
         *,
         open_timeout_s: float = 30.0,
         spool_dir: Path | None = None,
+        egress: EgressService | None = None,
     ) -> None:
+        self.egress = egress
         self._settings = settings
         self._limits = limits
         self._sandbox_for = sandbox_for
@@ -171,12 +178,26 @@ class SessionManager:
     # ------------------------------------------------------------------ open
 
     async def create(
-        self, options: SessionOptions, client: str, max_sessions: int | None = None
+        self,
+        options: SessionOptions,
+        client: str,
+        max_sessions: int | None = None,
+        *,
+        identity: Identity | None = None,
+        egress: Sequence[str] = (),
+        secrets: Sequence[str] = (),
     ) -> Session:
         """Open a session for `client`, who may hold `max_sessions` at most (None:
         `max_sessions_per_client`; an identity's own bound replaces it).
 
+        With `egress` (rules) and `secrets` (names), within what `identity` may
+        reach and use (None: the daemon's `[egress]` ceiling): the session's
+        sandbox gets the egress environment (its secrets' placeholders among
+        it) at its interpreter's start, and a gate at the proxy for its life.
+
         Raises:
+            EgressUnavailableError: Egress or secrets asked of a daemon without `[egress]`.
+            EgressNotAllowed: They ask for more than the identity may (PERMISSION_DENIED).
             ShuttingDownError: The daemon is draining.
             InvalidRequestError: Sessions are disabled, or an option is out of bounds.
             OverloadedError: The daemon (or this client's share) holds all the
@@ -192,6 +213,8 @@ class SessionManager:
                 "sessions are disabled on this daemon ([sessions] max_sessions = 0)"
             )
         terms = SessionTerms.resolve(options, s, self._limits)
+        session_id = uuid.uuid4().hex
+        policy = self._policy(identity, egress, secrets, session_id)
         self._check_room(client, max_sessions)
         self._opening[client] += 1
         try:
@@ -203,12 +226,24 @@ class SessionManager:
                 limits=terms.limits,
                 timeout_s=self._open_timeout_s,
                 idle_output_bytes_per_s=s.idle_output_bytes_per_s,
+                # With [egress], every session's interpreter has the proxy's
+                # variables (and its relay): SetSessionEgress may give it network
+                # later. Without a gate, the relay's connections find no proxy.
+                env=None if self.egress is None else self.egress.env(policy),
             )
         finally:
             self._opening[client] -= 1
             if not self._opening[client]:
                 del self._opening[client]
-        session = Session(uuid.uuid4().hex, client, terms, channel, s)
+        session = Session(session_id, client, terms, channel, s)
+        session.egress_rules, session.egress_policy = tuple(egress), policy
+        session.egress_dir = sandbox.egress_dir
+        if not policy.empty:
+            try:
+                self._open_gate(session)
+            except BaseException:
+                await channel.close()
+                raise
         if self._journal is not None:
             try:
                 self._journal.session_opened(
@@ -228,6 +263,76 @@ class SessionManager:
             extra={"session": session.id, "client": client, "sandbox": channel.id},
         )
         return session
+
+    def _policy(
+        self,
+        identity: Identity | None,
+        egress: Sequence[str],
+        secrets: Sequence[str],
+        session_id: str,
+    ) -> EgressPolicy:
+        """A new session's egress policy; NO_EGRESS when it asks for none."""
+        what = f"session {session_id}"
+        service = require_egress(self.egress, asked=bool(egress or secrets), what="the session")
+        if service is None:
+            return NO_EGRESS
+        rules = parse_asked(egress, "the session's egress")
+        return service.policy(identity, session=rules, secrets=secrets, what=what)
+
+    def _open_gate(self, session: Session) -> None:
+        """Open `session`'s gate with its policy (once: later changes go through it)."""
+        if self.egress is None or session.egress_gate is not None:
+            return
+        if session.egress_dir is None:
+            log.warning(
+                "session %s has egress, but its sandbox has no egress directory: it has no network",
+                session.id,
+            )
+            return
+        session.egress_gate = self.egress.open_gate(
+            session.egress_dir, session.egress_policy, label=f"session {session.id}"
+        )
+
+    def set_egress(
+        self,
+        session_id: str,
+        rules: Sequence[str],
+        *,
+        identity: Identity | None,
+        client: str | None,
+    ) -> SessionInfo:
+        """Replace the egress rules of an open session of `client`'s (None: anyone's).
+
+        Connections the session opens from now on are decided by the new rules
+        (open ones are kept); its secrets stay (their placeholders are in its
+        environment). A running call that asked for less than the session gets
+        the new rules too, from now on. [] cuts it off the network.
+
+        Raises:
+            EgressUnavailableError: The daemon has no `[egress]`.
+            InvalidRequestError: A rule does not parse (the message names it).
+            EgressNotAllowed: A rule is outside `identity`'s allowance (PERMISSION_DENIED).
+            SessionNotFoundError, SessionEndedError: As `get`.
+        """
+        session = self.get(session_id, client)
+        service = require_egress(self.egress, asked=True, what=f"session {session_id}")
+        assert service is not None
+        parsed = parse_asked(rules, "egress")
+        if parsed is None:
+            new = service.narrowed(session.egress_policy, NO_EGRESS)
+        else:
+            checked = service.policy(identity, session=parsed, what=f"session {session_id}")
+            new = service.narrowed(session.egress_policy, checked)
+        session.egress_policy, session.egress_rules = new, tuple(rules)
+        if session.egress_gate is not None:
+            session.egress_gate.set_policy(new)  # new connections, at once
+        elif not new.empty:
+            self._open_gate(session)
+        log.info(
+            "session egress set",
+            extra={"session": session.id, "egress": list(rules)},
+        )
+        return session.info()
 
     def _check_room(self, client: str, limit: int | None = None) -> None:
         s = self._settings
@@ -361,6 +466,8 @@ class SessionManager:
                 "resets": session.resets,
             },
         )
+        if session.egress_gate is not None:
+            session.egress_gate.close()
         await session.channel.close()
 
     # ------------------------------------------------------------------ files

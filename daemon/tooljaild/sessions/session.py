@@ -16,9 +16,12 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tooljail.errors import InvalidRequestError, OverloadedError, SessionEndedError
 from tooljail.types import SessionInfo, SessionState
+from tooljaild.egress.gate import EgressGate
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.settings.sandbox import Limits
 from tooljaild.settings.sessions import SessionSettings
@@ -162,6 +165,14 @@ class Session:
         """Those waiting for the turn, first first."""
         self._busy = False
         """Someone holds the turn."""
+        self.egress_rules: tuple[str, ...] = ()
+        """Its egress rules as asked (at creation, then `SetSessionEgress`)."""
+        self.egress_policy: EgressPolicy = NO_EGRESS
+        """What it may reach now; its secrets' placeholders are in its environment."""
+        self.egress_gate: EgressGate | None = None
+        """Its gate at the egress proxy, from the first time it had egress to its end."""
+        self.egress_dir: Path | None = None
+        """Its sandbox's egress directory (None: the daemon has no `[egress]`)."""
 
     @property
     def open(self) -> bool:
@@ -268,4 +279,6 @@ class Session:
             calls=self.calls,
             queued=len(self._line),
             resets=self.resets,
+            egress=self.egress_rules,
+            secrets=tuple(s.name for s in self.egress_policy.secrets),
         )
