@@ -29,7 +29,7 @@ import pytest
 from tests.certs import Authority
 from tooljaild.egress.gate import EgressGate
 from tooljaild.egress.hosts import HostsMap
-from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy, HeldSecret
 from tooljaild.egress.proxy import EgressProxy
 from tooljaild.egress.rules import parse_rules
 from tooljaild.egress.usage import MAX_DENIALS
@@ -59,11 +59,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body_in = self.rfile.read(length) if length else b""
+        if len(body_in) < length:
+            return  # a request cut mid-body never counts as received
         with self.server.record.lock:
             self.server.record.requests.append(
                 (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
             )
-        body = b"hello from " + self.server.label.encode() + b" " + body_in
+        body = b"hello from " + self.server.label.encode() + b" " + body_in[:64]
+        if self.headers.get("X-Echo"):
+            body += b" echo=" + self.headers["X-Echo"].encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -252,6 +256,13 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ")[1])
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        while not body.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return status, headers, _dechunk(body)
     if "content-length" in headers:
         want = int(headers["content-length"])
         while len(body) < want:
@@ -263,6 +274,16 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         while chunk := sock.recv(65536):
             body += chunk
     return status, headers, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, data = out + data[:size], data[size + 2 :]
 
 
 def get(
@@ -638,9 +659,11 @@ def test_descriptors_that_are_not_stream_sockets_are_refused(
     listener = socket.create_server(("127.0.0.1", 0))
     dgram_a, dgram_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     file_fd = os.open(world.ca_file, os.O_RDONLY)
-    for fd in (read_end, listener.fileno(), dgram_b.fileno(), file_fd):
+    unconnected = socket.socket()
+    for fd in (read_end, listener.fileno(), dgram_b.fileno(), file_fd, unconnected.fileno()):
         relay.pass_fd(fd)
-    wait_denial(gate, "bad_request", 4)
+    wait_denial(gate, "bad_request", 5)
+    unconnected.close()
     for fd in (read_end, write_end, file_fd):
         os.close(fd)
     listener.close()
@@ -725,3 +748,146 @@ def test_refusal_lists_at_most_ten_rules(proxy: EgressProxy, world: World) -> No
     text = body.decode()
     assert "h9.example.com" in text and "h10.example.com" not in text
     assert "and 15 more" in text
+
+
+# -- secrets on plain HTTP ---------------------------------------------------------
+
+SECRET_VALUE = "s3cr3t-VALUE-0123456789"
+
+
+def holding_secret(*rules: str) -> tuple[EgressPolicy, str]:
+    held = HeldSecret(
+        name="API_KEY",
+        value=SECRET_VALUE,
+        hosts=parse_rules(["api.example.com"], "test"),
+        placeholder="tooljail-secret-" + "ab" * 16,
+    )
+    return EgressPolicy(allow=parse_rules(rules, "test"), secrets=(held,)), held.placeholder
+
+
+def test_a_placeholder_is_swapped_for_its_host_and_scrubbed_back(
+    proxy: EgressProxy, world: World
+) -> None:
+    pol, placeholder = holding_secret("api.example.com")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        status, _, body = get(
+            conn,
+            f"http://api.example.com/q?key={placeholder}",
+            extra=f"X-Echo: {placeholder}\r\n",
+        )
+    assert status == 200
+    _, path, seen = world.http.record.requests[0]
+    assert path == f"/q?key={SECRET_VALUE}"
+    assert seen["x-echo"] == SECRET_VALUE
+    # The server echoed the value: the sandbox reads the placeholder.
+    assert SECRET_VALUE.encode() not in body
+    assert body.endswith(b"echo=" + placeholder.encode())
+
+
+@pytest.mark.parametrize("where", ["header", "url", "body", "big body"])
+def test_a_placeholder_sent_elsewhere_is_a_leak(
+    proxy: EgressProxy, world: World, where: str
+) -> None:
+    pol, placeholder = holding_secret("api.example.com", "data.example.org")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        if where == "header":
+            status, _, body = get(
+                conn, "http://data.example.org/", extra=f"X-Key: {placeholder}\r\n"
+            )
+        elif where == "url":
+            status, _, body = get(conn, f"http://data.example.org/?k={placeholder}")
+        else:
+            payload = placeholder.encode()
+            if where == "big body":
+                payload = b"x" * (2 * 1024 * 1024) + payload
+            conn.sendall(
+                b"POST http://data.example.org/p HTTP/1.1\r\nHost: data.example.org\r\n"
+                + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            )
+            with contextlib.suppress(ConnectionError):
+                conn.sendall(payload)
+            status, _, body = read_response(conn)
+    assert status == 403 and b"(secret_leak)" in body and b"API_KEY" in body
+    assert SECRET_VALUE.encode() not in body and placeholder.encode() not in body
+    assert world.http.record.requests == []
+    assert denials(gate) == {"secret_leak": 1}
+
+
+# -- the package cache ----------------------------------------------------------------
+
+
+class FakeWriter:
+    def __init__(self, cache: FakeCache, url: str) -> None:
+        self.cache, self.url, self.data = cache, url, b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def commit(self) -> Path:
+        path = self.cache.directory / f"f{len(self.cache.files)}"
+        path.write_bytes(self.data)
+        self.cache.files[self.url] = path
+        return path
+
+    def abort(self) -> None:
+        self.cache.aborted.append(self.url)
+
+
+class FakeCache:
+    index_hosts = frozenset({"api.example.com"})
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, Path] = {}
+        self.aborted: list[str] = []
+
+    def wants(self, host: str) -> bool:
+        return host in self.index_hosts
+
+    def lookup(self, url: str) -> Path | None:
+        return self.files.get(url)
+
+    def writer(self, url: str) -> FakeWriter | None:
+        return FakeWriter(self, url)
+
+
+@pytest.fixture
+def cache(proxy: EgressProxy, world: World) -> FakeCache:
+    fake = FakeCache(world.directory)
+    proxy._cache = fake  # the proxy under test, with a cache
+    return fake
+
+
+def test_a_cached_get_is_served_from_the_cache(
+    proxy: EgressProxy, world: World, cache: FakeCache
+) -> None:
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    relay = Relay(gate)
+    with relay.connection() as conn:
+        first = get(conn, "http://api.example.com/files/a.whl")
+        second = get(conn, "http://api.example.com/files/a.whl")
+    assert first[0] == second[0] == 200
+    assert first[2] == second[2] == b"hello from http "
+    assert len(world.http.record.requests) == 1  # the second came from the cache
+    assert list(cache.files) == ["http://api.example.com/files/a.whl"]
+
+
+def test_the_cache_host_serves_by_hash(proxy: EgressProxy, world: World, cache: FakeCache) -> None:
+    digest = "0" * 63 + "1"
+    (world.directory / "wheel").write_bytes(b"wheel bytes")
+    cache.files[f"sha256:{digest}"] = world.directory / "wheel"
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    with Relay(gate).connection() as conn:
+        found = get(conn, f"http://packages.tooljail.internal/sha256/{digest}")
+        missing = get(conn, "http://packages.tooljail.internal/sha256/" + "2" * 64)
+        bad = get(conn, "http://packages.tooljail.internal/../etc/passwd")
+    assert found[0] == 200 and found[2] == b"wheel bytes"
+    assert missing[0] == 404 and bad[0] == 404
+    # A gate whose policy reaches no package index may not use it.
+    other = open_gate(proxy, world, policy("data.example.org"), name="other")
+    with Relay(other).connection() as conn:
+        status, _, body = get(conn, f"http://packages.tooljail.internal/sha256/{digest}")
+    assert status in (403, 502) and b"wheel bytes" not in body
+    assert world.nothing_reached()

@@ -130,7 +130,7 @@ class _Client:
         while True:
             try:
                 head = await asyncio.wait_for(read_request_head(self.reader), timeout)
-            except (HeadClosed, TimeoutError, ConnectionError):
+            except (HeadClosed, TimeoutError, OSError):
                 return
             except BadRequest as exc:
                 await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
@@ -147,7 +147,7 @@ class _Client:
                 # A body the client framed badly: tell it if the answer has not begun.
                 await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
                 return
-            except ConnectionError:
+            except OSError:
                 return
             timeout = IDLE_TIMEOUT_S
 

@@ -257,6 +257,9 @@ class EgressGate:
             await self._serve(self, sock)
         except asyncio.CancelledError:
             raise
+        except OSError as exc:
+            # The sandbox's end misbehaving (reset, not connected) is its own business.
+            log.debug("egress gate %s: a connection ended: %s", self.label, exc)
         except Exception:
             log.exception("egress gate %s: a connection failed", self.label)
         finally:
@@ -280,7 +283,7 @@ class EgressGate:
 
 
 def _stream_socket(fd: int) -> socket.socket | None:
-    """`fd` as a socket when it is a connected-or-connectable stream socket, else closed."""
+    """`fd` as a socket when it is a connected stream socket; else None, `fd` closed."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             os.close(fd)
@@ -294,6 +297,8 @@ def _stream_socket(fd: int) -> socket.socket | None:
         ok = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM and not (
             sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         )
+        if ok:
+            sock.getpeername()  # ENOTCONN: a socket that is connected to nothing
     except OSError:
         ok = False
     if not ok:
