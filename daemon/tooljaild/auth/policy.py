@@ -7,6 +7,8 @@
     approval = ["upload_file"]                     # these wait for an approver
     max_concurrent_calls = 8                       # absent: the daemon's own bounds
     max_sessions = 2
+    egress = ["api.example.com"]                   # absent: the daemon's [egress] allow
+    secrets = ["NEWS_API_KEY"]                     # absent: no secret
 
     [identities.ops]
     token_sha256 = "..."
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tooljail.errors import TooljailError
 from tooljaild.auth.secret_files import ExposedSecretError, read_secret
+from tooljaild.settings.egress_rules import Rule, check_secret_name, parse_rules
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 """An identity's name: what logs, metrics and ownership carry."""
@@ -50,6 +53,24 @@ class _IdentityEntry(BaseModel):
     approver: bool = False
     max_concurrent_calls: int | None = Field(default=None, ge=1)
     max_sessions: int | None = Field(default=None, ge=0)
+    egress: list[str] | None = None
+    secrets: list[str] | None = None
+
+    @field_validator("egress")
+    @classmethod
+    def _rules(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            parse_rules(v, "egress")  # ValueError naming the rule: refused by name
+        return v
+
+    @field_validator("secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str] | None) -> list[str] | None:
+        for name in v or ():
+            problem = check_secret_name(name)
+            if problem is not None:
+                raise ValueError(problem)
+        return v
 
     @field_validator("token_sha256")
     @classmethod
@@ -79,6 +100,11 @@ class Identity:
         max_concurrent_calls: Its running and queued calls at most; None: the
             daemon's per-client bound.
         max_sessions: Its open sessions at most; None: the daemon's bound.
+        egress: The egress rules it may reach at most (within the daemon's
+            `[egress] allow`); None: the daemon's ceiling.
+        secrets: The secrets it may ask for; None: every one (an identity not
+            from a tokens file: without tokens, every secret is allowed). The
+            tokens file gives none to an identity that lists none.
     """
 
     name: str
@@ -88,6 +114,8 @@ class Identity:
     approver: bool = False
     max_concurrent_calls: int | None = None
     max_sessions: int | None = None
+    egress: tuple[Rule, ...] | None = None
+    secrets: frozenset[str] | None = None
 
     def may_use(self, tool: str) -> bool:
         return self.tools is None or tool in self.tools
@@ -196,5 +224,7 @@ def load_identities(path: Path) -> Identities:
             approver=entry.approver,
             max_concurrent_calls=entry.max_concurrent_calls,
             max_sessions=entry.max_sessions,
+            egress=None if entry.egress is None else parse_rules(entry.egress, "egress"),
+            secrets=frozenset(entry.secrets or ()),
         )
     return Identities(by_name=identities)

@@ -23,6 +23,12 @@ from tooljail.common import default_socket_path
 from tooljail.errors import TooljailError
 from tooljaild.settings.artifacts import ArtifactSettings
 from tooljaild.settings.auth import AuthSettings, TlsSettings
+from tooljaild.settings.egress import (
+    EgressSettings,
+    PackagesSettings,
+    SecretsSettings,
+    index_host,
+)
 from tooljaild.settings.sandbox import BackendKind, BackendSettings, Limits
 from tooljaild.settings.sessions import SessionSettings
 from tooljaild.settings.storage import StorageSettings
@@ -151,6 +157,14 @@ class Settings(BaseSettings, BackendSettings):
     """Sessions: how many, per client, idle TTL, lifetime (`[sessions]`)."""
     storage: StorageSettings = Field(default_factory=StorageSettings)
     """Object storage for upload_file (`[storage]`); no bucket: none."""
+    egress: EgressSettings | None = None
+    """What sandboxes may reach outside, through the daemon's egress proxy
+    (`[egress]`, `[egress.hosts]`; see docs/egress.md). No section: no sandbox has
+    any network, as without this feature."""
+    secrets: SecretsSettings = Field(default_factory=SecretsSettings)
+    """Secrets the egress proxy swaps in on the way to their hosts (`[secrets]`)."""
+    packages: PackagesSettings = Field(default_factory=PackagesSettings)
+    """The package index pip uses inside sandboxes (`[packages]`)."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"
@@ -184,7 +198,23 @@ class Settings(BaseSettings, BackendSettings):
     def _bounds(self) -> Settings:
         if not self.min_timeout_s <= self.default_timeout_s <= self.max_timeout_s:
             raise ValueError("need min_timeout_s <= default_timeout_s <= max_timeout_s")
+        self._check_package_hosts()
         return self
+
+    def _check_package_hosts(self) -> None:
+        # An index the ceiling refuses would make every `pip install` fail later,
+        # in a sandbox, with a 403: say so at start instead, naming the URL.
+        for url in self.packages.urls():
+            if self.egress is None:
+                raise ValueError(
+                    f"packages: index {url} needs an [egress] section whose allow lets its host in"
+                )
+            host, port = index_host(url)
+            if not self.egress.allows(host, port):
+                raise ValueError(
+                    f"packages: index {url}: {host}:{port} is not allowed by [egress] "
+                    "allow (or is denied by [egress] deny)"
+                )
 
     def per_client_limit(self) -> int:
         """Running and queued calls one client may hold (see max_calls_per_client)."""

@@ -15,6 +15,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tooljaild.settings.egress_rules import Rule, parse_rules
+
 __all__ = [
     "DEFAULT_IMAGE",
     "KINDS",
@@ -75,6 +77,9 @@ class Limits(BaseModel):
     """Size of the sandbox's private /tmp and /dev/shm (RAM-backed, each)."""
     workspace_bytes: int = Field(default=512 * 1024**2, ge=1024**2)
     """Disk quota of the workspace (under namespaces: a RAM-backed tmpfs of this size)."""
+    max_egress_connections: int = Field(default=64, ge=1)
+    """Connections through the egress proxy one sandbox may hold open at once;
+    past it a new one is refused (reason connection_limit)."""
 
     def rlimits(self) -> dict[str, int]:
         return {
@@ -230,6 +235,21 @@ class SandboxProfile(BaseModel):
     network: bool | None = None
     """Give the container the engine's default network; None: the daemon's
     `docker.network` (off unless configured)."""
+    egress: list[str] | None = None
+    """Egress rules the tool's calls may reach through the daemon's proxy
+    ("api.example.com", "*.example.org:443"; see docs/egress.md), within its
+    caller's allowance; either backend. None: none (no network)."""
+
+    @field_validator("egress")
+    @classmethod
+    def _egress(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            parse_rules(v, "egress")
+        return v
+
+    def egress_rules(self) -> tuple[Rule, ...] | None:
+        """The parsed `egress` rules; None: the tool asks for none."""
+        return None if self.egress is None else parse_rules(self.egress, "egress")
 
     @model_validator(mode="after")
     def _check(self) -> SandboxProfile:

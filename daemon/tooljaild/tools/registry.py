@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SkipValidation, 
 from tooljail.common import bounded, json_type_name
 from tooljail.errors import InvalidArgumentsError, ToolNotFoundError
 from tooljail.types import Diagnostic, ToolInfo
+from tooljaild.settings.egress_rules import check_secret_name
 from tooljaild.settings.sandbox import Limits, SandboxProfile
 from tooljaild.tools.run import BuiltinRun
 
@@ -59,9 +60,17 @@ class ToolOptions(BaseModel):
     """Sandbox limit overrides (from `@tool(limits=...)`), read by the sandbox layer."""
     sandbox: SandboxProfile = Field(default_factory=SandboxProfile)
     """Which backend (and image, network) runs the calls (from `@tool(sandbox=...)`)."""
+    secrets: list[str] = Field(default_factory=list)
+    """Names of the secrets its calls hold (from `@tool(secrets=[...])`): in the
+    sandbox each variable holds a placeholder the egress proxy swaps for the value
+    on the way to that secret's hosts."""
 
     @model_validator(mode="after")
     def _check_bounds(self) -> ToolOptions:
+        for name in self.secrets:
+            problem = check_secret_name(name)
+            if problem is not None:
+                raise ValueError(problem)
         unknown = sorted(set(self.limits) - set(Limits.model_fields))
         if unknown:
             raise ValueError(
