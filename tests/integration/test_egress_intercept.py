@@ -33,43 +33,26 @@ from tooljaild.egress.http import (
     response_framing,
 )
 from tooljaild.egress.intercept import serve_intercepted
+from tooljaild.egress.policy import EgressPolicy, HeldSecret
+from tooljaild.egress.rules import parse_rule
 from tooljaild.egress.tls import InterceptCA, upstream_context
 
 HOST = "api.example.com"
 
 
-@dataclass(frozen=True)
-class _Rule:
-    host: str
-    port: int
-
-    def matches(self, host: str, port: int) -> bool:
-        return (host, port) == (self.host, self.port)
-
-
-@dataclass(frozen=True)
-class _Secret:
-    name: str
-    value: str
-    hosts: tuple[_Rule, ...]
-    placeholder: str
-
-
-@dataclass(frozen=True)
-class _Policy:
-    secrets: tuple[_Secret, ...]
-
-
-NEWS = _Secret(
-    "NEWS_API_KEY", "V4lue-0f-the-news-key", (_Rule(HOST, 443),), "tooljail-secret-" + "1" * 32
+NEWS = HeldSecret(
+    "NEWS_API_KEY",
+    "V4lue-0f-the-news-key",
+    (parse_rule(f"{HOST}:443"),),
+    "tooljail-secret-" + "1" * 32,
 )
-OTHER = _Secret(
+OTHER = HeldSecret(
     "OTHER_KEY",
     "other-secret-value",
-    (_Rule("other.example.com", 443),),
+    (parse_rule("other.example.com:443"),),
     "tooljail-secret-" + "2" * 32,
 )
-POLICY = _Policy((NEWS, OTHER))
+POLICY = EgressPolicy(allow=(parse_rule(HOST),), secrets=(NEWS, OTHER))
 
 
 class _Sink:

@@ -31,7 +31,6 @@ import contextlib
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
 
 from tooljaild.egress.http import (
     NO_BODY,
@@ -50,13 +49,8 @@ from tooljaild.egress.http import (
     request_framing,
     response_framing,
 )
-from tooljaild.egress.swap import (
-    BodyLeakScanner,
-    ResponseScrubber,
-    Secret,
-    SecretLeak,
-    swap_request,
-)
+from tooljaild.egress.policy import EgressPolicy, HeldSecret
+from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
 from tooljaild.egress.tls import InterceptCA, NeedMore, client_hello_sni
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -81,13 +75,6 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-
-
-class _Policy(Protocol):
-    """What interception needs of an EgressPolicy: the secrets the sandbox holds."""
-
-    @property
-    def secrets(self) -> Sequence[Secret]: ...
 
 
 Account = Callable[[int, int], None]
@@ -294,7 +281,7 @@ class _Interception:
         host: str,
         port: int,
         upstream_addr: tuple[str, int],
-        secrets: Sequence[Secret],
+        secrets: Sequence[HeldSecret],
         upstream_ctx: ssl.SSLContext,
         account: Account,
         deny: Deny,
@@ -575,7 +562,7 @@ async def serve_intercepted(
     connect_host: str,
     connect_port: int,
     upstream_addr: tuple[str, int],
-    policy: _Policy,
+    policy: EgressPolicy,
     ca: InterceptCA,
     upstream_ctx: ssl.SSLContext,
     account: Account,
