@@ -297,7 +297,9 @@ class EgressCeiling:
         """
         if identity_rules is None:
             return self.allow
-        return narrow(self.allow, identity_rules, f"{who}'s allowance", above_what="[egress] allow")
+        return narrow(
+            self.allow, identity_rules, f"the allowance of {who}", above_what="[egress] allow"
+        )
 
     def policy(
         self,
