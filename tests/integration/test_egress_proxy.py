@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import http.server
+import ipaddress
 import logging
 import os
 import socket
@@ -21,10 +22,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.certs import Authority
 from tooljaild.egress.gate import EgressGate
@@ -32,6 +37,7 @@ from tooljaild.egress.hosts import HostsMap
 from tooljaild.egress.policy import NO_EGRESS, EgressPolicy, HeldSecret
 from tooljaild.egress.proxy import EgressProxy
 from tooljaild.egress.rules import parse_rules
+from tooljaild.egress.tls import InterceptCA
 from tooljaild.egress.usage import MAX_DENIALS
 
 # -- the world: recording servers -------------------------------------------
@@ -120,12 +126,36 @@ class World:
         return self.http.record.count() == 0 and self.https.record.count() == 0
 
 
+def _leaf(ca: Authority, directory: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
+    """A server leaf for `names` (and 127.0.0.1) signed by `ca`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = (
+        ca._builder(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), key.public_key()
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca._key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "leaf.pem", directory / "leaf.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     ca = Authority(tmp_path, "world")
-    pair = ca.issue("localhost", server=True)
+    cert, key = _leaf(ca, tmp_path, ("api.example.com", "localhost"))
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(pair.cert, pair.key)
+    tls.load_cert_chain(cert, key)
     https = _Server("https", tls)
 
     def remember(sock: Any, name: str | None, ctx: ssl.SSLContext) -> None:
@@ -170,6 +200,7 @@ def hosts_for(world: World) -> HostsMap:
             ("api.example.com", 80): http_at,
             ("data.example.org", 80): http_at,
             ("api.example.com", 443): https_at,
+            ("data.example.org", 443): https_at,
             ("api.example.com", 8080): http_at,
             # Names no rule allows, mapped anyway: a proxy that let them pass
             # would reach the recording servers.
@@ -190,7 +221,7 @@ def proxy(world: World) -> Iterator[EgressProxy]:
     p = EgressProxy(
         hosts=hosts_for(world),
         upstream_ca_file=world.ca_file,
-        ca=cast(Any, None),
+        ca=InterceptCA.load_or_create(world.directory / "intercept-ca"),
         on_denial=denied.append,
         resolver=fake_resolver,
     )
@@ -360,10 +391,7 @@ def test_plain_post_body_is_forwarded(proxy: EgressProxy, world: World) -> None:
 
 
 def tls_client(world: World) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(world.ca_file))
-    # The test leaf names localhost; the SNI sent is the real name.
-    ctx.check_hostname = False
-    return ctx
+    return ssl.create_default_context(cafile=str(world.ca_file))
 
 
 def connect_tunnel(conn: socket.socket, authority: str) -> tuple[int, bytes]:
@@ -891,3 +919,41 @@ def test_the_cache_host_serves_by_hash(proxy: EgressProxy, world: World, cache: 
         status, _, body = get(conn, f"http://packages.tooljail.internal/sha256/{digest}")
     assert status in (403, 502) and b"wheel bytes" not in body
     assert world.nothing_reached()
+
+
+# -- interception: a sandbox holding secrets ---------------------------------------
+
+
+def test_connect_of_a_sandbox_holding_secrets_is_intercepted(
+    proxy: EgressProxy, world: World
+) -> None:
+    pol, placeholder = holding_secret("api.example.com", "data.example.org")
+    gate = open_gate(proxy, world, pol)
+    mark = gate.mark()
+    trust = ssl.create_default_context(cadata=proxy.ca.cert_pem.decode())
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "api.example.com:443")[0] == 200
+        with trust.wrap_socket(conn, server_hostname="api.example.com") as tls:
+            status, _, body = get(
+                tls, "/swapped", host="api.example.com", extra=f"X-Echo: {placeholder}\r\n"
+            )
+    assert status == 200
+    assert world.https.record.requests[0][2]["x-echo"] == SECRET_VALUE
+    assert SECRET_VALUE.encode() not in body and placeholder.encode() in body
+    deadline = time.monotonic() + 5
+    while gate.since(mark)[0].bytes_in == 0:  # counted when the exchange ends
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    usage, denied = gate.since(mark)
+    assert denied == () and usage.connections == 1 and usage.bytes_out > 0
+    # The placeholder sent to another allowed host through its tunnel: refused.
+    requests = len(world.https.record.requests)
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "data.example.org:443")[0] == 200
+        with trust.wrap_socket(conn, server_hostname="data.example.org") as tls:
+            status, _, body = get(
+                tls, "/", host="data.example.org", extra=f"Authorization: Bearer {placeholder}\r\n"
+            )
+    assert status == 403 and b"API_KEY" in body
+    assert len(world.https.record.requests) == requests
+    assert denials(gate) == {"secret_leak": 1}

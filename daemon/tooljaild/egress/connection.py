@@ -46,6 +46,7 @@ from tooljaild.egress.http import (
     request_framing,
     response_framing,
 )
+from tooljaild.egress.intercept import serve_intercepted
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import refusal_text, response
 from tooljaild.egress.resolve import Resolved, Unreachable, ip_literal
@@ -294,10 +295,6 @@ class _Client:
     async def intercepted(
         self, host: str, port: int, where: Resolved, policy: EgressPolicy
     ) -> None:
-        import importlib
-
-        # INTERCEPT's module (egress/intercept.py); imported by name until it lands.
-        serve_intercepted = importlib.import_module("tooljaild.egress.intercept").serve_intercepted
         self.writer.write(_ESTABLISHED)
         await self.writer.drain()
         book = self.gate.book
@@ -306,7 +303,8 @@ class _Client:
             book.bytes(out=out, into=into)
 
         def deny(reason: str, detail: str) -> None:
-            self.proxy.deny(self.gate, host, port, reason, detail)
+            # The detail names a secret by name at most (intercept's contract).
+            self.proxy.deny(self.gate, host, port, reason, detail[:200])
 
         book.connection()
         await serve_intercepted(
@@ -358,7 +356,10 @@ class _Client:
         if named is None:
             headers.insert(0, ("Host", authority))
         target = path
+        # (what was sent, what the sandbox wrote): an echo goes back as written.
+        swapped: list[tuple[str, str]] = []
         if policy.secrets:
+            before = headers
             try:
                 target, headers = swap_request(
                     head.method, target, headers, host, port, policy.secrets
@@ -366,6 +367,9 @@ class _Client:
             except SecretLeak as leak:
                 await self.leak(host, port, leak)
                 return False
+            swapped = [(n, o) for (_, n), (_, o) in zip(headers, before, strict=True) if n != o]
+            if target != path:
+                swapped.append((target, path))
         framing = request_framing(head)
         body: bytes | None = None
         if policy.secrets and framing.kind != "none":
@@ -411,7 +415,9 @@ class _Client:
                         return False
                     self.gate.book.bytes(out=copied.written)
             await up_writer.drain()
-            return await self.answer(head, up_reader, policy, keep, url if cached else None)
+            return await self.answer(
+                head, up_reader, policy, keep, url if cached else None, swapped
+            )
         finally:
             await _close(up_writer)
 
@@ -456,6 +462,7 @@ class _Client:
         policy: EgressPolicy,
         keep: bool,
         cache_url: str | None,
+        swapped: list[tuple[str, str]],
     ) -> bool:
         """Relay upstream's answer to the client; True when the client connection stays open."""
         try:
@@ -472,7 +479,7 @@ class _Client:
             await self.fail(502, "the upstream did not answer in time")
         if head.status == 101 or head.status < 200:
             await self.fail(502, "protocol upgrades are not passed by the proxy")
-        scrubber = ResponseScrubber(policy.secrets) if policy.secrets else None
+        scrubber = ResponseScrubber(policy.secrets, swapped) if policy.secrets else None
         client_11 = request.version == "HTTP/1.1"
         keep = keep and framing.kind != "close"
         headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP_BY_HOP]
@@ -488,7 +495,7 @@ class _Client:
         out_head = ResponseHead("HTTP/1.1", head.status, head.reason, headers)
         data = out_head.to_bytes()
         if scrubber is not None:
-            data = _scrub_once(policy, data)
+            data = _scrub_once(policy, swapped, data)
         self.writer.write(data)
         self.gate.book.bytes(into=len(data))
         writer: CacheWriter | None = None
@@ -607,8 +614,8 @@ def _feeder(scanner: BodyLeakScanner | None) -> Callable[[bytes], bytes] | None:
     return feed
 
 
-def _scrub_once(policy: EgressPolicy, data: bytes) -> bytes:
-    scrubber = ResponseScrubber(policy.secrets)
+def _scrub_once(policy: EgressPolicy, swapped: list[tuple[str, str]], data: bytes) -> bytes:
+    scrubber = ResponseScrubber(policy.secrets, swapped)
     return scrubber.feed(data) + scrubber.flush()
 
 
