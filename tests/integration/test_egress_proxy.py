@@ -749,6 +749,17 @@ def test_close_unlinks_and_stops(proxy: EgressProxy, world: World) -> None:
     conn.close()
 
 
+def test_closed_gates_leave_nothing_behind(proxy: EgressProxy, world: World) -> None:
+    for i in range(50):
+        gate = open_gate(proxy, world, policy("api.example.com"), name=f"n{i}")
+        with Relay(gate).connection() as conn:
+            get(conn, "http://evil.example.com/")  # a denial: a log entry for the gate
+        gate.close()
+    assert proxy.gates == 0
+    assert proxy.connections == 0
+    assert proxy._denial_log._per_gate == {}
+
+
 # -- the denial log ------------------------------------------------------------------
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from tooljaild.egress.http import (
-    NO_BODY,
     BadRequest,
     BadResponse,
     Framing,
@@ -125,6 +125,8 @@ class _Client:
         self.gate = gate
         self.reader = reader
         self.writer = writer
+        # Whether an answer to the current request has begun (no other may follow).
+        self.answered = False
 
     async def run(self) -> None:
         timeout = HEAD_TIMEOUT_S
@@ -136,19 +138,24 @@ class _Client:
             except BadRequest as exc:
                 await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
                 return
+            self.answered = False
             try:
                 if head.method.upper() == "CONNECT":
                     await self.tunnel(head)
                     return
                 if not await self.plain(head):
                     return
-            except _Done:
+            except (_Done, OSError, ValueError):
+                return
+            except BadResponse as exc:
+                # The upstream's answer broke: say so if the answer has not begun.
+                if not self.answered:
+                    await self.send(response(502, "Bad Gateway", f"tooljail egress: {exc}\n"))
                 return
             except BadRequest as exc:
-                # A body the client framed badly: tell it if the answer has not begun.
-                await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
-                return
-            except OSError:
+                # A target or body the client framed badly.
+                if not self.answered:
+                    await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
                 return
             timeout = IDLE_TIMEOUT_S
 
@@ -371,6 +378,9 @@ class _Client:
             if target != path:
                 swapped.append((target, path))
         framing = request_framing(head)
+        if (head.get("expect") or "").lower() == "100-continue" and framing.kind != "none":
+            # Expect is not passed upstream: the proxy asks for the body itself.
+            self.writer.write(_CONTINUE)
         body: bytes | None = None
         if policy.secrets and framing.kind != "none":
             body = await self.scanned_body(host, port, framing, policy)
@@ -382,8 +392,6 @@ class _Client:
             hit = await asyncio.get_running_loop().run_in_executor(None, cache.lookup, url)
             if hit is not None and await self.send_file(hit, head.method):
                 return keep
-        if (head.get("expect") or "").lower() == "100-continue" and body is None:
-            self.writer.write(_CONTINUE)
         up_reader, up_writer = await self.open_upstream(host, port, where)
         try:
             out_head = RequestHead(
@@ -468,7 +476,8 @@ class _Client:
         try:
             while True:
                 head = await asyncio.wait_for(read_response_head(up_reader), IDLE_TIMEOUT_S)
-                if head.status != 100:
+                # Interim answers (100 Continue, 103 Early Hints) are not passed on.
+                if head.status >= 200 or head.status == 101:
                     break
             framing = response_framing(head, request.method)
         except HeadClosed:
@@ -484,18 +493,24 @@ class _Client:
         keep = keep and framing.kind != "close"
         headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP_BY_HOP]
         out = framing
-        if scrubber is not None and framing.kind != "none":
-            # A scrubbed body may change length: re-frame it.
+        if framing.kind != "none" and (scrubber is not None or not client_11):
+            # A scrubbed body may change length, and an HTTP/1.0 client reads
+            # no chunks: re-frame it.
             if client_11:
                 headers, out = as_chunked(headers), Framing("chunked")
             else:
-                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+                headers = [
+                    (k, v)
+                    for k, v in headers
+                    if k.lower() not in ("content-length", "transfer-encoding")
+                ]
                 out, keep = Framing("close"), False
         headers.append(("Connection", "keep-alive" if keep else "close"))
         out_head = ResponseHead("HTTP/1.1", head.status, head.reason, headers)
         data = out_head.to_bytes()
         if scrubber is not None:
             data = _scrub_once(policy, swapped, data)
+        self.answered = True
         self.writer.write(data)
         self.gate.book.bytes(into=len(data))
         writer: CacheWriter | None = None
@@ -520,8 +535,6 @@ class _Client:
         except BaseException:
             if writer is not None:
                 writer.abort()
-            if framing.kind != NO_BODY.kind:
-                raise _Done from None
             raise
         if writer is not None:
             writer.commit()
@@ -562,6 +575,7 @@ class _Client:
         if hit is not None and await self.send_file(hit, head.method):
             return keep
         body = b"not in the package cache\n"
+        self.answered = True
         self.writer.write(
             b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -579,9 +593,8 @@ class _Client:
         except OSError:
             return False
         try:
-            size = await loop.run_in_executor(
-                None, lambda: Path(f"/proc/self/fd/{handle.fileno()}").stat().st_size
-            )
+            size = os.fstat(handle.fileno()).st_size
+            self.answered = True
             self.writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                 + f"Content-Length: {size}\r\n\r\n".encode()
