@@ -66,6 +66,44 @@ class _Sink:
         return None
 
 
+class _Cache:
+    """A package cache in a directory: what serve_intercepted needs of one."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.lookups: list[str] = []
+
+    def wants(self, host: str) -> bool:
+        return host == HOST
+
+    def _path(self, url: str) -> Path:
+        return self.root / url.replace("/", "_")
+
+    def lookup(self, url: str) -> Path | None:
+        self.lookups.append(url)
+        path = self._path(url)
+        return path if path.exists() else None
+
+    def writer(self, url: str) -> _CacheWriter | None:
+        return _CacheWriter(self._path(url)) if url.endswith(".whl") else None
+
+
+class _CacheWriter:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def commit(self) -> Path:
+        self.path.write_bytes(self.data)
+        return self.path
+
+    def abort(self) -> None:
+        self.data.clear()
+
+
 @dataclass
 class Upstream:
     """A local HTTPS server that records what reaches it and answers by path."""
@@ -118,17 +156,19 @@ class World:
     usage: list[tuple[int, int]]
 
     async def tunnel(
-        self, *, host: str = HOST, sni: str | None = HOST
+        self, *, host: str = HOST, sni: str | None = HOST, cache: _Cache | None = None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, asyncio.Task[None]]:
         """A client connection through serve_intercepted, TLS done."""
         ours, theirs = socket.socketpair()
-        task = asyncio.create_task(self.serve(ours, host))
+        task = asyncio.create_task(self.serve(ours, host, cache))
         reader, writer = await asyncio.open_connection(
             sock=theirs, ssl=self.client_ctx, server_hostname=sni
         )
         return reader, writer, task
 
-    async def serve(self, sock: socket.socket, host: str = HOST) -> None:
+    async def serve(
+        self, sock: socket.socket, host: str = HOST, cache: _Cache | None = None
+    ) -> None:
         await serve_intercepted(
             sock,
             connect_host=host,
@@ -139,6 +179,7 @@ class World:
             upstream_ctx=self.upstream_ctx,
             account=lambda out, inn: self.usage.append((out, inn)),
             deny=lambda reason, detail: self.denials.append((reason, detail)),
+            cache=cache,
         )
 
 
@@ -220,6 +261,30 @@ async def test_placeholders_reach_upstream_as_values_and_echoes_come_back_scrubb
     assert world.upstream.connections == 1
     assert world.denials == []
     assert len(world.usage) == 2 and all(o > 0 and i > 0 for o, i in world.usage)
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+async def test_package_index_answers_are_cached_and_served_from_the_cache(
+    world: World, tmp_path: Path
+) -> None:
+    cache = _Cache(tmp_path)
+    reader, writer, task = await world.tunnel(cache=cache)
+    status, _, first = await _request(reader, writer, _get("/files/pkg-1.0-py3-none-any.whl"))
+    assert status == 200
+    assert len(world.upstream.requests) == 1
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+    reader, writer, task = await world.tunnel(cache=cache)
+    status, headers, again = await _request(reader, writer, _get("/files/pkg-1.0-py3-none-any.whl"))
+    assert status == 200
+    assert again == first
+    assert dict(headers)["Content-Length"] == str(len(first))
+    assert len(world.upstream.requests) == 1  # the second came from the cache
+    # A URL that carried a secret is no cache key (and not looked up).
+    status, _, _ = await _request(reader, writer, _get(f"/files/x.whl?k={NEWS.placeholder}"))
+    assert status == 200
+    assert all(NEWS.placeholder not in url and NEWS.value not in url for url in cache.lookups)
     await _close(writer)
     await asyncio.wait_for(task, 10)
 

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import BinaryIO, Protocol
 
 from tooljaild.egress.http import (
     NO_BODY,
@@ -59,7 +62,7 @@ IDLE_TIMEOUT_S = 60.0
 """How long a kept-alive connection waits for the sandbox's next request head."""
 UPSTREAM_TIMEOUT_S = 30.0
 """How long connecting to the upstream, or waiting for its answer's head, may take."""
-HOLD_BYTES = 1024 * 1024
+HOLD_BYTES = 256 * 1024
 """A request (head and body) up to this size is held and scanned whole before it is
 sent; an answer with a Content-Length up to it is scrubbed whole and re-measured."""
 _PIECE = 64 * 1024
@@ -75,6 +78,22 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+
+
+class CacheWriter(Protocol):
+    """Where a cached answer's body goes as it streams (egress/package_cache.py)."""
+
+    def write(self, data: bytes) -> None: ...
+    def commit(self) -> object: ...
+    def abort(self) -> None: ...
+
+
+class PackageCache(Protocol):
+    """What interception needs of the package cache (egress/package_cache.py)."""
+
+    def wants(self, host: str) -> bool: ...
+    def lookup(self, url: str) -> Path | None: ...
+    def writer(self, url: str) -> CacheWriter | None: ...
 
 
 Account = Callable[[int, int], None]
@@ -285,8 +304,10 @@ class _Interception:
         upstream_ctx: ssl.SSLContext,
         account: Account,
         deny: Deny,
+        cache: PackageCache | None,
     ) -> None:
         self._tls = tls
+        self._cache = cache
         self._host = host
         self._port = port
         self._addr = upstream_addr
@@ -397,8 +418,20 @@ class _Interception:
             await self._send(_reply(500, "Internal Server Error", f"tooljail egress: {exc}\n"))
             return False
         extra = [(new, old) for (_, new), (_, old) in zip(headers, head.headers, strict=True)]
+        cache_url = None
+        if (
+            self._cache is not None
+            and head.method in ("GET", "HEAD")
+            and new_target == target
+            and self._cache.wants(self._host)
+        ):
+            # A URL that held a secret is never a cache key.
+            authority = self._host if self._port == 443 else f"{self._host}:{self._port}"
+            cache_url = f"https://{authority}{target}"
+            if await self._send_cached(cache_url, head):
+                return not _wants_close(head.version, head.headers)
         try:
-            return await self._exchange(head, new_target, headers, extra)
+            return await self._exchange(head, new_target, headers, extra, cache_url)
         except _UpstreamError as exc:
             await self._drop_upstream()
             await self._send(
@@ -409,6 +442,40 @@ class _Interception:
                 )
             )
             return False
+
+    async def _send_cached(self, url: str, head: RequestHead) -> bool:
+        """Answer from the package cache; False on a miss (or an unreadable file)."""
+        assert self._cache is not None
+        if request_framing(head) != NO_BODY:
+            return False
+        loop = asyncio.get_running_loop()
+        path = await loop.run_in_executor(None, self._cache.lookup, url)
+        if path is None:
+            return False
+        try:
+            file: BinaryIO = await loop.run_in_executor(None, path.open, "rb")
+        except OSError:
+            return False
+        try:
+            size = os.fstat(file.fileno()).st_size
+            close = _wants_close(head.version, head.headers)
+            reply = ResponseHead(
+                "HTTP/1.1",
+                200,
+                "OK",
+                [
+                    ("Content-Type", "application/octet-stream"),
+                    ("Content-Length", str(size)),
+                    *([("Connection", "close")] if close else []),
+                ],
+            )
+            await self._send(reply.to_bytes())
+            if head.method == "GET":
+                while data := await loop.run_in_executor(None, file.read, _PIECE):
+                    await self._send(data)
+        finally:
+            file.close()
+        return True
 
     async def _leak(self, leak: SecretLeak) -> None:
         await self._refuse(
@@ -424,6 +491,7 @@ class _Interception:
         target: str,
         headers: list[tuple[str, str]],
         extra: list[tuple[str, str]],
+        cache_url: str | None,
     ) -> bool:
         framing = request_framing(head)
         expect = (head.get("expect") or "").strip().lower() == "100-continue"
@@ -460,13 +528,19 @@ class _Interception:
                 await held.flush()
             except (OSError, ssl.SSLError) as exc:
                 raise _UpstreamError(f"the request could not be sent: {exc}") from exc
-            keep, bytes_in = await self._answer(head, extra)
+            keep, bytes_in = await self._answer(head, extra, cache_url)
             return keep
         finally:
             self._account(held.written if held.started else 0, bytes_in)
 
-    async def _answer(self, request: RequestHead, extra: list[tuple[str, str]]) -> tuple[bool, int]:
-        """Pass the upstream's answer back, scrubbed; (keep the client, bytes read)."""
+    async def _answer(
+        self, request: RequestHead, extra: list[tuple[str, str]], cache_url: str | None
+    ) -> tuple[bool, int]:
+        """Pass the upstream's answer back, scrubbed; (keep the client, bytes read).
+
+        With `cache_url`, a 200 answer to a GET is also written to the package
+        cache, as the sandbox gets it (scrubbed: no value is ever cached).
+        """
         assert self._up is not None
         up_reader = self._up[0]
         try:
@@ -486,12 +560,35 @@ class _Interception:
         headers = [(k, scrubber.scrub_text(v)) for k, v in _forwardable(head.headers)]
         out = framing
         body: bytes | None = None
+        tee: CacheWriter | None = None
+        if (
+            cache_url is not None
+            and self._cache is not None
+            and head.status == 200
+            and request.method == "GET"
+        ):
+            tee = self._cache.writer(cache_url)
+
+        def scrub(piece: bytes) -> bytes:
+            data = scrubber.feed(piece)
+            if tee is not None:
+                tee.write(data)
+            return data
+
+        def scrub_end() -> bytes:
+            data = scrubber.flush()
+            if tee is not None:
+                tee.write(data)
+            return data
+
         try:
-            if framing.kind == "length" and framing.length <= HOLD_BYTES:
+            if framing.kind == "length" and not scrubber.active:
+                pass  # nothing to scrub: the length stands
+            elif framing.kind == "length" and framing.length <= HOLD_BYTES:
                 # Small enough to scrub whole and announce its true length.
                 raw = await up_reader.readexactly(framing.length)
                 bytes_in += len(raw)
-                body = scrubber.feed(raw) + scrubber.flush()
+                body = scrub(raw) + scrub_end()
                 headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
                 headers.append(("Content-Length", str(len(body))))
             elif framing.kind in ("length", "chunked", "close"):
@@ -506,7 +603,8 @@ class _Interception:
                     out, client_keep = Framing("close"), False
             if not client_keep:
                 headers.append(("Connection", "close"))
-            reply = ResponseHead("HTTP/1.1", head.status, head.reason, headers)
+            reason = scrubber.scrub_text(head.reason)
+            reply = ResponseHead("HTTP/1.1", head.status, reason, headers)
             await self._send(reply.to_bytes())
             if body is not None:
                 await self._send(body)
@@ -515,16 +613,24 @@ class _Interception:
                     up_reader,
                     self._tls,
                     framing,
-                    on_chunk=scrubber.feed,
-                    on_end=scrubber.flush,
+                    on_chunk=scrub,
+                    on_end=scrub_end,
                     out=out,
                 )
                 bytes_in += copied.read
         except (asyncio.IncompleteReadError, BadRequest, OSError, ssl.SSLError):
             # The answer broke off midway: the client's connection cannot be
             # delimited any more, so it closes too.
+            if tee is not None:
+                tee.abort()
             await self._drop_upstream()
             return False, bytes_in
+        except BaseException:
+            if tee is not None:
+                tee.abort()
+            raise
+        if tee is not None:
+            tee.commit()
         if not upstream_keep:
             await self._drop_upstream()
         return client_keep, bytes_in
@@ -567,6 +673,7 @@ async def serve_intercepted(
     upstream_ctx: ssl.SSLContext,
     account: Account,
     deny: Deny,
+    cache: PackageCache | None = None,
 ) -> None:
     """Serve one intercepted CONNECT tunnel until either side is done; close it.
 
@@ -583,6 +690,9 @@ async def serve_intercepted(
         account: called with (bytes_out, bytes_in) after each request.
         deny: called with (reason, detail) for each refusal; the detail names
             a secret by name only, never its value or placeholder.
+        cache: the package cache, when `connect_host` is an index it caches:
+            a GET is answered from it when it has the URL, and a 200 answer
+            is kept in it (`cache.writer` decides what is cacheable).
 
     Never raises for anything the sandbox or the upstream does; returns when
     the connection is over (it is closed then).
@@ -618,6 +728,7 @@ async def serve_intercepted(
             upstream_ctx=upstream_ctx,
             account=account,
             deny=deny,
+            cache=cache,
         ).run()
     except (OSError, ssl.SSLError):
         pass
