@@ -71,6 +71,7 @@ class EgressGate:
         label: str,
         serve: Serve,
         denied: Denied,
+        forget: Callable[[EgressGate], None] = lambda gate: None,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
@@ -83,6 +84,7 @@ class EgressGate:
         self._loop = loop
         self._serve = serve
         self._denied = denied
+        self._forget = forget
         self._listener: socket.socket | None = None
         self._relays: set[socket.socket] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,6 +135,7 @@ class EgressGate:
             self._closed = True
         if self._loop.is_closed():
             self._unlink()
+            self._forget(self)
             return
         try:
             running = asyncio.get_running_loop()
@@ -153,6 +156,7 @@ class EgressGate:
             self._loop.call_soon_threadsafe(shut)
         except RuntimeError:  # the loop stopped meanwhile
             self._unlink()
+            self._forget(self)
             return
         with contextlib.suppress(concurrent.futures.TimeoutError):
             future.result(timeout=10)
@@ -257,6 +261,9 @@ class EgressGate:
             await self._serve(self, sock)
         except asyncio.CancelledError:
             raise
+        except OSError as exc:
+            # The sandbox's end misbehaving (reset, not connected) is its own business.
+            log.debug("egress gate %s: a connection ended: %s", self.label, exc)
         except Exception:
             log.exception("egress gate %s: a connection failed", self.label)
         finally:
@@ -273,6 +280,7 @@ class EgressGate:
             self._drop_relay(conn)
         for task in list(self._tasks):
             task.cancel()
+        self._forget(self)
 
     def _unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -280,7 +288,7 @@ class EgressGate:
 
 
 def _stream_socket(fd: int) -> socket.socket | None:
-    """`fd` as a socket when it is a connected-or-connectable stream socket, else closed."""
+    """`fd` as a socket when it is a connected stream socket; else None, `fd` closed."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             os.close(fd)
@@ -294,6 +302,8 @@ def _stream_socket(fd: int) -> socket.socket | None:
         ok = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM and not (
             sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         )
+        if ok:
+            sock.getpeername()  # ENOTCONN: a socket that is connected to nothing
     except OSError:
         ok = False
     if not ok:
