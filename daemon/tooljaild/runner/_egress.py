@@ -70,6 +70,8 @@ def ensure_relay(sock_path: str = SOCKET_PATH, port: int = PORT) -> threading.Th
     """
     global _thread
     with _lock:
+        # In a fork of a process that ran one, the thread reads as not alive
+        # (only the forking thread goes on in a child): a child starts its own.
         if _thread is not None and _thread.is_alive():
             return _thread
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -192,13 +194,3 @@ def loopback_up() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def _reset_after_fork() -> None:
-    """A forked child has no relay thread (only its parent's record of one)."""
-    global _lock, _thread
-    _lock = threading.Lock()
-    _thread = None
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
