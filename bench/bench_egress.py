@@ -58,12 +58,18 @@ from tooljail import Client  # noqa: E402
 
 SECRET = "bench-" + "0123456789abcdef" * 2
 
+SIDES = ("direct", "pass-through", "intercepted", "intercepted-nagle")
+"""`intercepted-nagle`: the intercepted side with a client that leaves Nagle on
+(Python's http.client, so urllib.request), the others set TCP_NODELAY."""
+
 CLIENT = r"""
 import json, socket, ssl, statistics, sys, threading, time
 
 def get_once(first_hop, header):
     began = time.perf_counter()
     raw = socket.create_connection(first_hop, timeout=15)
+    if NODELAY:  # as urllib3 (requests), httpcore (httpx) and curl do; http.client does not
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if first_hop == ("127.0.0.1", 3128):
         raw.sendall(b"CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com:443\r\n\r\n")
         head = b""
@@ -119,13 +125,14 @@ def host_side(world: World, n: int, concurrency: int) -> dict[str, Any]:
     import ssl
 
     scope["CONTEXT"] = ssl.create_default_context(cafile=str(world.ca_file))
+    scope["NODELAY"] = True
     header = f"X-Api-Key: {SECRET}\r\n".encode()
     result: dict[str, Any] = scope["run"](("127.0.0.1", world.https.port), header, n, concurrency)
     return result
 
 
 def sandbox_side(
-    client: Client, world: World, n: int, concurrency: int, *, intercept: bool
+    client: Client, world: World, n: int, concurrency: int, *, intercept: bool, nodelay: bool
 ) -> dict[str, Any]:
     """The client function in a sandbox, through the proxy."""
     code = (
@@ -133,6 +140,7 @@ def sandbox_side(
         + CLIENT
         + "import os\n"
         + "CONTEXT = ssl.create_default_context(cafile=os.environ['SSL_CERT_FILE'])\n"
+        + f"NODELAY = {nodelay}\n"
         + "key = os.environ.get('BENCH_KEY', '')\n"
         + "header = ('X-Api-Key: ' + key + '\\r\\n').encode() if key else b''\n"
         + f"print(json.dumps(run(('127.0.0.1', 3128), header, {n}, {concurrency})))\n"
@@ -188,8 +196,7 @@ def main() -> None:
         )  # fmt: skip
         try:
             samples: dict[str, dict[str, list[float]]] = {
-                side: {"serial": [], "concurrent": []}
-                for side in ("direct", "pass-through", "intercepted")
+                side: {"serial": [], "concurrent": []} for side in SIDES
             }
             pythons: dict[str, str] = {}
             with Client(target) as client:
@@ -203,7 +210,7 @@ def main() -> None:
                             raise SystemExit((base / "daemon.log").read_text()) from None
                         time.sleep(0.2)
                 for r in range(rounds):
-                    order = ["direct", "pass-through", "intercepted"]
+                    order = list(SIDES)
                     for side in order if r % 2 == 0 else order[::-1]:
                         if side == "direct":
                             got = host_side(world, per_round, args.concurrency)
@@ -213,7 +220,8 @@ def main() -> None:
                                 world,
                                 per_round,
                                 args.concurrency,
-                                intercept=side == "intercepted",
+                                intercept=side.startswith("intercepted"),
+                                nodelay=side != "intercepted-nagle",
                             )
                         pythons[side] = got["python"]
                         for mode in ("serial", "concurrent"):
@@ -231,24 +239,24 @@ def main() -> None:
     )
     print(f"  direct runs on the host ({pythons['direct']}), proxied in the sandbox "
           f"({pythons['pass-through']})")  # fmt: skip
-    print(f"{'side':14} {'mode':11} {'p50 ms':>8} {'p90 ms':>8} {'x direct':>9} {'+ms p50':>8}")
+    print(f"{'side':17} {'mode':11} {'p50 ms':>8} {'p90 ms':>8} {'x direct':>9} {'+ms p50':>8}")
     for mode in ("serial", "concurrent"):
         direct50 = statistics.median(samples["direct"][mode])
         for side in samples:
             values = samples[side][mode]
             p50, p90 = statistics.median(values), pct(values, 0.9)
             print(
-                f"{side:14} {mode:11} {p50 * 1e3:8.3f} {p90 * 1e3:8.3f} "
+                f"{side:17} {mode:11} {p50 * 1e3:8.3f} {p90 * 1e3:8.3f} "
                 f"{p50 / direct50:9.2f} {(p50 - direct50) * 1e3:+8.3f}"
             )
     direct = statistics.median(samples["direct"]["serial"])
     added = {
-        side: (statistics.median(samples[side]["serial"]) - direct) * 1e3
-        for side in ("pass-through", "intercepted")
+        side: (statistics.median(samples[side]["serial"]) - direct) * 1e3 for side in SIDES[1:]
     }
     print(
         f"added at p50, back to back: pass-through {added['pass-through']:+.3f} ms (target <= 1), "
-        f"intercepted {added['intercepted']:+.3f} ms (target <= 3)"
+        f"intercepted {added['intercepted']:+.3f} ms (target <= 3), "
+        f"intercepted with Nagle on {added['intercepted-nagle']:+.3f} ms"
     )
 
 
