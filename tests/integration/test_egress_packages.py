@@ -25,17 +25,25 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServedDaemon
+from tests.conftest import ServedDaemon, docker_problem
 from tests.egress_world import World
 from tooljail import Client
 from tooljail.errors import InvalidArgumentsError, InvalidRequestError
 
 INDEX = "pypi.internal"
+BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
 
 
-@pytest.fixture
-def daemon(serve: Callable[..., ServedDaemon], egress_world: World) -> ServedDaemon:
-    return serve(**egress_world.settings(allow=[INDEX, "data.example.org"]), pool_size=1)
+@pytest.fixture(params=["process"])
+def daemon(
+    request: pytest.FixtureRequest, serve: Callable[..., ServedDaemon], egress_world: World
+) -> ServedDaemon:
+    """A daemon for the world on the backend the test names (process unless parametrized)."""
+    backend = str(request.param)
+    if backend == "docker" and (problem := docker_problem()) is not None:
+        pytest.skip(problem)
+    settings = egress_world.settings(allow=[INDEX, "data.example.org"])
+    return serve(**settings, backend=backend, pool_size=1)
 
 
 @pytest.fixture
@@ -58,6 +66,7 @@ def _out(result: Any) -> str:
     return str(result.data["stdout"])
 
 
+@pytest.mark.parametrize("daemon", BACKENDS, indirect=True)
 def test_pip_in_a_session_installs_for_the_next_call(client: Client, egress_world: World) -> None:
     with client.session(egress=[INDEX]) as session:
         result = session.call(
@@ -96,6 +105,7 @@ def test_pip_in_a_session_installs_for_the_next_call(client: Client, egress_worl
         assert _out(again).strip() == "tjdemo says 42"
 
 
+@pytest.mark.parametrize("daemon", BACKENDS, indirect=True)
 def test_install_packages_second_session_is_served_from_the_cache(
     client: Client, daemon: ServedDaemon, egress_world: World
 ) -> None:
