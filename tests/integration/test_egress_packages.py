@@ -184,3 +184,19 @@ def test_install_packages_without_egress_to_the_index_says_so(
     with client.session() as offline:
         result = offline.call("install_packages", {"packages": ["tjdemo"]})
         assert result.error is not None and result.error.type == "NoEgress", result.error
+
+
+def test_installs_count_in_the_workspace_quota(client: Client) -> None:
+    quota = 1024 * 1024
+    with client.session(egress=[INDEX], workspace_bytes=quota) as session:
+        # Fill the workspace but for a few KiB: the wheels no longer fit.
+        fill = "open('filler', 'wb').write(b'x' * (1024 * 1024 - 8 * 1024))"
+        _out(session.call("execute_python_code", {"code": fill}))
+        result = session.call("install_packages", {"packages": ["tjdemo"]})
+        assert result.status.value == "error", result.data
+        assert result.error is not None
+        assert "No space left" in result.error.message or "Errno 28" in result.error.message
+        # Room made, the same install fits.
+        _out(session.call("execute_python_code", {"code": "import os; os.remove('filler')"}))
+        again = session.call("install_packages", {"packages": ["tjdemo"]})
+        assert again.status.value == "success", again.error
