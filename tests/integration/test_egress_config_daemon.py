@@ -65,7 +65,10 @@ def _serve_refused(base: Path, config: Path) -> str:
             'index_url = "https://pypi.org/simple"\n',
             "index https://pypi.org/simple: pypi.org:443 is not allowed by [egress] allow",
         ),
-        ("[limits]\nmax_egress_connections = 0\n", "limits.max_egress_connections"),
+        (
+            "[limits]\nmax_egress_connections = 0\n",
+            "limits.max_egress_connections: Input should be greater than or equal to 1",
+        ),
     ],
     ids=["whitespace", "star", "url", "hosts-port", "index-not-allowed", "connections"],
 )

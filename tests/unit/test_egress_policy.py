@@ -240,3 +240,26 @@ def test_check_identities_names_the_identity_at_fault() -> None:
         c.check_identities([Identity("bad", egress=_rules("b.com"))])
     with pytest.raises(ConfigError, match="identity 'bad' names secret NOPE"):
         c.check_identities([Identity("bad", secrets=frozenset({"NOPE", "OTHER"}))])
+
+
+@pytest.mark.parametrize(
+    ("host", "port"),
+    [
+        ("evil.com\x00.example.com", 443),
+        ("evil.com/.example.com", 443),
+        ("evil.com@a.example.com", 443),
+        ("a..example.com", 443),
+        ("a b.example.com", 443),
+        ("-a.example.com", 443),
+        ("a.example.com", 0),
+        ("a.example.com", 65536),
+        ("", 443),
+    ],
+)
+def test_a_malformed_host_or_port_is_a_bad_request_never_a_wildcard_match(
+    host: str, port: int
+) -> None:
+    p = _policy(("*.example.com:*",))
+    assert p.decide(host, port) == Verdict(False, "bad_request", "")
+    assert not p.allow[0].matches(host, port)
+    assert not HeldSecret.hold(_entry(hosts=("*.example.com:*",))).allowed_for(host, port)

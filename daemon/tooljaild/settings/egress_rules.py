@@ -41,6 +41,7 @@ __all__ = [
     "parse_host_key",
     "parse_rule",
     "parse_rules",
+    "valid_host",
 ]
 
 DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
@@ -50,6 +51,11 @@ DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
 # names carry it (_acme-challenge, SRV-style records behind mirrors).
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 _MAX_NAME = 253
+# A whole host name, normalized (see `normalize_host`): what a connection's host
+# must be before any rule is asked; one match instead of a loop over labels.
+_HOST_NAME = re.compile(
+    r"^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$"
+)
 
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 """A secret's name: an environment variable's name (its placeholder's variable)."""
@@ -92,6 +98,17 @@ def is_ip_literal(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def valid_host(host: str) -> bool:
+    """Whether `host` (normalized) is a host name or an IP literal a rule could name.
+
+    A host such as "evil.com\\0.x.com" or "a/.x.com" ends like a wildcard's
+    domain: it is refused before any rule is asked, never matched.
+    """
+    if len(host) <= _MAX_NAME and _HOST_NAME.match(host):
+        return True
+    return is_ip_literal(host)
 
 
 def normalize_host(host: str) -> str:
@@ -239,8 +256,15 @@ class Rule:
         return host == self.host
 
     def matches(self, host: str, port: int) -> bool:
-        """Whether a connection to `host`:`port` is this rule's (host normalized here)."""
-        return self.port_matches(port) and self.host_matches(normalize_host(host))
+        """Whether a connection to `host`:`port` is this rule's (host normalized here;
+        a malformed host or a port outside 1..65535 matches nothing)."""
+        name = normalize_host(host)
+        return (
+            0 < port < 65536
+            and self.port_matches(port)
+            and valid_host(name)
+            and self.host_matches(name)
+        )
 
     def covers(self, other: Rule) -> bool:
         """Whether every host and port `other` allows, this rule allows too."""
