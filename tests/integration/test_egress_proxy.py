@@ -968,3 +968,17 @@ def test_connect_of_a_sandbox_holding_secrets_is_intercepted(
     assert status == 403 and b"API_KEY" in body
     assert len(world.https.record.requests) == requests
     assert denials(gate) == {"secret_leak": 1}
+
+
+def test_the_cache_keeps_what_the_sandbox_gets_never_a_value(
+    proxy: EgressProxy, world: World, cache: FakeCache
+) -> None:
+    pol, placeholder = holding_secret("api.example.com")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        get(conn, "http://api.example.com/files/b.whl", extra=f"X-Echo: {placeholder}\r\n")
+        get(conn, f"http://api.example.com/files/c.whl?k={placeholder}")
+    # The URL that held a placeholder is no cache key; the echo was kept scrubbed.
+    assert list(cache.files) == ["http://api.example.com/files/b.whl"]
+    kept = cache.files["http://api.example.com/files/b.whl"].read_bytes()
+    assert SECRET_VALUE.encode() not in kept and placeholder.encode() in kept
