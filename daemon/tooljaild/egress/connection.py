@@ -75,10 +75,11 @@ HELLO_LIMIT = 16 * 1024
 CLOSE_TIMEOUT_S = 5.0
 """How long closing a connection may wait for its last bytes to leave."""
 
-SCANNED_BODY_LIMIT = 1024 * 1024
+SCANNED_BODY_LIMIT = 256 * 1024
 """A request body of a sandbox holding secrets, up to this size, is read and
 checked whole before anything is sent upstream; a bigger one is checked as it
-streams, and the upstream connection is cut at a leak."""
+streams, and the upstream connection is cut at a leak. As interception's
+`HOLD_BYTES`: 64 connections of a sandbox hold at most 16 MiB."""
 
 PACKAGES_HOST = "packages.tooljail.internal"
 """The proxy's own host serving the package cache by content hash (plain HTTP)."""
