@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import http.server
+import ipaddress
 import logging
 import os
 import socket
@@ -21,17 +22,22 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.certs import Authority
 from tooljaild.egress.gate import EgressGate
 from tooljaild.egress.hosts import HostsMap
-from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.policy import NO_EGRESS, EgressPolicy, HeldSecret
 from tooljaild.egress.proxy import EgressProxy
 from tooljaild.egress.rules import parse_rules
+from tooljaild.egress.tls import InterceptCA
 from tooljaild.egress.usage import MAX_DENIALS
 
 # -- the world: recording servers -------------------------------------------
@@ -59,11 +65,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body_in = self.rfile.read(length) if length else b""
+        if len(body_in) < length:
+            return  # a request cut mid-body never counts as received
         with self.server.record.lock:
             self.server.record.requests.append(
                 (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
             )
-        body = b"hello from " + self.server.label.encode() + b" " + body_in
+        body = b"hello from " + self.server.label.encode() + b" " + body_in[:64]
+        if self.headers.get("X-Echo"):
+            body += b" echo=" + self.headers["X-Echo"].encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -116,12 +126,36 @@ class World:
         return self.http.record.count() == 0 and self.https.record.count() == 0
 
 
+def _leaf(ca: Authority, directory: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
+    """A server leaf for `names` (and 127.0.0.1) signed by `ca`."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
+    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+    cert = (
+        ca._builder(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), key.public_key()
+        )
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(ca._key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "leaf.pem", directory / "leaf.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     ca = Authority(tmp_path, "world")
-    pair = ca.issue("localhost", server=True)
+    cert, key = _leaf(ca, tmp_path, ("api.example.com", "localhost"))
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(pair.cert, pair.key)
+    tls.load_cert_chain(cert, key)
     https = _Server("https", tls)
 
     def remember(sock: Any, name: str | None, ctx: ssl.SSLContext) -> None:
@@ -166,6 +200,7 @@ def hosts_for(world: World) -> HostsMap:
             ("api.example.com", 80): http_at,
             ("data.example.org", 80): http_at,
             ("api.example.com", 443): https_at,
+            ("data.example.org", 443): https_at,
             ("api.example.com", 8080): http_at,
             # Names no rule allows, mapped anyway: a proxy that let them pass
             # would reach the recording servers.
@@ -186,7 +221,7 @@ def proxy(world: World) -> Iterator[EgressProxy]:
     p = EgressProxy(
         hosts=hosts_for(world),
         upstream_ca_file=world.ca_file,
-        ca=cast(Any, None),
+        ca=InterceptCA.load_or_create(world.directory / "intercept-ca"),
         on_denial=denied.append,
         resolver=fake_resolver,
     )
@@ -252,6 +287,13 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ")[1])
     headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        while not body.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+        return status, headers, _dechunk(body)
     if "content-length" in headers:
         want = int(headers["content-length"])
         while len(body) < want:
@@ -263,6 +305,16 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         while chunk := sock.recv(65536):
             body += chunk
     return status, headers, body
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while True:
+        size_line, _, data = data.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return out
+        out, data = out + data[:size], data[size + 2 :]
 
 
 def get(
@@ -339,10 +391,7 @@ def test_plain_post_body_is_forwarded(proxy: EgressProxy, world: World) -> None:
 
 
 def tls_client(world: World) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(cafile=str(world.ca_file))
-    # The test leaf names localhost; the SNI sent is the real name.
-    ctx.check_hostname = False
-    return ctx
+    return ssl.create_default_context(cafile=str(world.ca_file))
 
 
 def connect_tunnel(conn: socket.socket, authority: str) -> tuple[int, bytes]:
@@ -638,9 +687,11 @@ def test_descriptors_that_are_not_stream_sockets_are_refused(
     listener = socket.create_server(("127.0.0.1", 0))
     dgram_a, dgram_b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     file_fd = os.open(world.ca_file, os.O_RDONLY)
-    for fd in (read_end, listener.fileno(), dgram_b.fileno(), file_fd):
+    unconnected = socket.socket()
+    for fd in (read_end, listener.fileno(), dgram_b.fileno(), file_fd, unconnected.fileno()):
         relay.pass_fd(fd)
-    wait_denial(gate, "bad_request", 4)
+    wait_denial(gate, "bad_request", 5)
+    unconnected.close()
     for fd in (read_end, write_end, file_fd):
         os.close(fd)
     listener.close()
@@ -698,6 +749,17 @@ def test_close_unlinks_and_stops(proxy: EgressProxy, world: World) -> None:
     conn.close()
 
 
+def test_closed_gates_leave_nothing_behind(proxy: EgressProxy, world: World) -> None:
+    for i in range(50):
+        gate = open_gate(proxy, world, policy("api.example.com"), name=f"n{i}")
+        with Relay(gate).connection() as conn:
+            get(conn, "http://evil.example.com/")  # a denial: a log entry for the gate
+        gate.close()
+    assert proxy.gates == 0
+    assert proxy.connections == 0
+    assert proxy._denial_log._per_gate == {}
+
+
 # -- the denial log ------------------------------------------------------------------
 
 
@@ -725,3 +787,220 @@ def test_refusal_lists_at_most_ten_rules(proxy: EgressProxy, world: World) -> No
     text = body.decode()
     assert "h9.example.com" in text and "h10.example.com" not in text
     assert "and 15 more" in text
+
+
+# -- secrets on plain HTTP ---------------------------------------------------------
+
+SECRET_VALUE = "s3cr3t-VALUE-0123456789"
+
+
+def holding_secret(*rules: str) -> tuple[EgressPolicy, str]:
+    held = HeldSecret(
+        name="API_KEY",
+        value=SECRET_VALUE,
+        hosts=parse_rules(["api.example.com"], "test"),
+        placeholder="tooljail-secret-" + "ab" * 16,
+    )
+    return EgressPolicy(allow=parse_rules(rules, "test"), secrets=(held,)), held.placeholder
+
+
+def test_a_placeholder_is_swapped_for_its_host_and_scrubbed_back(
+    proxy: EgressProxy, world: World
+) -> None:
+    pol, placeholder = holding_secret("api.example.com")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        status, _, body = get(
+            conn,
+            f"http://api.example.com/q?key={placeholder}",
+            extra=f"X-Echo: {placeholder}\r\n",
+        )
+    assert status == 200
+    _, path, seen = world.http.record.requests[0]
+    assert path == f"/q?key={SECRET_VALUE}"
+    assert seen["x-echo"] == SECRET_VALUE
+    # The server echoed the value: the sandbox reads the placeholder.
+    assert SECRET_VALUE.encode() not in body
+    assert body.endswith(b"echo=" + placeholder.encode())
+
+
+@pytest.mark.parametrize("where", ["header", "url", "body", "big body"])
+def test_a_placeholder_sent_elsewhere_is_a_leak(
+    proxy: EgressProxy, world: World, where: str
+) -> None:
+    pol, placeholder = holding_secret("api.example.com", "data.example.org")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        if where == "header":
+            status, _, body = get(
+                conn, "http://data.example.org/", extra=f"X-Key: {placeholder}\r\n"
+            )
+        elif where == "url":
+            status, _, body = get(conn, f"http://data.example.org/?k={placeholder}")
+        else:
+            payload = placeholder.encode()
+            if where == "big body":
+                payload = b"x" * (2 * 1024 * 1024) + payload
+            conn.sendall(
+                b"POST http://data.example.org/p HTTP/1.1\r\nHost: data.example.org\r\n"
+                + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            )
+            with contextlib.suppress(ConnectionError):
+                conn.sendall(payload)
+            status, _, body = read_response(conn)
+    assert status == 403 and b"(secret_leak)" in body and b"API_KEY" in body
+    assert SECRET_VALUE.encode() not in body and placeholder.encode() not in body
+    assert world.http.record.requests == []
+    assert denials(gate) == {"secret_leak": 1}
+
+
+# -- the package cache ----------------------------------------------------------------
+
+
+class FakeWriter:
+    def __init__(self, cache: FakeCache, url: str) -> None:
+        self.cache, self.url, self.data = cache, url, b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def commit(self) -> Path:
+        path = self.cache.directory / f"f{len(self.cache.files)}"
+        path.write_bytes(self.data)
+        self.cache.files[self.url] = path
+        return path
+
+    def abort(self) -> None:
+        self.cache.aborted.append(self.url)
+
+
+class FakeCache:
+    index_hosts = frozenset({"api.example.com"})
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, Path] = {}
+        self.aborted: list[str] = []
+
+    def wants(self, host: str) -> bool:
+        return host in self.index_hosts
+
+    def lookup(self, url: str) -> Path | None:
+        return self.files.get(url)
+
+    def writer(self, url: str) -> FakeWriter | None:
+        return FakeWriter(self, url)
+
+
+@pytest.fixture
+def cache(proxy: EgressProxy, world: World) -> FakeCache:
+    fake = FakeCache(world.directory)
+    proxy._cache = fake  # the proxy under test, with a cache
+    return fake
+
+
+def test_a_cached_get_is_served_from_the_cache(
+    proxy: EgressProxy, world: World, cache: FakeCache
+) -> None:
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    relay = Relay(gate)
+    with relay.connection() as conn:
+        first = get(conn, "http://api.example.com/files/a.whl")
+        second = get(conn, "http://api.example.com/files/a.whl")
+    assert first[0] == second[0] == 200
+    assert first[2] == second[2] == b"hello from http "
+    assert len(world.http.record.requests) == 1  # the second came from the cache
+    assert list(cache.files) == ["http://api.example.com/files/a.whl"]
+
+
+def test_the_cache_host_serves_by_hash(proxy: EgressProxy, world: World, cache: FakeCache) -> None:
+    digest = "0" * 63 + "1"
+    (world.directory / "wheel").write_bytes(b"wheel bytes")
+    cache.files[f"sha256:{digest}"] = world.directory / "wheel"
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    with Relay(gate).connection() as conn:
+        found = get(conn, f"http://packages.tooljail.internal/sha256/{digest}")
+        missing = get(conn, "http://packages.tooljail.internal/sha256/" + "2" * 64)
+        bad = get(conn, "http://packages.tooljail.internal/../etc/passwd")
+    assert found[0] == 200 and found[2] == b"wheel bytes"
+    assert missing[0] == 404 and bad[0] == 404
+    # A gate whose policy reaches no package index may not use it.
+    other = open_gate(proxy, world, policy("data.example.org"), name="other")
+    with Relay(other).connection() as conn:
+        status, _, body = get(conn, f"http://packages.tooljail.internal/sha256/{digest}")
+    assert status in (403, 502) and b"wheel bytes" not in body
+    assert world.nothing_reached()
+
+
+# -- interception: a sandbox holding secrets ---------------------------------------
+
+
+def test_connect_of_a_sandbox_holding_secrets_is_intercepted(
+    proxy: EgressProxy, world: World
+) -> None:
+    pol, placeholder = holding_secret("api.example.com", "data.example.org")
+    gate = open_gate(proxy, world, pol)
+    mark = gate.mark()
+    trust = ssl.create_default_context(cadata=proxy.ca.cert_pem.decode())
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "api.example.com:443")[0] == 200
+        with trust.wrap_socket(conn, server_hostname="api.example.com") as tls:
+            status, _, body = get(
+                tls, "/swapped", host="api.example.com", extra=f"X-Echo: {placeholder}\r\n"
+            )
+    assert status == 200
+    assert world.https.record.requests[0][2]["x-echo"] == SECRET_VALUE
+    assert SECRET_VALUE.encode() not in body and placeholder.encode() in body
+    deadline = time.monotonic() + 5
+    while gate.since(mark)[0].bytes_in == 0:  # counted when the exchange ends
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    usage, denied = gate.since(mark)
+    assert denied == () and usage.connections == 1 and usage.bytes_out > 0
+    # The placeholder sent to another allowed host through its tunnel: refused.
+    requests = len(world.https.record.requests)
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "data.example.org:443")[0] == 200
+        with trust.wrap_socket(conn, server_hostname="data.example.org") as tls:
+            status, _, body = get(
+                tls, "/", host="data.example.org", extra=f"Authorization: Bearer {placeholder}\r\n"
+            )
+    assert status == 403 and b"API_KEY" in body
+    assert len(world.https.record.requests) == requests
+    assert denials(gate) == {"secret_leak": 1}
+
+
+def test_the_cache_keeps_what_the_sandbox_gets_never_a_value(
+    proxy: EgressProxy, world: World, cache: FakeCache
+) -> None:
+    pol, placeholder = holding_secret("api.example.com")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        get(conn, "http://api.example.com/files/b.whl", extra=f"X-Echo: {placeholder}\r\n")
+        get(conn, f"http://api.example.com/files/c.whl?k={placeholder}")
+    # The URL that held a placeholder is no cache key; the echo was kept scrubbed.
+    assert list(cache.files) == ["http://api.example.com/files/b.whl"]
+    kept = cache.files["http://api.example.com/files/b.whl"].read_bytes()
+    assert SECRET_VALUE.encode() not in kept and placeholder.encode() in kept
+
+
+def test_a_gate_in_a_deep_directory_still_listens(proxy: EgressProxy, world: World) -> None:
+    deep = world.directory / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    gate = proxy.open_gate(deep, policy("api.example.com"), max_connections=4, label="deep")
+    assert len(str(gate.path)) > 108 and gate.path.exists()
+    relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dirfd = os.open(deep, os.O_PATH)
+    try:
+        relay.connect(f"/proc/self/fd/{dirfd}/proxy.sock")
+    finally:
+        os.close(dirfd)
+    with relay:
+        mine, theirs = socket.socketpair()
+        socket.send_fds(relay, [b"c"], [theirs.fileno()])
+        theirs.close()
+        with mine:
+            mine.settimeout(10)
+            assert get(mine, "http://api.example.com/deep")[0] == 200
+    gate.close()
+    assert not gate.path.exists()

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from tooljaild.egress.http import (
-    NO_BODY,
     BadRequest,
     BadResponse,
     Framing,
@@ -46,6 +46,7 @@ from tooljaild.egress.http import (
     request_framing,
     response_framing,
 )
+from tooljaild.egress.intercept import serve_intercepted
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import refusal_text, response
 from tooljaild.egress.resolve import Resolved, Unreachable, ip_literal
@@ -74,10 +75,11 @@ HELLO_LIMIT = 16 * 1024
 CLOSE_TIMEOUT_S = 5.0
 """How long closing a connection may wait for its last bytes to leave."""
 
-SCANNED_BODY_LIMIT = 1024 * 1024
+SCANNED_BODY_LIMIT = 256 * 1024
 """A request body of a sandbox holding secrets, up to this size, is read and
 checked whole before anything is sent upstream; a bigger one is checked as it
-streams, and the upstream connection is cut at a leak."""
+streams, and the upstream connection is cut at a leak. As interception's
+`HOLD_BYTES`: 64 connections of a sandbox hold at most 16 MiB."""
 
 PACKAGES_HOST = "packages.tooljail.internal"
 """The proxy's own host serving the package cache by content hash (plain HTTP)."""
@@ -124,30 +126,37 @@ class _Client:
         self.gate = gate
         self.reader = reader
         self.writer = writer
+        # Whether an answer to the current request has begun (no other may follow).
+        self.answered = False
 
     async def run(self) -> None:
         timeout = HEAD_TIMEOUT_S
         while True:
             try:
                 head = await asyncio.wait_for(read_request_head(self.reader), timeout)
-            except (HeadClosed, TimeoutError, ConnectionError):
+            except (HeadClosed, TimeoutError, OSError):
                 return
             except BadRequest as exc:
                 await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
                 return
+            self.answered = False
             try:
                 if head.method.upper() == "CONNECT":
                     await self.tunnel(head)
                     return
                 if not await self.plain(head):
                     return
-            except _Done:
+            except (_Done, OSError, ValueError):
+                return
+            except BadResponse as exc:
+                # The upstream's answer broke: say so if the answer has not begun.
+                if not self.answered:
+                    await self.send(response(502, "Bad Gateway", f"tooljail egress: {exc}\n"))
                 return
             except BadRequest as exc:
-                # A body the client framed badly: tell it if the answer has not begun.
-                await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
-                return
-            except ConnectionError:
+                # A target or body the client framed badly.
+                if not self.answered:
+                    await self.refuse("", 0, "bad_request", "", detail=exc.reason, status=400)
                 return
             timeout = IDLE_TIMEOUT_S
 
@@ -294,19 +303,17 @@ class _Client:
     async def intercepted(
         self, host: str, port: int, where: Resolved, policy: EgressPolicy
     ) -> None:
-        import importlib
-
-        # INTERCEPT's module (egress/intercept.py); imported by name until it lands.
-        serve_intercepted = importlib.import_module("tooljaild.egress.intercept").serve_intercepted
         self.writer.write(_ESTABLISHED)
         await self.writer.drain()
         book = self.gate.book
+        cache = self.proxy.cache
 
         def account(out: int, into: int) -> None:
             book.bytes(out=out, into=into)
 
         def deny(reason: str, detail: str) -> None:
-            self.proxy.deny(self.gate, host, port, reason, detail)
+            # The detail names a secret by name at most (intercept's contract).
+            self.proxy.deny(self.gate, host, port, reason, detail[:200])
 
         book.connection()
         await serve_intercepted(
@@ -319,6 +326,7 @@ class _Client:
             upstream_ctx=self.proxy.upstream_context(),
             account=account,
             deny=deny,
+            cache=cache if cache is not None and cache.wants(host) else None,
         )
 
     # -- plain HTTP ---------------------------------------------------------
@@ -358,7 +366,10 @@ class _Client:
         if named is None:
             headers.insert(0, ("Host", authority))
         target = path
+        # (what was sent, what the sandbox wrote): an echo goes back as written.
+        swapped: list[tuple[str, str]] = []
         if policy.secrets:
+            before = headers
             try:
                 target, headers = swap_request(
                     head.method, target, headers, host, port, policy.secrets
@@ -366,20 +377,28 @@ class _Client:
             except SecretLeak as leak:
                 await self.leak(host, port, leak)
                 return False
+            except ValueError as exc:  # a value that cannot go in a header: the operator's
+                await self.send(response(500, "Internal Server Error", f"tooljail egress: {exc}\n"))
+                return False
+            swapped = [(n, o) for (_, n), (_, o) in zip(headers, before, strict=True) if n != o]
+            if target != path:
+                swapped.append((target, path))
         framing = request_framing(head)
+        if (head.get("expect") or "").lower() == "100-continue" and framing.kind != "none":
+            # Expect is not passed upstream: the proxy asks for the body itself.
+            self.writer.write(_CONTINUE)
         body: bytes | None = None
         if policy.secrets and framing.kind != "none":
             body = await self.scanned_body(host, port, framing, policy)
         keep = _keep_alive(head)
         url = f"http://{authority}{path}"
         cache = self.proxy.cache
-        cached = cache is not None and head.method == "GET" and cache.wants(host)
+        # A URL that held a secret is never a cache key (nor is one by its value).
+        cached = cache is not None and head.method == "GET" and target == path and cache.wants(host)
         if cached and cache is not None:
             hit = await asyncio.get_running_loop().run_in_executor(None, cache.lookup, url)
             if hit is not None and await self.send_file(hit, head.method):
                 return keep
-        if (head.get("expect") or "").lower() == "100-continue" and body is None:
-            self.writer.write(_CONTINUE)
         up_reader, up_writer = await self.open_upstream(host, port, where)
         try:
             out_head = RequestHead(
@@ -411,7 +430,9 @@ class _Client:
                         return False
                     self.gate.book.bytes(out=copied.written)
             await up_writer.drain()
-            return await self.answer(head, up_reader, policy, keep, url if cached else None)
+            return await self.answer(
+                head, up_reader, policy, keep, url if cached else None, swapped
+            )
         finally:
             await _close(up_writer)
 
@@ -456,12 +477,14 @@ class _Client:
         policy: EgressPolicy,
         keep: bool,
         cache_url: str | None,
+        swapped: list[tuple[str, str]],
     ) -> bool:
         """Relay upstream's answer to the client; True when the client connection stays open."""
         try:
             while True:
                 head = await asyncio.wait_for(read_response_head(up_reader), IDLE_TIMEOUT_S)
-                if head.status != 100:
+                # Interim answers (100 Continue, 103 Early Hints) are not passed on.
+                if head.status >= 200 or head.status == 101:
                     break
             framing = response_framing(head, request.method)
         except HeadClosed:
@@ -472,23 +495,29 @@ class _Client:
             await self.fail(502, "the upstream did not answer in time")
         if head.status == 101 or head.status < 200:
             await self.fail(502, "protocol upgrades are not passed by the proxy")
-        scrubber = ResponseScrubber(policy.secrets) if policy.secrets else None
+        scrubber = ResponseScrubber(policy.secrets, swapped) if policy.secrets else None
         client_11 = request.version == "HTTP/1.1"
         keep = keep and framing.kind != "close"
         headers = [(k, v) for k, v in head.headers if k.lower() not in _HOP_BY_HOP]
         out = framing
-        if scrubber is not None and framing.kind != "none":
-            # A scrubbed body may change length: re-frame it.
+        if framing.kind != "none" and (scrubber is not None or not client_11):
+            # A scrubbed body may change length, and an HTTP/1.0 client reads
+            # no chunks: re-frame it.
             if client_11:
                 headers, out = as_chunked(headers), Framing("chunked")
             else:
-                headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
+                headers = [
+                    (k, v)
+                    for k, v in headers
+                    if k.lower() not in ("content-length", "transfer-encoding")
+                ]
                 out, keep = Framing("close"), False
         headers.append(("Connection", "keep-alive" if keep else "close"))
         out_head = ResponseHead("HTTP/1.1", head.status, head.reason, headers)
         data = out_head.to_bytes()
         if scrubber is not None:
-            data = _scrub_once(policy, data)
+            data = _scrub_once(policy, swapped, data)
+        self.answered = True
         self.writer.write(data)
         self.gate.book.bytes(into=len(data))
         writer: CacheWriter | None = None
@@ -496,10 +525,18 @@ class _Client:
         if cache_url is not None and cache is not None and head.status == 200:
             writer = cache.writer(cache_url)
 
+        # The cache keeps what the sandbox gets: scrubbed, never a value.
         def chunk(piece: bytes) -> bytes:
+            out = scrubber.feed(piece) if scrubber is not None else piece
             if writer is not None:
-                writer.write(piece)
-            return scrubber.feed(piece) if scrubber is not None else piece
+                writer.write(out)
+            return out
+
+        def end() -> bytes:
+            out = scrubber.flush() if scrubber is not None else b""
+            if writer is not None:
+                writer.write(out)
+            return out
 
         try:
             copied = await copy_body(
@@ -507,14 +544,12 @@ class _Client:
                 self.writer,
                 framing,
                 on_chunk=chunk,
-                on_end=scrubber.flush if scrubber is not None else None,
+                on_end=end,
                 out=out,
             )
         except BaseException:
             if writer is not None:
                 writer.abort()
-            if framing.kind != NO_BODY.kind:
-                raise _Done from None
             raise
         if writer is not None:
             writer.commit()
@@ -555,6 +590,7 @@ class _Client:
         if hit is not None and await self.send_file(hit, head.method):
             return keep
         body = b"not in the package cache\n"
+        self.answered = True
         self.writer.write(
             b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -572,9 +608,8 @@ class _Client:
         except OSError:
             return False
         try:
-            size = await loop.run_in_executor(
-                None, lambda: Path(f"/proc/self/fd/{handle.fileno()}").stat().st_size
-            )
+            size = os.fstat(handle.fileno()).st_size
+            self.answered = True
             self.writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
                 + f"Content-Length: {size}\r\n\r\n".encode()
@@ -607,8 +642,8 @@ def _feeder(scanner: BodyLeakScanner | None) -> Callable[[bytes], bytes] | None:
     return feed
 
 
-def _scrub_once(policy: EgressPolicy, data: bytes) -> bytes:
-    scrubber = ResponseScrubber(policy.secrets)
+def _scrub_once(policy: EgressPolicy, swapped: list[tuple[str, str]], data: bytes) -> bytes:
+    scrubber = ResponseScrubber(policy.secrets, swapped)
     return scrubber.feed(data) + scrubber.flush()
 
 

@@ -71,6 +71,7 @@ class EgressGate:
         label: str,
         serve: Serve,
         denied: Denied,
+        forget: Callable[[EgressGate], None] = lambda gate: None,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
@@ -83,6 +84,7 @@ class EgressGate:
         self._loop = loop
         self._serve = serve
         self._denied = denied
+        self._forget = forget
         self._listener: socket.socket | None = None
         self._relays: set[socket.socket] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -133,6 +135,7 @@ class EgressGate:
             self._closed = True
         if self._loop.is_closed():
             self._unlink()
+            self._forget(self)
             return
         try:
             running = asyncio.get_running_loop()
@@ -153,6 +156,7 @@ class EgressGate:
             self._loop.call_soon_threadsafe(shut)
         except RuntimeError:  # the loop stopped meanwhile
             self._unlink()
+            self._forget(self)
             return
         with contextlib.suppress(concurrent.futures.TimeoutError):
             future.result(timeout=10)
@@ -164,7 +168,7 @@ class EgressGate:
         self._unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(self.path))
+            _bind(listener, self.path)
             os.chmod(self.path, 0o666)
             listener.listen(MAX_RELAYS)
             listener.setblocking(False)
@@ -257,6 +261,9 @@ class EgressGate:
             await self._serve(self, sock)
         except asyncio.CancelledError:
             raise
+        except OSError as exc:
+            # The sandbox's end misbehaving (reset, not connected) is its own business.
+            log.debug("egress gate %s: a connection ended: %s", self.label, exc)
         except Exception:
             log.exception("egress gate %s: a connection failed", self.label)
         finally:
@@ -273,14 +280,36 @@ class EgressGate:
             self._drop_relay(conn)
         for task in list(self._tasks):
             task.cancel()
+        self._forget(self)
 
     def _unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
 
+_SUN_PATH_MAX = 107
+"""The longest path a Unix socket address holds (sun_path, without its NUL)."""
+
+
+def _bind(sock: socket.socket, path: Path) -> None:
+    """Bind `sock` at `path`, however deep the state directory is.
+
+    A socket address holds at most 107 bytes of path; a longer one is reached
+    through the directory's descriptor (/proc/self/fd/N/name), which the
+    kernel resolves to the same directory.
+    """
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        sock.bind(str(path))
+        return
+    dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.bind(f"/proc/self/fd/{dirfd}/{path.name}")
+    finally:
+        os.close(dirfd)
+
+
 def _stream_socket(fd: int) -> socket.socket | None:
-    """`fd` as a socket when it is a connected-or-connectable stream socket, else closed."""
+    """`fd` as a socket when it is a connected stream socket; else None, `fd` closed."""
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
             os.close(fd)
@@ -294,6 +323,8 @@ def _stream_socket(fd: int) -> socket.socket | None:
         ok = sock.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE) == socket.SOCK_STREAM and not (
             sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
         )
+        if ok:
+            sock.getpeername()  # ENOTCONN: a socket that is connected to nothing
     except OSError:
         ok = False
     if not ok:

@@ -44,7 +44,7 @@ class CacheWriter(Protocol):
     """Where a response body is written while it streams to the client."""
 
     def write(self, data: bytes) -> None: ...
-    def commit(self) -> None: ...
+    def commit(self) -> object: ...
     def abort(self) -> None: ...
 
 
@@ -158,6 +158,7 @@ class EgressProxy:
             label=label,
             serve=self._serve,
             denied=self._denied,
+            forget=self._forget,
         )
 
         async def listen() -> None:
@@ -177,10 +178,23 @@ class EgressProxy:
 
     @property
     def gates(self) -> int:
-        """Gates open now (closed ones are forgotten on the next open)."""
+        """Gates open now."""
         with self._lock:
-            self._gates = {g for g in self._gates if not g.closed}
             return len(self._gates)
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now, over every gate (for a gauge; thread-safe)."""
+        with self._lock:
+            gates = list(self._gates)
+        return sum(gate.open_connections for gate in gates)
+
+    def _forget(self, gate: EgressGate) -> None:
+        # A closed gate leaves nothing behind: the daemon opens one per sandbox.
+        with self._lock:
+            self._gates.discard(gate)
+        if threading.current_thread() is self._thread:
+            self._denial_log.forget(gate.label)
 
     # -- used by connections (on the loop) -----------------------------------
 
