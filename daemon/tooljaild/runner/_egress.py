@@ -55,6 +55,7 @@ SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+_current: _Relay | None = None
 
 
 def ensure_relay(sock_path: str = SOCKET_PATH, port: int = PORT) -> threading.Thread | None:
@@ -68,8 +69,10 @@ def ensure_relay(sock_path: str = SOCKET_PATH, port: int = PORT) -> threading.Th
         The relay's thread, or None when it cannot listen (the port is taken,
         no loopback): then nothing reaches out, as without egress.
     """
-    global _thread
+    global _thread, _current
     with _lock:
+        # In a fork of a process that ran one, the thread reads as not alive
+        # (only the forking thread goes on in a child): a child starts its own.
         if _thread is not None and _thread.is_alive():
             return _thread
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -80,12 +83,36 @@ def ensure_relay(sock_path: str = SOCKET_PATH, port: int = PORT) -> threading.Th
         except OSError:
             listener.close()
             return None
-        thread = threading.Thread(
-            target=_Relay(listener, sock_path).serve, name="tooljail-egress-relay", daemon=True
-        )
+        relay = _Relay(listener, sock_path)
+        thread = threading.Thread(target=relay.serve, name="tooljail-egress-relay", daemon=True)
         thread.start()
-        _thread = thread
+        _thread, _current = thread, relay
         return thread
+
+
+def stop_relay(timeout_s: float = 0.1) -> bool:
+    """End this process's relay, if it runs, and wait for its thread (bounded).
+
+    A fresh sandbox's worker does this once the tool is done, before it seals
+    its result: the seal needs the worker to be its process's only thread.
+
+    Returns:
+        True when no relay thread is left.
+    """
+    global _thread
+    with _lock:
+        thread, relay = _thread, _current
+        if thread is None or relay is None:
+            return True
+        with contextlib.suppress(OSError):
+            # Wakes its accept() (EINVAL): the thread ends.
+            relay.listener.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout_s)
+        if thread.is_alive():
+            return False
+        relay.close()
+        _thread = None
+        return True
 
 
 class _Relay:
@@ -130,6 +157,11 @@ class _Relay:
             return None
         self.gate = gate
         return gate
+
+    def close(self) -> None:
+        """Close the listening socket and the connection to the gate."""
+        self.listener.close()
+        self._drop()
 
     def _drop(self) -> None:
         if self.gate is not None:
@@ -192,13 +224,3 @@ def loopback_up() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def _reset_after_fork() -> None:
-    """A forked child has no relay thread (only its parent's record of one)."""
-    global _lock, _thread
-    _lock = threading.Lock()
-    _thread = None
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
