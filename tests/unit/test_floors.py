@@ -47,6 +47,12 @@ OVER_500: dict[str, str] = {
     "description for a model, sharing one reading of ids, bounds and notes",
     "client/tooljail/_tooldef.py": "copied alone next to the runner into every sandbox "
     "(isolation.install_runner), where a sibling module would not resolve",
+    "client/tooljail/_client.py": "the blocking client: each method's contract is its "
+    "docstring, the SDK's reference (AsyncClient's point here), each body one line of a "
+    "flow in _client_plans.py",
+    "daemon/tooljaild/sessions/manager.py": "a session's whole life (bounds, opening with "
+    "its sandbox and egress, finding, ending, file operations in its turn) read together; "
+    "its egress is sessions/egress.py, its files' places sessions/transfers.py",
     "client/tooljail/_wire.py": "every conversion of the wire contract, each enum table "
     "checked one-to-one beside its conversions",
     "client/tooljail/integrations/core.py": "the one adapter core every framework module "

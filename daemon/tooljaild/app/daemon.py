@@ -42,7 +42,7 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2
 
-from tooljaild.app.egress import DaemonEgress
+from tooljaild.app.egress import DaemonEgress, identities_of
 from tooljaild.app.errors import DaemonError
 from tooljaild.app.listen import SocketPlan, prepare_socket
 from tooljaild.app.pools import PoolSet, Profile
@@ -51,7 +51,7 @@ from tooljaild.app.reload import Reloader
 from tooljaild.app.start import STATE_DIR_MODE, load_tools, open_sandboxes
 from tooljaild.app.systemd import Notifier
 from tooljaild.artifacts.store import ArtifactStore, prune_periodically
-from tooljaild.auth.policy import Identities, Identity
+from tooljaild.auth.policy import Identities
 from tooljaild.calls import CallManager
 from tooljaild.edge.drain import LINGER_MAX_S, Refusals
 from tooljaild.edge.server import create_health_server, create_server
@@ -143,7 +143,7 @@ class Daemon:
         self.metrics: Metrics | None = None
         """Served on `metrics_listen` (tooljaild.app.metrics); None when not configured."""
         self.egress: DaemonEgress | None = None
-        """The egress proxy and policy (`[egress]`); None: no section, no network."""
+        """The egress proxy and policy (`[egress]`); None: none, no network."""
 
     @property
     def pool(self) -> SandboxPool | None:
@@ -167,11 +167,8 @@ class Daemon:
         self._check_listen()
         s = self.settings
         try:
-            if s.egress is not None:
-                status("starting the egress proxy")
-            self.egress = await DaemonEgress.start(
-                s, identities=self._identities(), on_denial=self._egress_denied
-            )
+            status("starting the egress proxy" if s.egress else "preparing the sandbox backends")
+            self.egress = await DaemonEgress.start(s, identities=identities_of(self._security))
             status("preparing the sandbox backends")
             self.sandboxes = await open_sandboxes(
                 s, state_dir=s.state_dir, daemon_id=self.run_id, table=self._table
@@ -190,21 +187,10 @@ class Daemon:
                 self.egress.stop()
             raise
 
-    def _identities(self) -> tuple[Identity, ...]:
-        """The tokens file's identities in force (none without one)."""
-        found = None if self._security is None else self._security.authenticator.identities
-        return () if found is None else tuple(found.by_name.values())
-
-    def _egress_denied(self, reason: str) -> None:
-        """A refusal of the egress proxy (its thread): counted when metrics are served."""
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.egress_denied(reason)
-
     async def _reload_egress(self, settings: Settings) -> None:
         """A reload's `[egress]` and secrets file (see `DaemonEgress.reload`)."""
         if self.egress is not None:
-            await self.egress.reload(settings, self._identities())
+            await self.egress.reload(settings, identities_of(self._security))
 
     def _make_state_dirs(self) -> None:
         s = self.settings
@@ -521,8 +507,7 @@ class Daemon:
         if self._health_server is not None:
             await self._health_server.stop(None)
         await self._close_sandboxes()
-        if self.egress is not None:
-            # After the sandboxes: their gates close with the proxy.
+        if self.egress is not None:  # after the sandboxes: their gates close with it
             await asyncio.to_thread(self.egress.stop)
         if self._socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
@@ -581,7 +566,11 @@ class Daemon:
         metrics = Metrics()
         metrics.sources.pools, metrics.sources.sessions = self.pools, self.sessions
         metrics.sources.artifacts = self.artifacts
-        metrics.sources.egress = None if self.egress is None else self.egress.service
+        if self.egress is not None:  # its denials by reason, its open connections
+            self.egress.on_denial, metrics.sources.egress = (
+                metrics.egress_denied,
+                self.egress.service,
+            )
         metrics.attach(self.manager, self.journal)
         try:
             metrics.serve(listen)

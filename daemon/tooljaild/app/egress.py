@@ -31,6 +31,7 @@ from typing import cast
 from tooljail.errors import TooljailError
 from tooljaild.app.errors import DaemonError
 from tooljaild.auth.policy import Identity
+from tooljaild.edge.transport import ListenerSecurity
 from tooljaild.egress.hosts import HostsMap
 from tooljaild.egress.package_cache import PackageCache
 from tooljaild.egress.policy import EgressCeiling
@@ -39,9 +40,9 @@ from tooljaild.egress.service import EgressService
 from tooljaild.egress.tls import InterceptCA, write_bundle
 from tooljaild.sandbox.file_modes import make_dirs
 from tooljaild.settings.config import Settings
-from tooljaild.settings.egress import index_host
+from tooljaild.settings.egress import EgressSettings, index_host
 
-__all__ = ["EGRESS_DIR", "EGRESS_DIR_MODE", "DaemonEgress", "ceiling_of"]
+__all__ = ["EGRESS_DIR", "EGRESS_DIR_MODE", "DaemonEgress", "ceiling_of", "identities_of"]
 
 log = logging.getLogger("tooljaild.egress")
 
@@ -51,6 +52,12 @@ EGRESS_DIR = "egress"
 EGRESS_DIR_MODE = 0o700
 """Only the daemon's user: the CA's key is in it, and each sandbox's directory
 is bound into its sandbox by path (nobody needs to walk it)."""
+
+
+def identities_of(security: ListenerSecurity | None) -> tuple[Identity, ...]:
+    """The tokens file's identities in force (none without one)."""
+    found = None if security is None else security.authenticator.identities
+    return () if found is None else tuple(found.by_name.values())
 
 
 def ceiling_of(settings: Settings, identities: Iterable[Identity] = ()) -> EgressCeiling:
@@ -67,21 +74,36 @@ def ceiling_of(settings: Settings, identities: Iterable[Identity] = ()) -> Egres
 
 
 class DaemonEgress:
-    """`[egress]` for the daemon's life: the ceiling, the CA, the proxy, the service."""
+    """`[egress]` for the daemon's life: the ceiling, the CA, the proxy, the service.
+
+    Made by `start`. `on_denial` is told each refusal's reason, on the proxy's
+    thread (the daemon points it at its metrics once they are served).
+    """
 
     def __init__(
         self,
-        service: EgressService,
-        proxy: EgressProxy,
-        directory: Path,
-        cache: PackageCache | None = None,
+        settings: Settings,
+        egress: EgressSettings,
+        prepared: tuple[EgressCeiling, InterceptCA, Path, PackageCache | None],
     ) -> None:
-        self.service = service
-        self.proxy = proxy
-        self.directory = directory
-        self.bundle = directory / "ca-bundle.pem"
-        self.cache = cache
-        """The package cache the proxy fills (`[packages]` set), else None."""
+        ceiling, ca, self.directory, self.cache = prepared
+        self.bundle = self.directory / "ca-bundle.pem"
+        self.on_denial: Callable[[str], None] = lambda _reason: None
+        self.proxy = EgressProxy(
+            hosts=HostsMap.parse(egress.hosts),
+            upstream_ca_file=egress.ca_file,
+            ca=ca,
+            # PackageCache is what the proxy's protocol describes; their
+            # signatures differ in detail (commit's answer), told to the lead.
+            cache=cast("PackageCacheLike | None", self.cache),
+            on_denial=lambda reason: self.on_denial(reason),
+        )
+        self.service = EgressService(
+            ceiling,
+            self.proxy,
+            packages=settings.packages,
+            max_connections=settings.limits.max_egress_connections,
+        )
 
     @classmethod
     async def start(
@@ -89,13 +111,11 @@ class DaemonEgress:
         settings: Settings,
         *,
         identities: Iterable[Identity] = (),
-        on_denial: Callable[[str], None] = lambda _reason: None,
     ) -> DaemonEgress | None:
         """Start egress for `settings`; None when it has no `[egress]` section.
 
         Args:
             identities: The tokens file's identities (checked against the ceiling).
-            on_denial: Told each refusal's reason, on the proxy's thread.
 
         Raises:
             DaemonError: The ceiling, the CA or the proxy cannot be made; the
@@ -104,40 +124,25 @@ class DaemonEgress:
         egress = settings.egress
         if egress is None:
             return None
-        identities = tuple(identities)
         try:
-            ceiling, ca, directory, cache = await asyncio.to_thread(_prepare, settings, identities)
+            prepared = await asyncio.to_thread(_prepare, settings, tuple(identities))
         except TooljailError as exc:
             raise DaemonError(f"egress: {exc.message}") from None
         except (OSError, ValueError) as exc:
             where = settings.state_dir / EGRESS_DIR
             raise DaemonError(f"egress: cannot prepare {where}: {exc}") from exc
-        proxy = EgressProxy(
-            hosts=HostsMap.parse(egress.hosts),
-            upstream_ca_file=egress.ca_file,
-            ca=ca,
-            # PackageCache is what the proxy's protocol describes; their
-            # signatures differ in detail (commit's answer), told to the lead.
-            cache=cast("PackageCacheLike | None", cache),
-            on_denial=on_denial,
-        )
-        proxy.start()
-        service = EgressService(
-            ceiling,
-            proxy,
-            packages=settings.packages,
-            max_connections=settings.limits.max_egress_connections,
-        )
+        made = cls(settings, egress, prepared)
+        made.proxy.start()
         log.info(
             "egress proxy started",
             extra={
                 "allow": egress.allow,
                 "deny": egress.deny,
                 "hosts": sorted(egress.hosts),
-                "secrets": sorted(ceiling.secrets),  # names only
+                "secrets": sorted(prepared[0].secrets),  # names only
             },
         )
-        return cls(service, proxy, directory, cache)
+        return made
 
     async def reload(self, settings: Settings, identities: Iterable[Identity] = ()) -> None:
         """Use `settings`' `[egress]` and secrets file for new calls and sessions.

@@ -45,11 +45,11 @@ from tooljail.errors import (
 )
 from tooljail.types import SessionInfo, SessionState
 from tooljaild.auth.policy import Identity
-from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
-from tooljaild.egress.service import EgressService, parse_asked, require_egress
+from tooljaild.egress.service import EgressService
 from tooljaild.journal.store import Journal, JournalError
 from tooljaild.sandbox.base import RunRequest, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.sessions import egress as session_egress
 from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
 from tooljaild.sessions.transfers import Spool, Transfers
 from tooljaild.settings.sandbox import Limits
@@ -214,7 +214,7 @@ class SessionManager:
             )
         terms = SessionTerms.resolve(options, s, self._limits)
         session_id = uuid.uuid4().hex
-        policy = self._policy(identity, egress, secrets, session_id)
+        policy = session_egress.policy_for(self.egress, identity, egress, secrets, session_id)
         self._check_room(client, max_sessions)
         self._opening[client] += 1
         try:
@@ -240,7 +240,7 @@ class SessionManager:
         session.egress_dir = sandbox.egress_dir
         if not policy.empty:
             try:
-                self._open_gate(session)
+                session_egress.open_gate(self.egress, session)
             except BaseException:
                 await channel.close()
                 raise
@@ -264,35 +264,6 @@ class SessionManager:
         )
         return session
 
-    def _policy(
-        self,
-        identity: Identity | None,
-        egress: Sequence[str],
-        secrets: Sequence[str],
-        session_id: str,
-    ) -> EgressPolicy:
-        """A new session's egress policy; NO_EGRESS when it asks for none."""
-        what = f"session {session_id}"
-        service = require_egress(self.egress, asked=bool(egress or secrets), what="the session")
-        if service is None:
-            return NO_EGRESS
-        rules = parse_asked(egress, "the session's egress")
-        return service.policy(identity, session=rules, secrets=secrets, what=what)
-
-    def _open_gate(self, session: Session) -> None:
-        """Open `session`'s gate with its policy (once: later changes go through it)."""
-        if self.egress is None or session.egress_gate is not None:
-            return
-        if session.egress_dir is None:
-            log.warning(
-                "session %s has egress, but its sandbox has no egress directory: it has no network",
-                session.id,
-            )
-            return
-        session.egress_gate = self.egress.open_gate(
-            session.egress_dir, session.egress_policy, label=f"session {session.id}"
-        )
-
     def set_egress(
         self,
         session_id: str,
@@ -301,37 +272,16 @@ class SessionManager:
         identity: Identity | None,
         client: str | None,
     ) -> SessionInfo:
-        """Replace the egress rules of an open session of `client`'s (None: anyone's).
-
-        Connections the session opens from now on are decided by the new rules
-        (open ones are kept); its secrets stay (their placeholders are in its
-        environment). A running call that asked for less than the session gets
-        the new rules too, from now on. [] cuts it off the network.
+        """Replace the egress rules of an open session of `client`'s (None: anyone's),
+        for new connections at once (`sessions.egress.set_egress`).
 
         Raises:
-            EgressUnavailableError: The daemon has no `[egress]`.
-            InvalidRequestError: A rule does not parse (the message names it).
-            EgressNotAllowed: A rule is outside `identity`'s allowance (PERMISSION_DENIED).
+            EgressUnavailableError, InvalidRequestError, EgressNotAllowed: As
+                `sessions.egress.set_egress`.
             SessionNotFoundError, SessionEndedError: As `get`.
         """
         session = self.get(session_id, client)
-        service = require_egress(self.egress, asked=True, what=f"session {session_id}")
-        assert service is not None
-        parsed = parse_asked(rules, "egress")
-        if parsed is None:
-            new = service.narrowed(session.egress_policy, NO_EGRESS)
-        else:
-            checked = service.policy(identity, session=parsed, what=f"session {session_id}")
-            new = service.narrowed(session.egress_policy, checked)
-        session.egress_policy, session.egress_rules = new, tuple(rules)
-        if session.egress_gate is not None:
-            session.egress_gate.set_policy(new)  # new connections, at once
-        elif not new.empty:
-            self._open_gate(session)
-        log.info(
-            "session egress set",
-            extra={"session": session.id, "egress": list(rules)},
-        )
+        session_egress.set_egress(self.egress, session, rules, identity)
         return session.info()
 
     def _check_room(self, client: str, limit: int | None = None) -> None:

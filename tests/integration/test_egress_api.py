@@ -1,0 +1,337 @@
+"""The egress API through a real daemon over real gRPC: who may ask for what, and how it is told.
+
+The local world of tests/egress_world.py stands in for the internet: its plain
+HTTP server answers for "data.example.org" and "other.example.net" (mapped
+through `[egress.hosts]`) and records every request it gets, so a refusal is
+also checked to have reached nothing.
+
+- levels: a call asking more than the daemon's ceiling, or a tokens-file
+  identity's allowance, is PERMISSION_DENIED naming the rule, before anything
+  runs or is journaled; asking for nothing is no network at all;
+- a session narrowed live: connections opened 10 ms after `set_egress` returns
+  are refused, while the session's call runs on;
+- bad input: rules that do not parse are INVALID_ARGUMENT naming the rule;
+  another identity's session is NOT_FOUND; egress asked of a daemon without
+  `[egress]` is FAILED_PRECONDITION; a bad `[egress]` refuses the start by name;
+- a reload with a bad secrets file keeps the old policy (and says so), a good
+  one puts the new policy in force for new calls; denials are counted by reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import RunningDaemon, ServedDaemon
+from tests.egress_world import World, to_toml, write_secrets
+from tooljail import Client
+from tooljail.errors import (
+    CallNotFoundError,
+    EgressUnavailableError,
+    InvalidRequestError,
+    PermissionDeniedError,
+    SessionNotFoundError,
+)
+from tooljaild.settings.config import ConfigError
+
+CEILING = ["data.example.org", "api.example.com"]
+
+GET_DATA = (
+    "import urllib.request\n"
+    "print(urllib.request.urlopen('http://data.example.org/hello', timeout=10).read().decode())"
+)
+GET_OTHER = GET_DATA.replace("data.example.org", "other.example.net")
+
+FIVE_TRIES = (
+    f"for _ in range(5):\n    try:\n        exec({GET_OTHER!r})\n"
+    "    except Exception as e:\n        print(e)"
+)
+
+TOKEN_A, TOKEN_B = "token-of-egress-a", "token-of-egress-b"
+
+PROBE = r"""
+import json, socket, time
+
+def probe():
+    # One connection through the sandbox's relay: the proxy's verdict on it.
+    started = time.time()
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=5)
+    try:
+        s.sendall(b"GET http://data.example.org/hello HTTP/1.1\r\nHost: data.example.org\r\n"
+                  b"Connection: close\r\n\r\n")
+        head = s.recv(64)
+    finally:
+        s.close()
+    return started, head.split(b" ")[1].decode() if head.count(b" ") else "none"
+
+seen = []
+end = time.time() + SECONDS
+while time.time() < end:
+    seen.append(probe())
+    time.sleep(0.002)
+print(json.dumps(seen))
+"""
+
+
+def _sha(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _tokens(directory: Path) -> Path:
+    """a: may reach data.example.org only; b: the daemon's ceiling."""
+    path = directory / "tokens.toml"
+    path.write_text(
+        f'[identities.a]\ntoken_sha256 = "{_sha(TOKEN_A)}"\negress = ["data.example.org"]\n\n'
+        f'[identities.b]\ntoken_sha256 = "{_sha(TOKEN_B)}"\n'
+    )
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def egress_daemon(serve: Callable[..., ServedDaemon], egress_world: World) -> ServedDaemon:
+    return serve(**egress_world.settings(allow=CEILING, index_url=None))
+
+
+def test_asking_beyond_the_ceiling_is_refused_by_rule_before_anything_runs(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    mark = egress_world.mark()
+    with Client(egress_daemon.target) as client:
+        with pytest.raises(PermissionDeniedError, match=r"other\.example\.net") as refused:
+            client.call(
+                "execute_python_code",
+                {"code": GET_OTHER},
+                call_id="too-much",
+                egress=["other.example.net"],
+            )
+        # What it may reach is named too, so a model can ask again within it.
+        assert "data.example.org" in refused.value.message
+        with pytest.raises(CallNotFoundError):
+            client.get_call("too-much")  # nothing was admitted, nothing journaled
+        allowed = client.call(
+            "execute_python_code", {"code": GET_DATA}, egress=["data.example.org"]
+        )
+    assert allowed.ok, allowed
+    assert "hello from http" in allowed.data["stdout"]
+    assert allowed.usage is not None and allowed.usage.net_connections == 1
+    assert allowed.usage.net_bytes_out > 0 and allowed.usage.net_bytes_in > 0
+    seen = egress_world.since(mark)
+    assert [r.host for r in seen.requests] == ["data.example.org"], seen
+
+
+def test_a_call_that_asks_for_nothing_has_no_network(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    mark = egress_world.mark()
+    with Client(egress_daemon.target) as client:
+        result = client.call("execute_python_code", {"code": GET_DATA})
+    # No proxy in its environment, no resolver, no route: the name does not even resolve.
+    assert not result.ok and "URLError" in result.data["stderr"], result
+    assert result.egress_denied == ()
+    assert egress_world.since(mark).nothing, egress_world.since(mark)
+
+
+def test_a_denial_names_host_port_and_reason_in_the_result(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    mark = egress_world.mark()
+    with Client(egress_daemon.target) as client:
+        result = client.call(
+            "execute_python_code",
+            {"code": FIVE_TRIES},
+            egress=["data.example.org"],
+        )  # fmt: skip
+    assert result.ok, result
+    assert result.data["stdout"].count("403") == 5
+    (denial,) = result.egress_denied
+    assert (denial.host, denial.port, denial.reason, denial.count) == (
+        "other.example.net", 80, "not_allowed", 5,
+    )  # fmt: skip
+    assert egress_world.since(mark).nothing
+
+
+def test_a_tokens_file_identity_is_narrowed_to_its_allowance(
+    serve: Callable[..., ServedDaemon], egress_world: World, tmp_path: Path
+) -> None:
+    served = serve(
+        **egress_world.settings(allow=CEILING, index_url=None),
+        auth={"tokens_file": _tokens(tmp_path)},
+    )
+    with Client(served.target, token=TOKEN_A) as a, Client(served.target, token=TOKEN_B) as b:
+        # Within the ceiling, outside a's allowance: refused, naming the rule.
+        with pytest.raises(PermissionDeniedError, match=r"api\.example\.com"):
+            a.call("execute_python_code", {"code": "print(1)"}, egress=["api.example.com"])
+        with pytest.raises(PermissionDeniedError, match=r"api\.example\.com"):
+            a.session(egress=["api.example.com"])
+        assert a.call("execute_python_code", {"code": GET_DATA}, egress=["data.example.org"]).ok
+        # b has no `egress` of its own: the ceiling is its allowance.
+        assert b.call("execute_python_code", {"code": "print(1)"}, egress=["api.example.com"]).ok
+
+
+def test_bad_rules_are_invalid_argument_naming_the_rule(egress_daemon: ServedDaemon) -> None:
+    with Client(egress_daemon.target) as client:
+        with pytest.raises(InvalidRequestError, match="bad rule!"):
+            client.call("execute_python_code", {"code": "print(1)"}, egress=["bad rule!"])
+        with client.session() as session:
+            with pytest.raises(InvalidRequestError, match=r"http://x\.example"):
+                session.set_egress(["http://x.example"])
+            # Unchanged by the refused request.
+            assert client.list_sessions()[0].egress == ()
+
+
+def test_another_identitys_session_is_not_found(
+    serve: Callable[..., ServedDaemon], egress_world: World, tmp_path: Path
+) -> None:
+    served = serve(
+        **egress_world.settings(allow=CEILING, index_url=None),
+        auth={"tokens_file": _tokens(tmp_path)},
+    )
+    a, b = Client(served.target, token=TOKEN_A), Client(served.target, token=TOKEN_B)
+    with a, b, a.session(egress=["data.example.org"]) as session:
+        with pytest.raises(SessionNotFoundError):
+            b.set_session_egress(session.id, ["api.example.com"])
+        with pytest.raises(SessionNotFoundError):
+            b.set_session_egress("no-such-session", [])
+        assert a.list_sessions()[0].egress == ("data.example.org",)
+        # The owner may narrow (or widen within its allowance) ...
+        assert session.set_egress([]).egress == ()
+        # ... and never beyond it.
+        with pytest.raises(PermissionDeniedError, match=r"api\.example\.com"):
+            session.set_egress(["api.example.com"])
+
+
+def test_set_egress_narrows_a_session_live_within_10_ms(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    """A call in the session connects every few ms for 1.5 s; halfway, the host
+    takes data.example.org away: every connection opened 10 ms after the
+    answer is refused (the proxy decides each new connection by the gate's
+    policy of that moment), and the ones before were let through."""
+    with (
+        Client(egress_daemon.target) as client,
+        client.session(egress=["data.example.org"]) as session,
+    ):
+        assert session.info.egress == ("data.example.org",)
+        outcome: list[object] = []
+        code = PROBE.replace("SECONDS", "1.5")
+        runner = threading.Thread(
+            target=lambda: outcome.append(session.call("execute_python_code", {"code": code}))
+        )
+        runner.start()
+        time.sleep(0.7)
+        info = session.set_egress([])
+        answered = time.time()
+        runner.join(30)
+    assert info.egress == ()
+    (result,) = outcome
+    assert result.ok, result  # type: ignore[attr-defined]
+    seen = [(t, status) for t, status in json.loads(result.data["stdout"])]  # type: ignore[attr-defined]
+    before = [s for t, s in seen if t < answered - 0.2]
+    after = [s for t, s in seen if t > answered + 0.010]
+    assert before and set(before) == {"200"}, seen
+    assert after and set(after) == {"403"}, seen
+    reasons = {d.reason for d in result.egress_denied}  # type: ignore[attr-defined]
+    assert reasons == {"no_egress"}, reasons
+
+
+def test_a_daemon_without_egress_refuses_egress_and_secrets(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve()
+    with Client(served.target) as client:
+        for ask in ({"egress": ["data.example.org"]}, {"secrets": ["NEWS_API_KEY"]}):
+            with pytest.raises(EgressUnavailableError, match=r"no \[egress\] section"):
+                client.call("execute_python_code", {"code": "print(1)"}, **ask)  # type: ignore[arg-type]
+            with pytest.raises(EgressUnavailableError):
+                client.session(**ask)  # type: ignore[arg-type]
+        # Asking for nothing works as it always did.
+        assert client.call("execute_python_code", {"code": "print(1)"}).ok
+
+
+def test_a_bad_egress_section_refuses_the_start_by_name(egress_world: World) -> None:
+    import tooljail.testing
+
+    settings = egress_world.settings(allow=[*CEILING, "*.co*.example"], index_url=None)
+    with (
+        pytest.raises(ConfigError, match=r"\*\.co\*\.example"),
+        tooljail.testing.daemon(**settings),
+    ):
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _denials(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tooljail_egress_denials_total"
+    }
+
+
+def _wait_log(daemon: RunningDaemon, text: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in daemon.log():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{text!r} not in the log:\n{daemon.log()[-3000:]}")
+        time.sleep(0.05)
+
+
+def test_a_bad_reload_keeps_the_old_policy_and_a_good_one_replaces_it(
+    start_daemon: Callable[..., RunningDaemon], egress_world: World, tmp_path: Path
+) -> None:
+    config, secrets = tmp_path / "tooljail.toml", tmp_path / "secrets.toml"
+    port = _free_port()
+    key = {"KEY": ("k" * 16, ["data.example.org"])}
+    first = egress_world.settings(
+        allow=["data.example.org"], index_url=None, secrets=key, secrets_file=secrets
+    )
+    config.write_text(to_toml(first))
+    daemon = start_daemon("--config", str(config), "--metrics-listen", f"127.0.0.1:{port}")
+    wider = {
+        **first,
+        "egress": {**first["egress"], "allow": ["data.example.org", "other.example.net"]},
+    }
+    with Client(daemon.target) as client:
+        denied = client.call(
+            "execute_python_code", {"code": GET_OTHER}, egress=["data.example.org"]
+        )
+        assert [d.reason for d in denied.egress_denied] == ["not_allowed"]
+        assert _denials(port).get("not_allowed") == 1.0
+        # A wider ceiling with a secrets file others may read: the reload keeps the old policy.
+        config.write_text(to_toml(wider))
+        secrets.chmod(0o644)
+        daemon.process.send_signal(signal.SIGHUP)
+        _wait_log(daemon, "egress policy kept")
+        with pytest.raises(PermissionDeniedError, match=r"other\.example\.net"):
+            client.call("execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"])
+        assert client.call(
+            "execute_python_code", {"code": GET_DATA}, egress=["data.example.org"]
+        ).ok
+        # Fixed: the next reload puts the wider ceiling in force for new calls.
+        write_secrets(secrets, key)
+        daemon.process.send_signal(signal.SIGHUP)
+        _wait_log(daemon, "egress reloaded")
+        reached = client.call(
+            "execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"]
+        )
+        assert reached.ok, reached
+    assert "k" * 16 not in daemon.log()  # a secret's value is never logged
