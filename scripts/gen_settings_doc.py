@@ -167,8 +167,13 @@ def default_text(key: str, field: FieldInfo) -> str:
 
 
 def table_model(field: FieldInfo) -> type[BaseModel] | None:
-    """The nested model a field holds (a `[table]`), or None for a plain value."""
+    """The nested model a field holds (a `[table]`, or an optional one such as
+    `[egress]`: `Model | None`), or None for a plain value."""
     annotation = field.annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        models = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(models) == 1:
+            annotation = models[0]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tooljaild.auth.policy import PolicyError, load_identities
+from tooljaild.auth.policy import Identity, PolicyError, changes, load_identities
 
 
 def _sha(token: str) -> str:
@@ -63,6 +63,11 @@ approver = true
             f"[identities.b]\ntoken_sha256 = '{'0' * 64}'\n",
             "'a' and 'b' have the same token",
         ),
+        ("[identities.a]\negress = ['api example.com']\n", "identities.a.egress"),
+        ("[identities.a]\negress = ['*']\n", "'*' alone would allow every host"),
+        ("[identities.a]\negress = 'a.com'\n", "identities.a.egress"),
+        ("[identities.a]\nsecrets = ['bad-name']\n", "identities.a.secrets"),
+        ("[identities.a]\nsecrets = ['PATH']\n", "secret name 'PATH'"),
     ],
 )
 def test_a_bad_tokens_file_is_named_with_what_is_wrong(
@@ -77,3 +82,36 @@ def test_a_bad_tokens_file_is_named_with_what_is_wrong(
 def test_a_missing_tokens_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match=r"cannot read the tokens file .*missing\.toml"):
         load_identities(tmp_path / "missing.toml")
+
+
+def test_an_identity_s_egress_and_secrets_are_read_and_absent_means_ceiling_and_none(
+    tmp_path: Path,
+) -> None:
+    path = _file(
+        tmp_path,
+        """
+[identities.news]
+egress = ["api.example.com:443", "*.example.org"]
+secrets = ["NEWS_API_KEY"]
+
+[identities.plain]
+""",
+    )
+    by_name = load_identities(path).by_name
+    news, plain = by_name["news"], by_name["plain"]
+    assert news.egress is not None
+    assert [(r.host, r.ports) for r in news.egress] == [
+        ("api.example.com", frozenset({443})),
+        ("*.example.org", frozenset({80, 443})),
+    ]
+    assert news.secrets == frozenset({"NEWS_API_KEY"})
+    # Absent: the daemon's ceiling, and no secret (a tokens file grants none unasked).
+    assert plain.egress is None and plain.secrets == frozenset()
+    # An identity not from a tokens file (no tokens: a uid) may use every secret.
+    assert Identity(name="uid:1000").secrets is None
+
+
+def test_a_changed_egress_rule_shows_as_a_changed_identity(tmp_path: Path) -> None:
+    before = load_identities(_file(tmp_path, "[identities.a]\negress = ['a.com']\n"))
+    after = load_identities(_file(tmp_path, "[identities.a]\negress = ['a.com:443']\n"))
+    assert changes(before, after).changed == ("a",)

@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import base64
-from dataclasses import dataclass
 
 import pytest
 
+from tooljaild.egress.policy import HeldSecret
+from tooljaild.egress.rules import parse_rule
 from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
 
-
-@dataclass(frozen=True)
-class _Rule:
-    host: str
-    port: int
-
-    def matches(self, host: str, port: int) -> bool:
-        return (host, port) == (self.host, self.port)
-
-
-@dataclass(frozen=True)
-class _Secret:
-    name: str
-    value: str
-    hosts: tuple[_Rule, ...]
-    placeholder: str
-
-
-NEWS = _Secret(
-    "NEWS_API_KEY", "s3cr&t/v=1", (_Rule("api.example.com", 443),), "tooljail-secret-" + "a" * 32
+NEWS = HeldSecret(
+    "NEWS_API_KEY",
+    "s3cr&t/v=1",
+    (parse_rule("api.example.com:443"),),
+    "tooljail-secret-" + "a" * 32,
 )
-OTHER = _Secret(
-    "OTHER", "other-value", (_Rule("other.example.com", 443),), "tooljail-secret-" + "b" * 32
+OTHER = HeldSecret(
+    "OTHER", "other-value", (parse_rule("other.example.com:443"),), "tooljail-secret-" + "b" * 32
 )
 SECRETS = (NEWS, OTHER)
 
@@ -113,8 +99,8 @@ def test_placeholder_of_another_secret_to_this_host_is_a_leak() -> None:
 
 
 def test_a_value_with_a_newline_cannot_split_a_header() -> None:
-    bad = _Secret(
-        "BAD", "x\r\nX-Injected: 1", (_Rule("h.test", 443),), "tooljail-secret-" + "c" * 32
+    bad = HeldSecret(
+        "BAD", "x\r\nX-Injected: 1", (parse_rule("h.test:443"),), "tooljail-secret-" + "c" * 32
     )
     with pytest.raises(ValueError, match="header K") as caught:
         swap_request("GET", "/", [("K", bad.placeholder)], "h.test", 443, (bad,))

@@ -56,8 +56,8 @@ def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
     """Every plain key of `model`, dotted by its tables: `limits.cpu_s`."""
     keys: list[str] = []
     for name, field in model.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        annotation = _script().table_model(field)  # a table, or an optional one ([egress])
+        if annotation is not None:
             keys += _keys(annotation, f"{prefix}{name}.")
         elif name != "kind":  # a backend table's constant discriminator
             keys.append(f"{prefix}{name}")

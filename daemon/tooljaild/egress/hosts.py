@@ -13,9 +13,13 @@ itself must still be allowed by the sandbox's policy).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tooljaild.settings.config import ConfigError
 from tooljaild.settings.egress_rules import normalize_host, parse_address, parse_host_key
+
+if TYPE_CHECKING:
+    from tooljaild.settings.egress import EgressSettings
 
 __all__ = ["HostsMap"]
 
@@ -46,6 +50,16 @@ class HostsMap:
                 raise ConfigError(f"{where} {key!r}: the same name is mapped twice")
             entries[(name, port)] = address
         return cls(entries)
+
+    @classmethod
+    def from_settings(cls, egress: EgressSettings | None) -> HostsMap:
+        """The map of `[egress.hosts]`; empty without `[egress]`.
+
+        Raises:
+            ConfigError: Naming the key at fault (settings built from a file are
+                checked already; this catches ones built otherwise).
+        """
+        return cls() if egress is None else cls.parse(egress.hosts)
 
     def lookup(self, name: str, port: int) -> tuple[str, int] | None:
         """Where to connect for `name`:`port`: the "name:port" entry, else the

@@ -19,7 +19,7 @@ import asyncio
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 HEAD_LIMIT = 64 * 1024
 """Default bound on a whole head (request or status line plus header fields)."""
@@ -375,6 +375,15 @@ def as_chunked(headers: Headers) -> Headers:
     return [*kept, ("Transfer-Encoding", "chunked")]
 
 
+class BodyWriter(Protocol):
+    """Where a body is copied to: an `asyncio.StreamWriter`, or anything that
+    writes and drains like one (the interception's TLS stream)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
 class Copied(NamedTuple):
     """Bytes of a body read from one side and written to the other (framing included)."""
 
@@ -384,7 +393,7 @@ class Copied(NamedTuple):
 
 async def copy_body(
     reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    writer: BodyWriter,
     framing: Framing,
     *,
     on_chunk: Callable[[bytes], bytes] | None = None,

@@ -18,7 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from tooljaild.egress.rules import EgressNotAllowed, Rule, is_ip_literal, narrow, normalize_host
+from tooljaild.egress.rules import (
+    EgressNotAllowed,
+    Rule,
+    is_ip_literal,
+    narrow,
+    normalize_host,
+    valid_host,
+)
 from tooljaild.egress.secrets import SecretEntry, load_secrets
 from tooljaild.settings.config import ConfigError
 
@@ -85,6 +92,8 @@ class HeldSecret:
     def allowed_for(self, host: str, port: int) -> bool:
         """Whether the value may be sent to `host`:`port`."""
         host = normalize_host(host)
+        if not (0 < port < 65536 and valid_host(host)):
+            return False
         return any(r.port_matches(port) and r.host_matches(host) for r in self.hosts)
 
     def __repr__(self) -> str:
@@ -171,11 +180,15 @@ class EgressPolicy:
         Deny rules win ("deny_rule"); else the first allow rule matching host and
         port ("allowed"); a host some rule names on other ports only:
         "port_not_allowed"; no rule: "not_allowed"; a policy without any allow
-        rule: "no_egress". An IP literal matches only a rule naming that address.
+        rule: "no_egress"; a host that is neither a name nor an address, or a
+        port outside 1..65535: "bad_request". An IP literal matches only a rule
+        naming that address.
         """
         if not self.allow:
             return Verdict(False, "no_egress", "")
         name = normalize_host(host)
+        if not (0 < port < 65536 and valid_host(name)):
+            return Verdict(False, "bad_request", "")
         for _, rule in _candidates(name, *self._deny_index):
             if rule.port_matches(port):
                 return Verdict(False, "deny_rule", rule.text)
@@ -297,7 +310,9 @@ class EgressCeiling:
         """
         if identity_rules is None:
             return self.allow
-        return narrow(self.allow, identity_rules, f"{who}'s allowance", above_what="[egress] allow")
+        return narrow(
+            self.allow, identity_rules, f"the allowance of {who}", above_what="[egress] allow"
+        )
 
     def policy(
         self,

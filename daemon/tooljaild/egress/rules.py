@@ -17,6 +17,7 @@ from tooljaild.settings.egress_rules import (
     normalize_host,
     parse_rule,
     parse_rules,
+    valid_host,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "normalize_host",
     "parse_rule",
     "parse_rules",
+    "valid_host",
 ]
 
 

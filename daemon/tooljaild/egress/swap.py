@@ -21,33 +21,15 @@ import base64
 import binascii
 import re
 from collections.abc import Iterable, Sequence
-from typing import Protocol
 from urllib.parse import quote, unquote
+
+from tooljaild.egress.policy import HeldSecret
 
 # Header values are checked after the swap as http.py checks them on read: a
 # value holding CR or LF would split the header it is put in.
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _BASIC = re.compile(r"(?i)(basic)([ \t]+)([A-Za-z0-9+/=_-]+)")
 _BASIC_HEADERS = ("authorization", "proxy-authorization")
-
-
-class _HostRule(Protocol):
-    """What swap needs of an egress rule (egress.rules.Rule)."""
-
-    def matches(self, host: str, port: int) -> bool: ...
-
-
-class Secret(Protocol):
-    """What swap needs of a held secret (egress.policy.HeldSecret)."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def value(self) -> str: ...
-    @property
-    def hosts(self) -> Sequence[_HostRule]: ...
-    @property
-    def placeholder(self) -> str: ...
 
 
 class SecretLeak(Exception):
@@ -64,13 +46,8 @@ class SecretLeak(Exception):
         self.where = where
 
 
-def allowed_for(secret: Secret, host: str, port: int) -> bool:
-    """Whether `secret` may be sent to `host`:`port`."""
-    return any(rule.matches(host, port) for rule in secret.hosts)
-
-
 def _swap_text(
-    text: str, secrets: Sequence[Secret], host: str, port: int, where: str, *, url: bool
+    text: str, secrets: Sequence[HeldSecret], host: str, port: int, where: str, *, url: bool
 ) -> str:
     # Detection sees the URL decoded too: "%74ooljail-secret-..." is the same
     # placeholder to the server that receives it.
@@ -78,7 +55,7 @@ def _swap_text(
     for secret in secrets:
         if secret.placeholder not in seen:
             continue
-        if not allowed_for(secret, host, port):
+        if not secret.allowed_for(host, port):
             raise SecretLeak(secret.name, where)
         # In a URL the value goes percent-encoded: a value holding "&" or "/"
         # must not change the query or path around it.
@@ -94,7 +71,7 @@ def _swap_text(
 
 
 def _swap_basic(
-    value: str, secrets: Sequence[Secret], host: str, port: int, where: str
+    value: str, secrets: Sequence[HeldSecret], host: str, port: int, where: str
 ) -> str | None:
     """`Basic base64(user:pass)` with placeholders in user:pass swapped; None if not Basic."""
     match = _BASIC.fullmatch(value.strip())
@@ -117,7 +94,7 @@ def swap_request(
     headers: list[tuple[str, str]],
     host: str,
     port: int,
-    secrets: Sequence[Secret],
+    secrets: Sequence[HeldSecret],
 ) -> tuple[str, list[tuple[str, str]]]:
     """Swap placeholders for values in a request bound for `host`:`port`.
 
@@ -165,11 +142,11 @@ class BodyLeakScanner:
     bytes of each piece are kept for the next.
     """
 
-    def __init__(self, secrets: Sequence[Secret], host: str, port: int) -> None:
+    def __init__(self, secrets: Sequence[HeldSecret], host: str, port: int) -> None:
         self._needles = [
             (s.placeholder.encode("ascii"), s.name)
             for s in secrets
-            if not allowed_for(s, host, port)
+            if not s.allowed_for(host, port)
         ]
         self._keep = max((len(n) for n, _ in self._needles), default=1) - 1
         self._tail = b""
@@ -206,7 +183,9 @@ class ResponseScrubber:
     len(longest)-1 bytes are held back until the next piece or `flush`.
     """
 
-    def __init__(self, secrets: Sequence[Secret], extra: Sequence[tuple[str, str]] = ()) -> None:
+    def __init__(
+        self, secrets: Sequence[HeldSecret], extra: Sequence[tuple[str, str]] = ()
+    ) -> None:
         pairs: dict[bytes, bytes] = {}
         for sent, wrote in extra:
             if sent and sent != wrote:

@@ -14,8 +14,8 @@ class AuthSettings(BaseModel):
 
     tokens_file: Path | None = None
     """A TOML file of identities (`[identities.NAME]` with `token_sha256`, `tools`,
-    `approval`, `approver`, limits; see tooljaild.auth.policy). Set: every request
-    needs a valid token (or a client certificate naming an identity); None: no
+    `approval`, `approver`, limits, `egress`, `secrets`; see tooljaild.auth.policy).
+    Set: every request needs a valid token (or a client certificate naming an identity); None: no
     tokens, the socket's permissions are the boundary. A reload (SIGHUP) reads
     the file again: its identities apply to every new request (a bad file keeps
     the old ones, and the log says why). Changing this path, or setting or

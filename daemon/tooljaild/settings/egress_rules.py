@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,6 +41,7 @@ __all__ = [
     "parse_host_key",
     "parse_rule",
     "parse_rules",
+    "valid_host",
 ]
 
 DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
@@ -49,6 +51,11 @@ DEFAULT_PORTS: frozenset[int] = frozenset({80, 443})
 # names carry it (_acme-challenge, SRV-style records behind mirrors).
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 _MAX_NAME = 253
+# A whole host name, normalized (see `normalize_host`): what a connection's host
+# must be before any rule is asked; one match instead of a loop over labels.
+_HOST_NAME = re.compile(
+    r"^(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$"
+)
 
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 """A secret's name: an environment variable's name (its placeholder's variable)."""
@@ -76,13 +83,32 @@ def check_secret_name(name: object) -> str | None:
     return None
 
 
+def _may_be_ip(host: str) -> bool:
+    # Cheap first: an address has a ':' (IPv6) or only digits and dots (IPv4);
+    # parsing every name with ipaddress (a raised ValueError each) costs ~5 µs.
+    return ":" in host or host.replace(".", "").isdigit()
+
+
 def is_ip_literal(host: str) -> bool:
     """Whether `host` (normalized, without brackets) is an IPv4 or IPv6 address."""
+    if not _may_be_ip(host):
+        return False
     try:
         ipaddress.ip_address(host)
     except ValueError:
         return False
     return True
+
+
+def valid_host(host: str) -> bool:
+    """Whether `host` (normalized) is a host name or an IP literal a rule could name.
+
+    A host such as "evil.com\\0.x.com" or "a/.x.com" ends like a wildcard's
+    domain: it is refused before any rule is asked, never matched.
+    """
+    if len(host) <= _MAX_NAME and _HOST_NAME.match(host):
+        return True
+    return is_ip_literal(host)
 
 
 def normalize_host(host: str) -> str:
@@ -96,10 +122,20 @@ def normalize_host(host: str) -> str:
         host = host[1:-1]
     if host.endswith("."):
         host = host[:-1]
+    if not _may_be_ip(host):
+        return host
     try:
         return str(ipaddress.ip_address(host))
     except ValueError:
         return host
+
+
+def _inet_aton_reads(name: str) -> bool:
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return False
+    return True
 
 
 def _check_name(name: str, text: str, *, wildcard_ok: bool) -> str:
@@ -143,9 +179,9 @@ def _check_name(name: str, text: str, *, wildcard_ok: bool) -> str:
                 f"{text!r}: {label!r} is not a host name label (letters, digits, '-', "
                 "'_'; 1..63 characters; no '-' at either end)"
             )
-    if labels[-1].isdigit():
-        # "10.0.0" or "*.0.0.5" would read as an address to some resolvers (inet_aton):
-        # an address is written whole, and a wildcard never covers one.
+    if labels[-1].isdigit() or _inet_aton_reads(body):
+        # "10.0.0", "0x7f000001" or "*.0.0.5" read as an address to some resolvers
+        # (inet_aton): an address is written whole, and a wildcard never covers one.
         raise ValueError(f"{text!r}: neither a host name nor a whole IP address")
     return name
 
@@ -220,8 +256,15 @@ class Rule:
         return host == self.host
 
     def matches(self, host: str, port: int) -> bool:
-        """Whether a connection to `host`:`port` is this rule's (host normalized here)."""
-        return self.port_matches(port) and self.host_matches(normalize_host(host))
+        """Whether a connection to `host`:`port` is this rule's (host normalized here;
+        a malformed host or a port outside 1..65535 matches nothing)."""
+        name = normalize_host(host)
+        return (
+            0 < port < 65536
+            and self.port_matches(port)
+            and valid_host(name)
+            and self.host_matches(name)
+        )
 
     def covers(self, other: Rule) -> bool:
         """Whether every host and port `other` allows, this rule allows too."""
@@ -257,6 +300,12 @@ def parse_rule(text: str) -> Rule:
         raise ValueError(f"{text[:40]!r}...: an egress rule has at most 1024 characters")
     if any(c.isspace() for c in text):
         raise ValueError(f"{text!r}: an egress rule holds no whitespace")
+    if "/" in text or "@" in text:
+        _, sep, rest = text.partition("://")
+        example = rest.split("/")[0].split("@")[-1] if sep else "api.example.com"
+        raise ValueError(
+            f"{text!r}: a rule names a host and ports, not a URL or a path: write {example}"
+        )
     host, ports = _split_host_port(text)
     return Rule(
         host=_check_name(host, text, wildcard_ok=True),

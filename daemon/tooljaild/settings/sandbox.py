@@ -222,7 +222,8 @@ class SandboxProfile(BaseModel):
 
     Unknown keys and values are rejected, to catch typos. `image` and
     `network=True` belong to the docker backend, so they need `backend="docker"`
-    (the process backend never has a network).
+    (the process backend never has a network of its own); `egress` rules, which
+    go through the daemon's proxy, work on both.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
