@@ -226,6 +226,8 @@ Maker = Callable[..., Awaitable[Sandbox]]
 
 async def _sandboxes(tmp_path: Path, *, egress: bool, kind: str, **settings: Any) -> Sandboxes:
     state = tmp_path / f"state-{kind}-{'egress' if egress else 'none'}"
+    if settings.get("isolation"):
+        state = state.with_name(f"{state.name}-{settings['isolation']}")
     config = _EgressSettings(
         state_dir=state,
         backend=kind,
@@ -243,12 +245,14 @@ async def make(tmp_path: Path) -> AsyncIterator[Maker]:
     """Make started sandboxes: make(kind="process", egress=True, zygote=True)."""
     opened: list[Sandboxes] = []
     boxes: list[Sandbox] = []
-    tables: dict[tuple[str, bool, bool], Sandboxes] = {}
+    tables: dict[tuple[str, bool, bool, str], Sandboxes] = {}
 
-    async def make_one(kind: str = "process", egress: bool = True, zygote: bool = True) -> Sandbox:
-        key = (kind, egress, zygote)
+    async def make_one(
+        kind: str = "process", egress: bool = True, zygote: bool = True, isolation: str = ""
+    ) -> Sandbox:
+        key = (kind, egress, zygote, isolation)
         if key not in tables:
-            extra: dict[str, Any] = {}
+            extra: dict[str, Any] = {"isolation": isolation} if isolation else {}
             if kind == "process":
                 extra["sandbox"] = {"zygote": zygote}
             tables[key] = sandboxes = await _sandboxes(tmp_path, egress=egress, kind=kind, **extra)
@@ -406,6 +410,59 @@ async def test_a_session_keeps_its_relay_across_calls(make: Maker) -> None:
     finally:
         await session.close()
         gate.close()
+
+
+KILL_RELAY = """
+import gc, json, socket
+listening = [o for o in gc.get_objects() if isinstance(o, socket.socket)
+             and o.fileno() >= 0 and o.family == socket.AF_INET
+             and o.getsockname() == ("127.0.0.1", 3128)]
+for sock in listening:
+    sock.shutdown(socket.SHUT_RDWR)  # wakes its accept(): the relay ends
+import time
+time.sleep(0.2)
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=2).close()
+    print(json.dumps({"killed": len(listening), "after": "ok"}))
+except OSError as exc:
+    print(json.dumps({"killed": len(listening), "after": type(exc).__name__}))
+"""
+
+
+@pytest.mark.isolation
+async def test_a_session_whose_code_ends_the_relay_gets_it_back_next_call(make: Maker) -> None:
+    """Ending the relay cuts only the session's own access, until its next call."""
+    box = await make()
+    assert box.egress_dir is not None
+    gate = FakeGate(box.egress_dir)
+    session = await SessionSandbox.open(
+        box, keep_processes=False, quota_bytes=0, limits=Limits(), timeout_s=20, env=ENV
+    )
+    try:
+        seen = []
+        for code in (KILL_RELAY, GET_URLLIB):
+            out = bytearray()
+
+            def sink(kind: StreamKind, data: bytes, out: bytearray = out) -> None:
+                out.extend(data)
+
+            request = RunRequest(kind="code", payload={"code": code}, limits=Limits())
+            end = await session.begin(request, sink)
+            assert end.outcome.termination is Termination.RETURNED, (end, out)
+            seen.append(json.loads(bytes(out)))
+        assert seen[0] == {"killed": 1, "after": "ConnectionRefusedError"}
+        assert seen[1] == {"urllib": "hello"}
+    finally:
+        await session.close()
+        gate.close()
+
+
+@pytest.mark.isolation
+async def test_no_directory_without_namespaces(make: Maker) -> None:
+    """Without namespaces a sandbox shares the host's network and loopback:
+    it gets no egress directory (the relay's port would be every sandbox's)."""
+    box = await make(isolation="none")
+    assert box.egress_dir is None
 
 
 # ---------------------------------------------------------------------- docker

@@ -191,6 +191,9 @@ def _worker() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
+    if request.get("egress"):
+        # The call is over, and a seal needs this to be the only thread left.
+        _kinds.import_beside("_egress").stop_relay()
     if request.get("seal") and _keeper.seal():
         frame["sealed"] = True
     frame["usage"] = _usage()

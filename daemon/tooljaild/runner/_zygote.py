@@ -46,7 +46,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _egress  # type: ignore[import-not-found]  # noqa: F401  # loaded once, for every sandbox
+import _egress  # type: ignore[import-not-found]  # beside this file; path set above
 import _keeper  # type: ignore[import-not-found]  # beside this file; path set above
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
 import _session  # type: ignore[import-not-found]  # noqa: F401  # loaded once, for every session
@@ -62,10 +62,6 @@ CLONE_NEWNET = 0x40000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
 MS_RDONLY, MS_REMOUNT, MS_BIND = 1, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
-MNT_DETACH = 2
-INSIDE_EGRESS = "/run/tooljail"
-"""Where a sandbox sees its own egress directory (sandbox/bwrap.py's INSIDE_EGRESS)."""
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -160,53 +156,11 @@ def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
                 "none", target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None
             )
     if params.get("egress_view"):
-        _egress_mounts(params["egress_view"], params.get("egress"))
+        _egress.enter(params["egress_view"], params.get("egress"))
     os.chdir("/workspace")
     _check(libc.sethostname(b"tooljail", 8), "sethostname")
     _drop_capabilities()
     _apply_seccomp(seccomp)
-
-
-def _egress_mounts(view: str, name: str | None) -> None:
-    """Bind the sandbox's own egress directory at /run/tooljail (read-only,
-    nosuid, nodev, noexec), then hide the zygote's view of every sandbox's.
-
-    The view cannot be unmounted here: it came from bubblewrap's mount
-    namespace, and a mount namespace made in a less privileged user namespace
-    (the zygote's) gets the mounts it copies locked to their place (the kernel
-    refuses to unmount them, EINVAL). So an empty, read-only tmpfs is mounted
-    over it where the unmount is refused: what lies below cannot be reached
-    (through /proc/*/root neither: every process here shares this mount
-    namespace), and no code in the sandbox can take it off (no capabilities;
-    mount and umount are denied by the seccomp filter too).
-
-    With egress, the loopback interface comes up: the relay listens there.
-    """
-    if name is not None:
-        if len(name) != 32 or not all(c in "0123456789abcdef" for c in name):
-            raise ValueError(f"not an egress directory name: {name!r}")
-        _mount(f"{view}/{name}", INSIDE_EGRESS, None, MS_BIND, None)
-        _mount(
-            "none",
-            INSIDE_EGRESS,
-            None,
-            MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            None,
-        )
-        _loopback_up()
-    if libc.umount2(view.encode(), MNT_DETACH) != 0:
-        flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-        _mount("tmpfs", view, "tmpfs", flags, "size=4k,mode=0")
-
-
-def _loopback_up() -> None:
-    """Bring `lo` up in the sandbox's network namespace (it starts down)."""
-    import fcntl
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
 def _own_user_namespace() -> None:

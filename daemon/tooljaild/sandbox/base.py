@@ -122,7 +122,9 @@ class Sandbox(abc.ABC):
     egress_dir: Path | None = None
     """This sandbox's egress directory on the host (egress/dirs.py), which it
     sees read-only at /run/tooljail: where the daemon opens its gate. None:
-    the daemon has no egress (no `[egress]`), or the backend gives none."""
+    the daemon has no egress (no `[egress]`), or the sandbox has no network
+    namespace of its own to confine it (the process backend without
+    namespaces: it shares the host's network anyway)."""
 
     @abc.abstractmethod
     async def start(self) -> None:

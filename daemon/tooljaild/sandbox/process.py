@@ -136,7 +136,9 @@ class ProcessSandbox(RunnerSandbox):
     async def start(self) -> None:
         if self._proc is not None:
             raise SandboxError(f"sandbox {self.id} was already started")
-        if self._context.egress_root is not None:
+        if self._context.egress_root is not None and self.namespaced:
+            # Without namespaces a sandbox shares the host's network (and
+            # loopback: one relay port for all): it gets no egress directory.
             # A mkdir and a link: made here, not on a thread, so that a
             # cancelled start cannot leave a directory that close() misses.
             try:
