@@ -10,12 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tooljail.errors import InvalidArgumentsError
 from tooljaild.egress.package_cache import (
     CACHE_HOST,
     CachedWheel,
     PackageCache,
     resolution_key,
 )
+from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.packages import check_install_arguments
 
 INDEX = "pypi.test"
 WHEEL_URL = f"https://{INDEX}/packages/ab/cd/demo-1.0-py3-none-any.whl"
@@ -126,14 +129,64 @@ def test_resolutions_are_recalled_only_while_every_file_is_cached(cache: Package
     data = b"wheel"
     digest = hashlib.sha256(data).hexdigest()
     wheel = CachedWheel("demo", "1.0", WHEEL_URL, digest)
-    key = resolution_key(["Demo == 1.0"], ["https://pypi.test/simple"], "cp311")
-    assert key == resolution_key(["demo==1.0"], ["https://pypi.test/simple"], "cp311")
-    assert not cache.remember(key, [wheel])  # not cached yet
+    key = resolution_key(["Demo == 1.0"], ["https://pypi.test/simple"], "alice")
+    assert key == resolution_key(["demo==1.0"], ["https://pypi.test/simple"], "alice")
+    assert not cache.remember(key, "cp311", [wheel])  # not cached yet
     path = put(cache, WHEEL_URL, data)
     assert path is not None
-    assert cache.remember(key, [wheel])
-    assert cache.recall(key) == (wheel,)
-    assert cache.recall(resolution_key(["demo==1.0"], [], "cp311")) is None
+    # A sandbox's report naming a cached URL with another file's hash is not kept.
+    assert not cache.remember(key, "cp311", [CachedWheel("demo", "1.0", WHEEL_URL, "1" * 64)])
+    assert cache.remember(key, "cp311", [wheel])
+    assert cache.recall(key) == {"cp311": (wheel,)}
+    assert cache.recall(resolution_key(["demo==1.0"], [], "alice")) == {}
+    assert cache.recall(resolution_key(["demo==1.0"], ["https://pypi.test/simple"], "bob")) == {}
     os.chmod(path, 0o600)
     path.write_bytes(b"tampered")
-    assert cache.recall(key) is None
+    assert cache.recall(key) == {}
+
+
+# --------------------------------------------------------------------------- install_packages
+
+
+@pytest.mark.parametrize(
+    "requirement",
+    [
+        "pandas==2.2.3",
+        "requests",
+        "httpx >= 0.27, <1",
+        "Flask[async]~=3.0",
+        "zope.interface",
+        'tomli; python_version < "3.11"',
+    ],
+)
+def test_install_packages_takes_pep_508_requirements(requirement: str) -> None:
+    checked = check_install_arguments({"packages": [requirement]}, Settings())
+    assert checked == {"packages": [requirement]}
+
+
+@pytest.mark.parametrize(
+    ("requirement", "why"),
+    [
+        ("--index-url=https://evil.test/simple", "is an option"),
+        ("-e .", "is an option"),
+        ("demo @ https://evil.test/demo.whl", "URL or a path"),
+        ("https://evil.test/demo-1.0-py3-none-any.whl", "URL or a path"),
+        ("./local/pkg", "URL or a path"),
+        ("/etc/passwd", "URL or a path"),
+        ("demo\n--extra-index-url x", "PEP 508"),
+        ("", "empty"),
+        ("demo===1.0 junk", "PEP 508"),
+        ("x" * 201, "longer than 200"),
+    ],
+)
+def test_install_packages_refuses_what_is_not_a_requirement(requirement: str, why: str) -> None:
+    with pytest.raises(InvalidArgumentsError, match=why) as info:
+        check_install_arguments({"packages": [requirement]}, Settings())
+    assert info.value.parameter == "packages"
+
+
+def test_install_packages_takes_1_to_50() -> None:
+    for packages in ([], [f"p{i}" for i in range(51)]):
+        with pytest.raises(InvalidArgumentsError, match="1 to 50"):
+            check_install_arguments({"packages": packages}, Settings())
+    assert len(check_install_arguments({"packages": ["a"] * 50}, Settings())["packages"]) == 50

@@ -100,6 +100,7 @@ def test_builtins_are_served_with_closed_schemas() -> None:
         "search_artifact",
         "list_artifacts",
         "upload_file",
+        "install_packages",  # served by daemons with [egress] only (builtin_tools(packages=))
     ]
     for builtin in BUILTIN_TOOLS:
         assert builtin.source == "builtin"

@@ -260,9 +260,8 @@ class Daemon:
         """
         assert self.sandboxes is not None and self.pools is not None
         s, default = settings or self.settings, self.pools.default
-        builtins = builtin_tools(
-            self.sandboxes.promises(default), [d.resolve() for d in s.files_dirs]
-        )
+        dirs, packages = [d.resolve() for d in s.files_dirs], s.egress is not None
+        builtins = builtin_tools(self.sandboxes.promises(default), dirs, packages=packages)
         registry = await load_tools(s, self.sandboxes, default, builtins)
         for d in registry.diagnostics:
             log.warning(
@@ -318,6 +317,7 @@ class Daemon:
             egress=None if self.egress is None else self.egress.service,
         )
         self.sessions.start()
+        cache = None if self.egress is None else self.egress.cache  # install_packages's
         self.manager = CallManager(
             s,
             registry,
@@ -325,7 +325,7 @@ class Daemon:
             journal=self.journal,
             sessions=self.sessions,
             session_misfit=self.pools.session_misfit,
-            services=Services(s, artifacts=self.artifacts, sessions=self.sessions),
+            services=Services(s, artifacts=self.artifacts, sessions=self.sessions, packages=cache),
             egress=None if self.egress is None else self.egress.service,
         )
         try:

@@ -49,9 +49,6 @@ log = logging.getLogger("tooljaild.egress")
 EGRESS_DIR = "egress"
 """Under the state directory: the CA, the bundle, and each sandbox's gate directory."""
 
-PACKAGE_CACHE_BYTES = 2 * 1024**3
-"""The package cache's bound (`<state_dir>/egress/packages`), least recently used out."""
-
 EGRESS_DIR_MODE = 0o700
 """Only the daemon's user: the CA's key is in it, and each sandbox's directory
 is bound into its sandbox by path (nobody needs to walk it)."""
@@ -189,7 +186,7 @@ def _prepare(
     write_bundle(ca, directory / "ca-bundle.pem")
     urls = settings.packages.urls()
     cache = None
-    if urls:
+    if urls and settings.packages.cache_max_bytes > 0:
         hosts = {index_host(url)[0] for url in urls}
-        cache = PackageCache(directory / "packages", hosts, PACKAGE_CACHE_BYTES)
+        cache = PackageCache(directory / "packages", hosts, settings.packages.cache_max_bytes)
     return ceiling, ca, directory, cache

@@ -62,6 +62,7 @@ from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
 from tooljaild.tools.registry import Registry, Tool
+from tooljaild.tools.run import session_required
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,8 @@ class CallManager:
             asked.egress,
             asked.secrets,
         )
+        if tool.run is not None and tool.run.needs_session and not asked.session_id:
+            raise session_required(tool.name)
         if tool.run is not None and tool.run.in_daemon is not None:
             if asked.egress or asked.secrets:
                 raise InvalidRequestError(

@@ -22,9 +22,12 @@ resolved for (requirements, index URLs, interpreter tag) is in the cache, the
 daemon remembers them (`remember`), and a later install with the same key gets
 them back (`recall`) and fetches each by its hash from the proxy
 (``http://packages.tooljail.internal/sha256/<hex>``, `CACHE_HOST`) instead of
-running pip. Only the daemon writes a resolution (from pip's report, read by
-the daemon after the sandbox's install ended): a sandbox can neither add nor
-change one.
+running pip. Only the daemon writes a resolution, from what the sandbox said
+pip installed, checked against the cache (each wheel is a file the proxy
+fetched from an index under that URL). A sandbox's word is still a sandbox's
+word (it could name an extra wheel it fetched itself): so a resolution is kept
+per owner (the identity whose session installed it, `resolution_key`), and
+never reaches another identity's sandbox.
 
 Thread-safe: the proxy's thread and the daemon's loop both use one instance.
 Hashing a file is blocking disk I/O: callers on an event loop run `lookup` in
@@ -76,11 +79,12 @@ class CachedWheel:
     sha256: str
 
 
-def resolution_key(requirements: Iterable[str], index_urls: Sequence[str], tag: str) -> str:
-    """The key a resolution is remembered by: the requirements as a set (each
-    lowercased, without spaces), the index URLs in order, the interpreter's tag."""
+def resolution_key(requirements: Iterable[str], index_urls: Sequence[str], owner: str) -> str:
+    """The key resolutions are remembered by (one per interpreter tag under it):
+    the requirements as a set (each lowercased, without spaces), the index URLs
+    in order, and the identity they are kept for."""
     normal = sorted({"".join(r.split()).lower() for r in requirements})
-    return json.dumps([normal, list(index_urls), tag], separators=(",", ":"))
+    return json.dumps([normal, list(index_urls), owner], separators=(",", ":"))
 
 
 def _sha256_hex(data: bytes) -> str:
@@ -271,34 +275,53 @@ class PackageCache:
 
     # ---------------------------------------------------------------- resolutions
 
-    def remember(self, key: str, wheels: Sequence[CachedWheel]) -> bool:
-        """Keep what an install resolved, if every wheel's file is in the cache.
+    def remember(self, key: str, tag: str, wheels: Sequence[CachedWheel]) -> bool:
+        """Keep what an install of `key` resolved for interpreter `tag`, if every
+        wheel's file is in the cache under its URL with that sha256.
 
         Returns:
             Whether it was kept.
         """
-        if not wheels or any(self.lookup("sha256:" + w.sha256) is None for w in wheels):
+        if not wheels:
             return False
-        data = json.dumps([asdict(w) for w in wheels]).encode()
-        name = self.root / "resolutions" / f"{_sha256_hex(key.encode())}.json"
-        _write_private(name, data, self.root / "tmp")
+        for wheel in wheels:
+            path = self.lookup(wheel.url)
+            if path is None or path.name != wheel.sha256:
+                return False
+        with self._lock:  # read, change, write: one writer at a time
+            known = self._read_resolutions(key)
+            known[tag] = [asdict(w) for w in wheels]
+            _write_private(self._resolutions(key), json.dumps(known).encode(), self.root / "tmp")
         return True
 
-    def recall(self, key: str) -> tuple[CachedWheel, ...] | None:
-        """What an install of `key` resolved before, while every file of it is
-        still cached (and hashes right); None otherwise."""
-        name = self.root / "resolutions" / f"{_sha256_hex(key.encode())}.json"
+    def recall(self, key: str) -> dict[str, tuple[CachedWheel, ...]]:
+        """What installs of `key` resolved before, by interpreter tag: each while
+        every file of it is still cached (and hashes right)."""
+        with self._lock:
+            known = self._read_resolutions(key)
+        found: dict[str, tuple[CachedWheel, ...]] = {}
+        for tag, entries in known.items():
+            try:
+                wheels = tuple(CachedWheel(**entry) for entry in entries)
+            except TypeError:
+                continue
+            if wheels and all(self.lookup("sha256:" + w.sha256) is not None for w in wheels):
+                found[tag] = wheels
+        return found
+
+    def _resolutions(self, key: str) -> Path:
+        return self.root / "resolutions" / f"{_sha256_hex(key.encode())}.json"
+
+    def _read_resolutions(self, key: str) -> dict[str, Any]:
+        path = self._resolutions(key)
         try:
-            raw: Any = json.loads(name.read_bytes())
-            wheels = tuple(CachedWheel(**entry) for entry in raw)
+            raw: Any = json.loads(path.read_bytes())
         except FileNotFoundError:
-            return None
-        except (ValueError, TypeError):
-            name.unlink(missing_ok=True)
-            return None
-        if not wheels or any(self.lookup("sha256:" + w.sha256) is None for w in wheels):
-            return None
-        return wheels
+            return {}
+        except ValueError:
+            path.unlink(missing_ok=True)
+            return {}
+        return raw if isinstance(raw, dict) else {}
 
     # ---------------------------------------------------------------- inside
 

@@ -97,7 +97,7 @@ def run(
         os.chdir(session["cwd"])
     os.environ.clear()
     os.environ.update(session.get("env") or {})
-    if session.get("egress"):
+    if egress:
         # Installs go to the workspace's site directory, on sys.path from the
         # start (and again after every reset: this runs in each interpreter).
         _packages.activate(session.get("cwd") or os.getcwd())

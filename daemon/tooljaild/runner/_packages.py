@@ -17,7 +17,8 @@ anyway). `activate` puts it:
   a model installs there, in a virtualenv's interpreter and in Debian's
   python3 alike (``--target`` skips PEP 668's externally-managed check;
   ``PIP_BREAK_SYSTEM_PACKAGES`` is set too for a ``--user`` or plain install
-  by hand), ``PIP_UPGRADE`` so that the version asked for last replaces an
+  by hand), ``PIP_TRUSTED_HOST`` for an index the operator configured over
+  plain HTTP, ``PIP_UPGRADE`` so that the version asked for last replaces an
   older one in the target, and pip's own cache under the sandbox's TMPDIR
   (never shared between sandboxes).
 
@@ -38,9 +39,11 @@ what it downloads. The value:
     {"installed": [{"name", "version"}], "from_cache": bool, "tag": str,
      "resolved": [{"name", "version", "url", "sha256"}]}
 
-Before either, the index must be reachable: a sandbox without egress, or whose
-egress refuses the index, gets the proxy's own refusal (host, port, rule) as
-the error, not pip's retries.
+The index must be reachable: the proxy serves its cache only to a sandbox
+whose egress allows an index, and before pip runs each index is asked for
+once (`_check_reachable`): a sandbox without egress, or whose egress refuses
+the index, gets the proxy's own refusal (host, port, rule) as the error, not
+pip's retries.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 """
@@ -101,7 +104,7 @@ def environment(workspace: str, tmpdir: str, pythonpath: str = "") -> dict[str, 
         pythonpath: A PYTHONPATH already set, kept after the site directory.
     """
     site = site_dir(workspace)
-    return {
+    env = {
         "PYTHONPATH": f"{site}{os.pathsep}{pythonpath}" if pythonpath else site,
         "PIP_TARGET": site,
         "PIP_UPGRADE": "1",
@@ -112,6 +115,17 @@ def environment(workspace: str, tmpdir: str, pythonpath: str = "") -> dict[str, 
         "PIP_PROGRESS_BAR": "off",
         "PIP_CACHE_DIR": os.path.join(tmpdir or "/tmp", "pip-cache"),
     }
+    # An index the operator configured over plain HTTP (a local mirror, reached
+    # only through the egress proxy) is trusted as such: pip ignores it otherwise.
+    configured = [os.environ.get("PIP_INDEX_URL") or "", *_extra_index_urls()]
+    plain = [urlsplit(url).netloc for url in configured if url.startswith("http://")]
+    if plain:
+        env["PIP_TRUSTED_HOST"] = " ".join(dict.fromkeys(plain))
+    return env
+
+
+def _extra_index_urls() -> list[str]:
+    return (os.environ.get("PIP_EXTRA_INDEX_URL") or "").split()
 
 
 def activate(workspace: str) -> str:
@@ -209,16 +223,18 @@ def _install(request: dict[str, Any], workspace: str) -> dict[str, Any]:
     if not requirements or any(r.startswith("-") for r in requirements):
         raise PackagesError("InvalidArguments", "no requirements, or one that is an option")
     site = activate(workspace)
-    indexes = _index_urls()
-    for url in indexes:
-        _check_reachable(url)
     tag = interpreter_tag()
     known = (request.get("known") or {}).get(tag)
-    if known:
+    if known and _proxy() is not None:
+        # The proxy serves its cache only to a sandbox whose egress allows an
+        # index: one that may not reach it gets a refusal here, and the check
+        # below says why.
         installed = _from_cache(known, site)
         if installed is not None:
             refresh()
             return {"installed": installed, "from_cache": True, "tag": tag, "resolved": known}
+    for url in _index_urls():
+        _check_reachable(url)
     resolved = _pip(requirements, site)
     refresh()
     installed = [{"name": w["name"], "version": w["version"]} for w in resolved]
@@ -228,8 +244,7 @@ def _install(request: dict[str, Any], workspace: str) -> dict[str, Any]:
 def _index_urls() -> list[str]:
     """The indexes pip would use here: PIP_INDEX_URL, then PIP_EXTRA_INDEX_URL's."""
     primary = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
-    extra = (os.environ.get("PIP_EXTRA_INDEX_URL") or "").split()
-    return [primary, *extra]
+    return [primary, *_extra_index_urls()]
 
 
 def _proxy() -> tuple[str, int] | None:
@@ -252,12 +267,13 @@ def _check_reachable(url: str) -> None:
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
+    no_egress = PackagesError(
+        "NoEgress",
+        f"this sandbox has no network, so the package index {host} cannot be reached: "
+        f"open the session with egress to it (e.g. egress=['{host}'])",
+    )
     if proxy is None:
-        raise PackagesError(
-            "NoEgress",
-            f"this sandbox has no network, so the package index {host} cannot be reached: "
-            f"open the session with egress to it (e.g. egress=['{host}'])",
-        )
+        raise no_egress
     if parts.scheme == "https":
         head = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n"
     else:
@@ -270,6 +286,8 @@ def _check_reachable(url: str) -> None:
         raise PackagesError(
             "EgressUnavailable", f"the egress proxy could not be reached ({exc})"
         ) from None
+    if status == 0:  # closed unanswered: this sandbox's egress asks for nothing
+        raise no_egress
     if status == 403:
         raise PackagesError(
             "EgressDenied",

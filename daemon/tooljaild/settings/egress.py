@@ -129,6 +129,11 @@ class PackagesSettings(BaseModel):
     host must be allowed by [egress] allow. None: pip's own default."""
     extra_index_urls: list[str] = Field(default_factory=list)
     """More indexes (PIP_EXTRA_INDEX_URL); each host must be allowed by [egress] allow."""
+    # --- helper PACKAGES (issue 23, part 3): the daemon's package cache.
+    cache_max_bytes: int = Field(default=2 * 1024**3, ge=0)
+    """The most the daemon's cache of package files (wheels, sdists, under
+    <state_dir>/egress/packages) may hold, least recently used first out; 0: no
+    cache (every install goes to the index, and repeats are not faster)."""
 
     @field_validator("index_url")
     @classmethod

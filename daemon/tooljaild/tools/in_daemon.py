@@ -24,6 +24,7 @@ from tooljail.errors import TooljailError
 
 if TYPE_CHECKING:
     from tooljaild.artifacts.store import ArtifactStore
+    from tooljaild.egress.package_cache import PackageCache
     from tooljaild.sessions.manager import SessionManager
     from tooljaild.sessions.session import Session
     from tooljaild.settings.config import Settings
@@ -38,6 +39,8 @@ class Services:
     settings: Settings
     artifacts: ArtifactStore | None = None
     sessions: SessionManager | None = None
+    packages: PackageCache | None = None
+    """The daemon's package cache (install_packages), when egress and a cache are on."""
 
 
 @dataclass(frozen=True)

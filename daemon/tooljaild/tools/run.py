@@ -12,10 +12,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tooljail.errors import InvalidRequestError, TooljailError
 from tooljaild.settings.config import Settings
 from tooljaild.tools.in_daemon import Handler
 
-__all__ = ["BuiltinRun", "RunKind"]
+__all__ = ["BuiltinRun", "RunKind", "session_required"]
 
 RunKind = Literal["code", "file", "workspace", "daemon"]
 
@@ -38,3 +39,18 @@ class BuiltinRun:
     it is the value the run returned (the workspace tools' op results)."""
     in_daemon: Handler | None = None
     """For kind "daemon": the handler the daemon awaits instead of a sandbox."""
+    needs_session: bool = False
+    """It works on a session (install_packages): a call without one is refused
+    at admission, before anything is recorded."""
+
+
+def session_required(tool: str) -> TooljailError:
+    """What a call of a `BuiltinRun.needs_session` tool without a session is refused with."""
+    # Its status should be FAILED_PRECONDITION, which needs a wire code of its
+    # own (proto ErrorCode "session_required"); until the proto has one, it is
+    # INVALID_ARGUMENT ("invalid_request"), with the same words.
+    return InvalidRequestError(
+        f"{tool} works on a session and this call names none: call it with the "
+        "session_id of an open session (create one with CreateSession, with egress "
+        "allowing the package index)"
+    )

@@ -24,6 +24,11 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.sandbox.backends import Promises
 from tooljaild.settings.config import Settings
 from tooljaild.tools.builtin.artifacts import ARTIFACT_TOOL_RUNS, ARTIFACT_TOOLS
+from tooljaild.tools.builtin.packages import (
+    INSTALL_PACKAGES_TOOL,
+    check_install_arguments,
+    install_packages,
+)
 from tooljaild.tools.builtin.upload import UPLOAD_FILE_TOOL, check_upload_arguments, upload_file
 from tooljaild.tools.builtin.workspace import (
     WORKSPACE_TOOL_NAMES,
@@ -83,7 +88,10 @@ def _files_rule(files_dirs: Sequence[Path] | None) -> str:
 
 
 def builtin_tools(
-    promises: Promises | None = None, files_dirs: Sequence[Path] | None = None
+    promises: Promises | None = None,
+    files_dirs: Sequence[Path] | None = None,
+    *,
+    packages: bool = True,
 ) -> tuple[Tool, ...]:
     """The built-in tools, their descriptions saying only what holds, each
     carrying how it runs (its `BuiltinRun` from `RUNS`, as `Tool.run`).
@@ -92,6 +100,8 @@ def builtin_tools(
         promises: What holds in the built-ins' sandboxes; None: unknown, so
             nothing is promised beyond a time limit.
         files_dirs: The daemon's files directories (absolute); None: unknown.
+        packages: Serve install_packages (a daemon with `[egress]`: without it
+            no sandbox reaches an index, and the tool list stays as it was).
     """
     where, holds = _where(promises), _what_holds(promises)
     tools = (
@@ -151,6 +161,7 @@ def builtin_tools(
         *workspace_tools(promises),
         *ARTIFACT_TOOLS,
         UPLOAD_FILE_TOOL,
+        *((INSTALL_PACKAGES_TOOL,) if packages else ()),
     )
     return tuple(_with_run(tool) for tool in tools)
 
@@ -207,6 +218,14 @@ RUNS: dict[str, BuiltinRun] = {
         prepare=check_upload_arguments,
         output_is_data=False,
         in_daemon=upload_file,
+    ),
+    "install_packages": BuiltinRun(
+        "daemon",
+        lambda a: {},
+        prepare=check_install_arguments,
+        output_is_data=False,
+        in_daemon=install_packages,
+        needs_session=True,
     ),
 }
 """Each built-in's implementation, by the `builtin` name its `Tool` carries."""
