@@ -357,3 +357,68 @@ def test_a_bad_reload_keeps_the_old_policy_and_a_good_one_replaces_it(
         if process.poll() is None:
             daemon.stop(signal.SIGTERM, timeout=60)
     assert "k" * 16 not in daemon.log()  # a secret's value is never logged
+
+
+NEWS_TOOL = '''
+import os
+import urllib.request
+
+from tooljail import tool
+
+
+@tool(sandbox={"egress": ["data.example.org"]}, secrets=["NEWS_KEY"])
+def news() -> str:
+    """GET data.example.org with the key's placeholder in a header."""
+    request = urllib.request.Request(
+        "http://data.example.org/echo", headers={"X-Key": os.environ["NEWS_KEY"]}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return r.read().decode()
+'''
+
+
+def test_a_tools_rules_and_secret_names_are_listed_and_held(
+    serve: Callable[..., ServedDaemon], egress_world: World, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir(mode=0o755)
+    tools.chmod(0o755)  # a daemon served in this process may have left a strict umask
+    (tools / "news.py").write_text(NEWS_TOOL)
+    (tools / "news.py").chmod(0o644)
+    value = "v" * 24
+    served = serve(
+        **egress_world.settings(
+            allow=CEILING, index_url=None, secrets={"NEWS_KEY": (value, ["data.example.org"])}
+        ),
+        tools_dirs=[tools],
+    )
+    mark = egress_world.mark()
+    with Client(served.target) as client:
+        (info,) = [t for t in client.list_tools() if t.name == "news"]
+        assert (info.egress, info.secrets) == (("data.example.org",), ("NEWS_KEY",))
+        assert value not in repr(client.list_tools())
+        # The tool's own rules bound what a call of it may ask for.
+        with pytest.raises(PermissionDeniedError, match=r"api\.example\.com"):
+            client.call("news", {}, egress=["api.example.com"])
+        result = client.call("news", {})
+    assert result.ok, result
+    assert value not in result.model_dump_json()  # the sandbox held only the placeholder
+    (request,) = [r for r in egress_world.since(mark).requests if r.path == "/echo"]
+    assert request.header("X-Key") == value  # the server got the value
+
+
+def test_a_call_in_a_session_may_narrow_the_sessions_rules_for_itself(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    client = Client(egress_daemon.target)
+    with client, client.session(egress=["data.example.org", "api.example.com"]) as session:
+        narrowed = session.call(
+            "execute_python_code", {"code": GET_DATA}, egress=["api.example.com"]
+        )
+        assert [d.reason for d in narrowed.egress_denied] == ["not_allowed"], narrowed
+        # The next call has the session's rules again.
+        assert session.call("execute_python_code", {"code": GET_DATA}).ok
+        with pytest.raises(PermissionDeniedError, match=r"other\.example\.net"):
+            session.call("execute_python_code", {"code": "1"}, egress=["other.example.net"])
+        with pytest.raises(PermissionDeniedError, match="NEWS_KEY"):
+            session.call("execute_python_code", {"code": "1"}, secrets=["NEWS_KEY"])
