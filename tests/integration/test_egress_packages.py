@@ -200,3 +200,49 @@ def test_installs_count_in_the_workspace_quota(client: Client) -> None:
         _out(session.call("execute_python_code", {"code": "import os; os.remove('filler')"}))
         again = session.call("install_packages", {"packages": ["tjdemo"]})
         assert again.status.value == "success", again.error
+
+
+def test_an_install_past_its_timeout_is_stopped_and_the_session_goes_on(
+    serve: Callable[..., ServedDaemon], egress_world: World
+) -> None:
+    import socket
+    import threading
+
+    # An index that takes connections and never answers.
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        silent.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(silent.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        port = silent.getsockname()[1]
+        daemon = serve(
+            **egress_world.settings(
+                allow=["slow.internal"],
+                index_url="http://slow.internal/simple",
+                extra_hosts={"slow.internal:80": f"127.0.0.1:{port}"},
+            ),
+            pool_size=1,
+        )
+        with Client(daemon.target) as client, client.session(egress=["slow.internal"]) as session:
+            start = time.perf_counter()
+            result = session.call("install_packages", {"packages": ["tjdemo"]}, tool_timeout_s=2)
+            assert result.status.value == "timeout", (result.message, result.error)
+            assert time.perf_counter() - start < 20
+            after = session.call("execute_python_code", {"code": "print('still here')"})
+            assert _out(after).strip() == "still here"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        silent.close()
