@@ -21,18 +21,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import RunningDaemon, ServedDaemon
+from tests.conftest import RunningDaemon, ServedDaemon, spawn_daemon, wait_serving
 from tests.egress_world import World, to_toml, write_secrets
 from tooljail import Client
 from tooljail.errors import (
@@ -295,8 +297,19 @@ def _wait_log(daemon: RunningDaemon, text: str, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: each sandbox's gate is a Unix socket below
+    the state directory, and a socket's path has at most 107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="tj-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def test_a_bad_reload_keeps_the_old_policy_and_a_good_one_replaces_it(
-    start_daemon: Callable[..., RunningDaemon], egress_world: World, tmp_path: Path
+    egress_world: World, tmp_path: Path, short_dir: Path
 ) -> None:
     config, secrets = tmp_path / "tooljail.toml", tmp_path / "secrets.toml"
     port = _free_port()
@@ -305,33 +318,107 @@ def test_a_bad_reload_keeps_the_old_policy_and_a_good_one_replaces_it(
         allow=["data.example.org"], index_url=None, secrets=key, secrets_file=secrets
     )
     config.write_text(to_toml(first))
-    daemon = start_daemon("--config", str(config), "--metrics-listen", f"127.0.0.1:{port}")
-    wider = {
-        **first,
-        "egress": {**first["egress"], "allow": ["data.example.org", "other.example.net"]},
-    }
-    with Client(daemon.target) as client:
-        denied = client.call(
-            "execute_python_code", {"code": GET_OTHER}, egress=["data.example.org"]
-        )
-        assert [d.reason for d in denied.egress_denied] == ["not_allowed"]
-        assert _denials(port).get("not_allowed") == 1.0
-        # A wider ceiling with a secrets file others may read: the reload keeps the old policy.
-        config.write_text(to_toml(wider))
-        secrets.chmod(0o644)
-        daemon.process.send_signal(signal.SIGHUP)
-        _wait_log(daemon, "egress policy kept")
-        with pytest.raises(PermissionDeniedError, match=r"other\.example\.net"):
-            client.call("execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"])
-        assert client.call(
-            "execute_python_code", {"code": GET_DATA}, egress=["data.example.org"]
-        ).ok
-        # Fixed: the next reload puts the wider ceiling in force for new calls.
-        write_secrets(secrets, key)
-        daemon.process.send_signal(signal.SIGHUP)
-        _wait_log(daemon, "egress reloaded")
-        reached = client.call(
-            "execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"]
-        )
-        assert reached.ok, reached
+    args = ["--config", str(config), "--metrics-listen", f"127.0.0.1:{port}"]
+    process, target, base = spawn_daemon(short_dir, *args)
+    daemon = RunningDaemon(process, target, base / "state", base / "daemon.log", args)
+    try:
+        wait_serving(target, process, daemon.log_path)
+        wider = {
+            **first,
+            "egress": {**first["egress"], "allow": ["data.example.org", "other.example.net"]},
+        }
+        with Client(target) as client:
+            denied = client.call(
+                "execute_python_code", {"code": GET_OTHER}, egress=["data.example.org"]
+            )
+            assert [d.reason for d in denied.egress_denied] == ["not_allowed"]
+            assert _denials(port).get("not_allowed") == 1.0
+            # A wider ceiling and a secrets file others may read: the old policy stays.
+            config.write_text(to_toml(wider))
+            secrets.chmod(0o644)
+            process.send_signal(signal.SIGHUP)
+            _wait_log(daemon, "egress policy kept")
+            with pytest.raises(PermissionDeniedError, match=r"other\.example\.net"):
+                client.call(
+                    "execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"]
+                )
+            assert client.call(
+                "execute_python_code", {"code": GET_DATA}, egress=["data.example.org"]
+            ).ok
+            # Fixed: the next reload puts the wider ceiling in force for new calls.
+            write_secrets(secrets, key)
+            process.send_signal(signal.SIGHUP)
+            _wait_log(daemon, "egress reloaded")
+            reached = client.call(
+                "execute_python_code", {"code": GET_OTHER}, egress=["other.example.net"]
+            )
+            assert reached.ok, reached
+    finally:
+        if process.poll() is None:
+            daemon.stop(signal.SIGTERM, timeout=60)
     assert "k" * 16 not in daemon.log()  # a secret's value is never logged
+
+
+NEWS_TOOL = '''
+import os
+import urllib.request
+
+from tooljail import tool
+
+
+@tool(sandbox={"egress": ["data.example.org"]}, secrets=["NEWS_KEY"])
+def news() -> str:
+    """GET data.example.org with the key's placeholder in a header."""
+    request = urllib.request.Request(
+        "http://data.example.org/echo", headers={"X-Key": os.environ["NEWS_KEY"]}
+    )
+    with urllib.request.urlopen(request, timeout=10) as r:
+        return r.read().decode()
+'''
+
+
+def test_a_tools_rules_and_secret_names_are_listed_and_held(
+    serve: Callable[..., ServedDaemon], egress_world: World, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir(mode=0o755)
+    tools.chmod(0o755)  # a daemon served in this process may have left a strict umask
+    (tools / "news.py").write_text(NEWS_TOOL)
+    (tools / "news.py").chmod(0o644)
+    value = "v" * 24
+    served = serve(
+        **egress_world.settings(
+            allow=CEILING, index_url=None, secrets={"NEWS_KEY": (value, ["data.example.org"])}
+        ),
+        tools_dirs=[tools],
+    )
+    mark = egress_world.mark()
+    with Client(served.target) as client:
+        (info,) = [t for t in client.list_tools() if t.name == "news"]
+        assert (info.egress, info.secrets) == (("data.example.org",), ("NEWS_KEY",))
+        assert value not in repr(client.list_tools())
+        # The tool's own rules bound what a call of it may ask for.
+        with pytest.raises(PermissionDeniedError, match=r"api\.example\.com"):
+            client.call("news", {}, egress=["api.example.com"])
+        result = client.call("news", {})
+    assert result.ok, result
+    assert value not in result.model_dump_json()  # the sandbox held only the placeholder
+    (request,) = [r for r in egress_world.since(mark).requests if r.path == "/echo"]
+    assert request.header("X-Key") == value  # the server got the value
+
+
+def test_a_call_in_a_session_may_narrow_the_sessions_rules_for_itself(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    client = Client(egress_daemon.target)
+    with client, client.session(egress=["data.example.org", "api.example.com"]) as session:
+        narrowed = session.call(
+            "execute_python_code", {"code": GET_DATA}, egress=["api.example.com"]
+        )
+        assert [d.reason for d in narrowed.egress_denied] == ["not_allowed"], narrowed
+        # The next call has the session's rules again.
+        assert session.call("execute_python_code", {"code": GET_DATA}).ok
+        with pytest.raises(PermissionDeniedError, match=r"other\.example\.net"):
+            session.call("execute_python_code", {"code": "1"}, egress=["other.example.net"])
+        with pytest.raises(PermissionDeniedError, match="NEWS_KEY"):
+            session.call("execute_python_code", {"code": "1"}, secrets=["NEWS_KEY"])

@@ -968,3 +968,39 @@ def test_connect_of_a_sandbox_holding_secrets_is_intercepted(
     assert status == 403 and b"API_KEY" in body
     assert len(world.https.record.requests) == requests
     assert denials(gate) == {"secret_leak": 1}
+
+
+def test_the_cache_keeps_what_the_sandbox_gets_never_a_value(
+    proxy: EgressProxy, world: World, cache: FakeCache
+) -> None:
+    pol, placeholder = holding_secret("api.example.com")
+    gate = open_gate(proxy, world, pol)
+    with Relay(gate).connection() as conn:
+        get(conn, "http://api.example.com/files/b.whl", extra=f"X-Echo: {placeholder}\r\n")
+        get(conn, f"http://api.example.com/files/c.whl?k={placeholder}")
+    # The URL that held a placeholder is no cache key; the echo was kept scrubbed.
+    assert list(cache.files) == ["http://api.example.com/files/b.whl"]
+    kept = cache.files["http://api.example.com/files/b.whl"].read_bytes()
+    assert SECRET_VALUE.encode() not in kept and placeholder.encode() in kept
+
+
+def test_a_gate_in_a_deep_directory_still_listens(proxy: EgressProxy, world: World) -> None:
+    deep = world.directory / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    gate = proxy.open_gate(deep, policy("api.example.com"), max_connections=4, label="deep")
+    assert len(str(gate.path)) > 108 and gate.path.exists()
+    relay = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dirfd = os.open(deep, os.O_PATH)
+    try:
+        relay.connect(f"/proc/self/fd/{dirfd}/proxy.sock")
+    finally:
+        os.close(dirfd)
+    with relay:
+        mine, theirs = socket.socketpair()
+        socket.send_fds(relay, [b"c"], [theirs.fileno()])
+        theirs.close()
+        with mine:
+            mine.settimeout(10)
+            assert get(mine, "http://api.example.com/deep")[0] == 200
+    gate.close()
+    assert not gate.path.exists()

@@ -7,7 +7,7 @@ before egress existed). With one, `DaemonEgress.start`, before the pools warm:
 - builds the ceiling (`EgressCeiling.from_settings`: `[egress]`, the secrets
   file) and checks the tokens file's identities against it; a bad rule, hosts
   entry, secrets file or identity refuses the start, by name;
-- makes `<state_dir>/egress/` (0700), the interception CA in
+- makes `<state_dir>/egress/` (0711), the interception CA in
   `<state_dir>/egress/ca/` (key 0600), and the bundle sandboxes trust
   (`<state_dir>/egress/ca-bundle.pem`: the system's roots and that CA);
 - starts ONE `EgressProxy` (its own thread and loop, never the gRPC loop),
@@ -49,9 +49,10 @@ log = logging.getLogger("tooljaild.egress")
 EGRESS_DIR = "egress"
 """Under the state directory: the CA, the bundle, and each sandbox's gate directory."""
 
-EGRESS_DIR_MODE = 0o700
-"""Only the daemon's user: the CA's key is in it, and each sandbox's directory
-is bound into its sandbox by path (nobody needs to walk it)."""
+EGRESS_DIR_MODE = 0o711
+"""Passable, not listable (as the state directory): each sandbox's directory below
+it is reached by its unguessable name (egress/dirs.py); the CA's key is in
+`ca/`, which is the daemon's alone (0700)."""
 
 
 def identities_of(security: ListenerSecurity | None) -> tuple[Identity, ...]:

@@ -295,6 +295,8 @@ class Call:
             self.made = None
         self.arguments = {}
         self.stdout, self.stderr = HeadTail(0), HeadTail(0)
+        # A remembered call keeps no gate (closed, or its session's) nor its book.
+        self.gate, self.gate_mark = None, None
 
     def info(self) -> CallInfo:
         result = self.result

@@ -96,10 +96,9 @@ class FreshRunner:
             else:
                 try:
                     sandbox = await pool.acquire()
+                    return self._start(call, pool, sandbox)
                 except SandboxError as exc:
                     self._end(call, results.sandbox_failed(call, str(exc)))
-                else:
-                    return self._start(call, pool, sandbox)
         except BaseException:
             self._slots.give()
             raise
@@ -115,7 +114,10 @@ class FreshRunner:
         request = call.with_artifacts(terms.run_request(call.tool, call.arguments, call.limits))
         try:
             if not call.egress.empty:  # the gate opens as late as can be, once per call
-                request = egress.open_fresh(self._egress, call, sandbox, request)
+                try:
+                    request = egress.open_fresh(self._egress, call, sandbox, request)
+                except OSError as exc:
+                    raise SandboxError(f"cannot open the sandbox's egress gate: {exc}") from exc
             outcome = sandbox.begin(request, call.sink)
         except BaseException:
             egress.close_fresh(call)

@@ -75,10 +75,11 @@ HELLO_LIMIT = 16 * 1024
 CLOSE_TIMEOUT_S = 5.0
 """How long closing a connection may wait for its last bytes to leave."""
 
-SCANNED_BODY_LIMIT = 1024 * 1024
+SCANNED_BODY_LIMIT = 256 * 1024
 """A request body of a sandbox holding secrets, up to this size, is read and
 checked whole before anything is sent upstream; a bigger one is checked as it
-streams, and the upstream connection is cut at a leak."""
+streams, and the upstream connection is cut at a leak. As interception's
+`HOLD_BYTES`: 64 connections of a sandbox hold at most 16 MiB."""
 
 PACKAGES_HOST = "packages.tooljail.internal"
 """The proxy's own host serving the package cache by content hash (plain HTTP)."""
@@ -305,6 +306,7 @@ class _Client:
         self.writer.write(_ESTABLISHED)
         await self.writer.drain()
         book = self.gate.book
+        cache = self.proxy.cache
 
         def account(out: int, into: int) -> None:
             book.bytes(out=out, into=into)
@@ -324,6 +326,7 @@ class _Client:
             upstream_ctx=self.proxy.upstream_context(),
             account=account,
             deny=deny,
+            cache=cache if cache is not None and cache.wants(host) else None,
         )
 
     # -- plain HTTP ---------------------------------------------------------
@@ -374,6 +377,9 @@ class _Client:
             except SecretLeak as leak:
                 await self.leak(host, port, leak)
                 return False
+            except ValueError as exc:  # a value that cannot go in a header: the operator's
+                await self.send(response(500, "Internal Server Error", f"tooljail egress: {exc}\n"))
+                return False
             swapped = [(n, o) for (_, n), (_, o) in zip(headers, before, strict=True) if n != o]
             if target != path:
                 swapped.append((target, path))
@@ -387,7 +393,8 @@ class _Client:
         keep = _keep_alive(head)
         url = f"http://{authority}{path}"
         cache = self.proxy.cache
-        cached = cache is not None and head.method == "GET" and cache.wants(host)
+        # A URL that held a secret is never a cache key (nor is one by its value).
+        cached = cache is not None and head.method == "GET" and target == path and cache.wants(host)
         if cached and cache is not None:
             hit = await asyncio.get_running_loop().run_in_executor(None, cache.lookup, url)
             if hit is not None and await self.send_file(hit, head.method):
@@ -518,10 +525,18 @@ class _Client:
         if cache_url is not None and cache is not None and head.status == 200:
             writer = cache.writer(cache_url)
 
+        # The cache keeps what the sandbox gets: scrubbed, never a value.
         def chunk(piece: bytes) -> bytes:
+            out = scrubber.feed(piece) if scrubber is not None else piece
             if writer is not None:
-                writer.write(piece)
-            return scrubber.feed(piece) if scrubber is not None else piece
+                writer.write(out)
+            return out
+
+        def end() -> bytes:
+            out = scrubber.flush() if scrubber is not None else b""
+            if writer is not None:
+                writer.write(out)
+            return out
 
         try:
             copied = await copy_body(
@@ -529,7 +544,7 @@ class _Client:
                 self.writer,
                 framing,
                 on_chunk=chunk,
-                on_end=scrubber.flush if scrubber is not None else None,
+                on_end=end,
                 out=out,
             )
         except BaseException:
