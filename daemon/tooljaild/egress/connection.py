@@ -52,6 +52,7 @@ from tooljaild.egress.refusals import refusal_text, response
 from tooljaild.egress.resolve import Resolved, Unreachable, ip_literal
 from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
 from tooljaild.egress.tls import NeedMore, client_hello_sni
+from tooljaild.egress.tunnel import Tunnel
 
 if TYPE_CHECKING:
     from tooljaild.egress.gate import EgressGate
@@ -75,10 +76,11 @@ HELLO_LIMIT = 16 * 1024
 CLOSE_TIMEOUT_S = 5.0
 """How long closing a connection may wait for its last bytes to leave."""
 
-SCANNED_BODY_LIMIT = 1024 * 1024
+SCANNED_BODY_LIMIT = 256 * 1024
 """A request body of a sandbox holding secrets, up to this size, is read and
 checked whole before anything is sent upstream; a bigger one is checked as it
-streams, and the upstream connection is cut at a leak."""
+streams, and the upstream connection is cut at a leak. As interception's
+`HOLD_BYTES`: 64 connections of a sandbox hold at most 16 MiB."""
 
 PACKAGES_HOST = "packages.tooljail.internal"
 """The proxy's own host serving the package cache by content hash (plain HTTP)."""
@@ -102,7 +104,10 @@ async def serve(proxy: EgressProxy, gate: EgressGate, sock: socket.socket) -> No
     try:
         await client.run()
     finally:
-        await _close(writer)
+        if client.spliced:
+            writer.transport.close()  # the tunnel's protocol saw it end
+        else:
+            await _close(writer)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -127,6 +132,8 @@ class _Client:
         self.writer = writer
         # Whether an answer to the current request has begun (no other may follow).
         self.answered = False
+        # Whether a tunnel took the client's transport over (the streams are done).
+        self.spliced = False
 
     async def run(self) -> None:
         timeout = HEAD_TIMEOUT_S
@@ -245,14 +252,28 @@ class _Client:
         hello = await self.read_hello(host, port)
         if hello is None:
             return
-        up_reader, up_writer = await self.open_upstream(host, port, where)
-        try:
-            if hello:
-                up_writer.write(hello)
-                self.gate.book.bytes(out=len(hello))
-            await _pump_both(self.reader, self.writer, up_reader, up_writer, self.gate)
-        finally:
-            await _close(up_writer)
+        # From here on the proxy reads nothing more of the client: what it
+        # sends waits in the kernel until the tunnel takes the transport over.
+        client = self.writer.transport
+        assert isinstance(client, asyncio.Transport)  # a socket's: reads and writes
+        client.pause_reading()
+        book = self.gate.book
+        tunnel = Tunnel(lambda n: book.bytes(out=n), lambda n: book.bytes(into=n))
+        failure = "no address"
+        for address in where.addresses:
+            try:
+                await asyncio.wait_for(tunnel.connect(address, where.port), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
+                failure = str(exc) or type(exc).__name__
+                continue
+            break
+        else:
+            client.resume_reading()
+            await self.fail(502, f"could not connect to {host}:{port}: {failure}")
+        book.connection()
+        rest, ended = _take_buffered(self.reader)
+        self.spliced = True
+        await tunnel.run(client, hello + rest, ended)
 
     async def read_hello(self, host: str, port: int) -> bytes | None:
         """The tunnel's first bytes, once the ClientHello's server name is checked.
@@ -305,6 +326,7 @@ class _Client:
         self.writer.write(_ESTABLISHED)
         await self.writer.drain()
         book = self.gate.book
+        cache = self.proxy.cache
 
         def account(out: int, into: int) -> None:
             book.bytes(out=out, into=into)
@@ -324,6 +346,7 @@ class _Client:
             upstream_ctx=self.proxy.upstream_context(),
             account=account,
             deny=deny,
+            cache=cache if cache is not None and cache.wants(host) else None,
         )
 
     # -- plain HTTP ---------------------------------------------------------
@@ -374,6 +397,9 @@ class _Client:
             except SecretLeak as leak:
                 await self.leak(host, port, leak)
                 return False
+            except ValueError as exc:  # a value that cannot go in a header: the operator's
+                await self.send(response(500, "Internal Server Error", f"tooljail egress: {exc}\n"))
+                return False
             swapped = [(n, o) for (_, n), (_, o) in zip(headers, before, strict=True) if n != o]
             if target != path:
                 swapped.append((target, path))
@@ -387,7 +413,8 @@ class _Client:
         keep = _keep_alive(head)
         url = f"http://{authority}{path}"
         cache = self.proxy.cache
-        cached = cache is not None and head.method == "GET" and cache.wants(host)
+        # A URL that held a secret is never a cache key (nor is one by its value).
+        cached = cache is not None and head.method == "GET" and target == path and cache.wants(host)
         if cached and cache is not None:
             hit = await asyncio.get_running_loop().run_in_executor(None, cache.lookup, url)
             if hit is not None and await self.send_file(hit, head.method):
@@ -518,10 +545,18 @@ class _Client:
         if cache_url is not None and cache is not None and head.status == 200:
             writer = cache.writer(cache_url)
 
+        # The cache keeps what the sandbox gets: scrubbed, never a value.
         def chunk(piece: bytes) -> bytes:
+            out = scrubber.feed(piece) if scrubber is not None else piece
             if writer is not None:
-                writer.write(piece)
-            return scrubber.feed(piece) if scrubber is not None else piece
+                writer.write(out)
+            return out
+
+        def end() -> bytes:
+            out = scrubber.flush() if scrubber is not None else b""
+            if writer is not None:
+                writer.write(out)
+            return out
 
         try:
             copied = await copy_body(
@@ -529,7 +564,7 @@ class _Client:
                 self.writer,
                 framing,
                 on_chunk=chunk,
-                on_end=scrubber.flush if scrubber is not None else None,
+                on_end=end,
                 out=out,
             )
         except BaseException:
@@ -644,34 +679,16 @@ def _keep_alive(head: RequestHead) -> bool:
     return "close" not in tokens
 
 
-async def _pump_both(
-    client_reader: asyncio.StreamReader,
-    client_writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    gate: EgressGate,
-) -> None:
-    """Copy both ways until both sides are done; bytes counted in the gate's book."""
-    book = gate.book
+def _take_buffered(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    """What `reader` holds now (emptied) and whether its peer had half-closed.
 
-    async def one_way(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, out: bool
-    ) -> None:
-        try:
-            while data := await reader.read(_PIECE):
-                writer.write(data)
-                if out:
-                    book.bytes(out=len(data))
-                else:
-                    book.bytes(into=len(data))
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-        except (ConnectionError, OSError):
-            # One side broke: the other cannot be finished either.
-            client_writer.transport.abort()
-            up_writer.transport.abort()
-
-    await asyncio.gather(
-        one_way(client_reader, up_writer, True), one_way(up_reader, client_writer, False)
-    )
+    StreamReader tells neither without awaiting, so its buffer is read
+    directly; the reader is not used again (its transport was paused first).
+    """
+    buffer = getattr(reader, "_buffer", None)
+    ended = bool(getattr(reader, "_eof", False))
+    if not isinstance(buffer, bytearray):
+        return b"", ended
+    data = bytes(buffer)
+    buffer.clear()
+    return data, ended

@@ -168,7 +168,7 @@ class EgressGate:
         self._unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            listener.bind(str(self.path))
+            _bind(listener, self.path)
             os.chmod(self.path, 0o666)
             listener.listen(MAX_RELAYS)
             listener.setblocking(False)
@@ -285,6 +285,27 @@ class EgressGate:
     def _unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+_SUN_PATH_MAX = 107
+"""The longest path a Unix socket address holds (sun_path, without its NUL)."""
+
+
+def _bind(sock: socket.socket, path: Path) -> None:
+    """Bind `sock` at `path`, however deep the state directory is.
+
+    A socket address holds at most 107 bytes of path; a longer one is reached
+    through the directory's descriptor (/proc/self/fd/N/name), which the
+    kernel resolves to the same directory.
+    """
+    if len(os.fsencode(path)) <= _SUN_PATH_MAX:
+        sock.bind(str(path))
+        return
+    dirfd = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        sock.bind(f"/proc/self/fd/{dirfd}/{path.name}")
+    finally:
+        os.close(dirfd)
 
 
 def _stream_socket(fd: int) -> socket.socket | None:
