@@ -21,10 +21,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tooljaild.egress import intercept
 from tooljaild.egress.http import (
+    Framing,
     RequestHead,
     copy_body,
     read_request_head,
@@ -53,6 +55,9 @@ OTHER = HeldSecret(
     "tooljail-secret-" + "2" * 32,
 )
 POLICY = EgressPolicy(allow=(parse_rule(HOST),), secrets=(NEWS, OTHER))
+
+
+HUGE_BYTES = 48 * 1024 * 1024
 
 
 class _Sink:
@@ -120,14 +125,38 @@ class Upstream:
                 sink = _Sink()
                 await copy_body(reader, sink, request_framing(head))
                 self.requests.append((head, bytes(sink.data)))
-                writer.write(self.answer(head, bytes(sink.data)))
+                if head.target.startswith("/huge"):
+                    await self.huge(writer)
+                    continue
+                answer = self.answer(head, bytes(sink.data))
+                if head.method == "HEAD":
+                    answer = answer.partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+                writer.write(answer)
                 await writer.drain()
+                if head.target.startswith("/close"):
+                    return
         except Exception:
             pass
         finally:
             writer.close()
 
+    async def huge(self, writer: asyncio.StreamWriter) -> None:
+        """HUGE_BYTES, chunked, written as fast as the reader takes them."""
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n%s\r\n" % (64 * 1024, b"h" * 64 * 1024)
+        for _ in range(HUGE_BYTES // (64 * 1024)):
+            writer.write(piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
     def answer(self, head: RequestHead, body: bytes) -> bytes:
+        if head.target.startswith("/close"):
+            # Delimited by the close, the value in it.
+            return b"HTTP/1.1 200 OK\r\n\r\nbefore " + NEWS.value.encode() + b" after"
+        if head.target.startswith("/len"):
+            text = b"%d" % len(body)
+            return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text)
         if head.target.startswith("/big"):
             # A streamed answer bigger than the proxy holds, the value cut across pieces.
             piece = b"x" * 70_000 + NEWS.value.encode() + b"y" * 70_000
@@ -212,7 +241,8 @@ async def _request(
     await writer.drain()
     head = await asyncio.wait_for(read_response_head(reader), 10)
     sink = _Sink()
-    await copy_body(reader, sink, response_framing(head, method))
+    # out "close": the body's bytes alone, without its chunked framing.
+    await copy_body(reader, sink, response_framing(head, method), out=Framing("close"))
     return head.status, head.headers, bytes(sink.data)
 
 
@@ -287,6 +317,98 @@ async def test_package_index_answers_are_cached_and_served_from_the_cache(
     assert all(NEWS.placeholder not in url and NEWS.value not in url for url in cache.lookups)
     await _close(writer)
     await asyncio.wait_for(task, 10)
+
+
+async def test_a_big_upload_streams_whole_to_the_upstream(world: World) -> None:
+    reader, writer, task = await world.tunnel()
+    body = b"z" * (3 * intercept.HOLD_BYTES + 12345)
+    head = f"POST /len HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n\r\n"
+    status, _, answer = await _request(reader, writer, head.encode() + body, "POST")
+    assert (status, answer) == (200, str(len(body)).encode())
+    assert world.upstream.requests[0][1] == body
+    assert world.usage[0][0] > len(body)
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+async def test_close_delimited_answer_is_rechunked_and_the_client_kept(world: World) -> None:
+    reader, writer, task = await world.tunnel()
+    status, headers, body = await _request(reader, writer, _get("/close"))
+    assert status == 200
+    assert dict(headers).get("Transfer-Encoding") == "chunked"
+    assert body == b"before " + NEWS.placeholder.encode() + b" after"
+    # The sandbox's connection carries on, over a new upstream connection.
+    status, _, _ = await _request(reader, writer, _get("/again"))
+    assert status == 200
+    assert world.upstream.connections == 2
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+async def test_http10_client_gets_a_close_delimited_scrubbed_answer(world: World) -> None:
+    reader, writer, task = await world.tunnel()
+    writer.write(f"GET /big HTTP/1.0\r\nHost: {HOST}\r\n\r\n".encode())
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(-1), 10)
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"chunked" not in head.lower() and b"connection: close" in head.lower()
+    assert NEWS.value.encode() not in body
+    assert body.count(NEWS.placeholder.encode()) == 10
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+async def test_head_request_keeps_its_length_and_sends_no_body(world: World) -> None:
+    reader, writer, task = await world.tunnel()
+    status, headers, body = await _request(
+        reader, writer, f"HEAD /x HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode(), "HEAD"
+    )
+    assert status == 200 and body == b""
+    assert int(dict(headers)["Content-Length"]) > 0
+    status, _, _ = await _request(reader, writer, _get("/again"))
+    assert status == 200
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+async def test_a_sandbox_that_does_not_read_costs_bounded_memory(world: World) -> None:
+    """A huge answer to a sandbox that stops reading: backpressure reaches the
+    upstream (the proxy does not buffer the answer), and the loop stays free."""
+    process = psutil.Process()
+    reader, writer, task = await world.tunnel()
+    before = process.memory_info().rss
+    writer.write(_get("/huge"))
+    await writer.drain()
+    # Not reading for a while: a proxy without backpressure would take it all.
+    ticks = 0
+    start = time.monotonic()
+    while time.monotonic() - start < 1.0:
+        await asyncio.sleep(0.01)
+        ticks += 1
+    grown = process.memory_info().rss - before
+    assert grown < 16 * 1024 * 1024, grown
+    assert ticks > 50  # the loop kept answering meanwhile
+    head = await asyncio.wait_for(read_response_head(reader), 10)
+    assert head.status == 200
+    counter = _Counter()
+    await asyncio.wait_for(
+        copy_body(reader, counter, response_framing(head, "GET"), out=Framing("close")), 60
+    )
+    assert counter.count == HUGE_BYTES
+    await _close(writer)
+    await asyncio.wait_for(task, 10)
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def write(self, data: bytes) -> None:
+        self.count += len(data)
+
+    async def drain(self) -> None:
+        return None
 
 
 async def test_big_streamed_answer_is_scrubbed_across_pieces(world: World) -> None:
