@@ -712,6 +712,49 @@ def trust_prelude(world: World, bundle: str = "/tmp/tj-world-ca.pem") -> str:
     )
 
 
+CLIENT_LIBS = (
+    "requests", "urllib3", "idna", "certifi", "charset_normalizer",
+    "httpx", "httpcore", "h11", "anyio", "sniffio", "typing_extensions",
+)  # fmt: skip
+"""The HTTP clients the tests drive in a sandbox, with what they import."""
+
+
+def vendor_client_libs(directory: Path) -> Path:
+    """Copy this interpreter's `requests` and `httpx` (and their imports) into
+    `directory` (world-readable), for sandboxes whose interpreter lacks them.
+
+    The process backend runs /usr/bin/python3 where the sandbox uid cannot read
+    the test venv; the docker image has its own. `lib_prelude` puts the copy
+    at the END of sys.path, so an interpreter's own copy wins.
+    """
+    import importlib.util
+    import shutil
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in CLIENT_LIBS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        if spec.submodule_search_locations:
+            source = Path(next(iter(spec.submodule_search_locations)))
+            shutil.copytree(
+                source,
+                directory / name,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
+        else:
+            shutil.copy(spec.origin, directory / Path(spec.origin).name)
+    for path in (directory, *directory.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return directory
+
+
+def lib_prelude(directory: Path) -> str:
+    """Python source that makes `vendor_client_libs(directory)` importable (last)."""
+    return f"import sys as _sys\n_sys.path.append({str(directory)!r})\n"
+
+
 def host_get(url: str, world: World, *, timeout: float = 5.0) -> bytes:
     """GET `url` from the host straight to the world's server its name maps to.
 
@@ -737,6 +780,24 @@ def host_get(url: str, world: World, *, timeout: float = 5.0) -> bytes:
             chunks.append(data)
     _head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     return body
+
+
+@contextlib.contextmanager
+def short_dir(prefix: str = "tj-eg-") -> Iterator[Path]:
+    """A fresh directory with a short path (/tmp/tj-eg-XXXXXXXX), removed at exit.
+
+    For a daemon's state dir: each sandbox's gate socket lives at
+    `<state_dir>/egress/sandboxes/<32 hex>/proxy.sock`, and a Unix socket's
+    path has at most 107 bytes, so pytest's long temp paths do not fit.
+    """
+    import shutil
+
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o711)  # the sandbox uid walks through to the state dir
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ memory), or the search proves nothing.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import secrets
@@ -40,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import spawn_daemon, wait_serving
-from tests.egress_world import Request, World, trust_prelude
+from tests.egress_world import Request, World, short_dir, trust_prelude
 from tooljail import Client, ToolResult
 
 UNITS = 20
@@ -168,12 +169,11 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def canary_daemon(
-    egress_world: World, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Path, int, str]]:
+def canary_daemon(egress_world: World) -> Iterator[tuple[str, Path, int, str]]:
     """(target, base dir, metrics port, the secret's value)."""
     value = secrets.token_hex(32)
-    base = tmp_path_factory.mktemp("canary")
+    stack = contextlib.ExitStack()
+    base = stack.enter_context(short_dir("tj-canary-"))
     metrics = free_port()
     config = egress_world.write_config(
         base / "tooljail.toml",
@@ -191,6 +191,7 @@ def canary_daemon(
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(60)
+        stack.close()
 
 
 def _unit(egress_world: World, scan_windows: set[str] | None) -> str:

@@ -25,17 +25,25 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ServedDaemon
+from tests.conftest import ServedDaemon, docker_problem
 from tests.egress_world import World
 from tooljail import Client
 from tooljail.errors import InvalidArgumentsError, InvalidRequestError
 
 INDEX = "pypi.internal"
+BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
 
 
-@pytest.fixture
-def daemon(serve: Callable[..., ServedDaemon], egress_world: World) -> ServedDaemon:
-    return serve(**egress_world.settings(allow=[INDEX, "data.example.org"]), pool_size=1)
+@pytest.fixture(params=["process"])
+def daemon(
+    request: pytest.FixtureRequest, serve: Callable[..., ServedDaemon], egress_world: World
+) -> ServedDaemon:
+    """A daemon for the world on the backend the test names (process unless parametrized)."""
+    backend = str(request.param)
+    if backend == "docker" and (problem := docker_problem()) is not None:
+        pytest.skip(problem)
+    settings = egress_world.settings(allow=[INDEX, "data.example.org"])
+    return serve(**settings, backend=backend, pool_size=1)
 
 
 @pytest.fixture
@@ -58,6 +66,7 @@ def _out(result: Any) -> str:
     return str(result.data["stdout"])
 
 
+@pytest.mark.parametrize("daemon", BACKENDS, indirect=True)
 def test_pip_in_a_session_installs_for_the_next_call(client: Client, egress_world: World) -> None:
     with client.session(egress=[INDEX]) as session:
         result = session.call(
@@ -96,6 +105,7 @@ def test_pip_in_a_session_installs_for_the_next_call(client: Client, egress_worl
         assert _out(again).strip() == "tjdemo says 42"
 
 
+@pytest.mark.parametrize("daemon", BACKENDS, indirect=True)
 def test_install_packages_second_session_is_served_from_the_cache(
     client: Client, daemon: ServedDaemon, egress_world: World
 ) -> None:
@@ -174,3 +184,65 @@ def test_install_packages_without_egress_to_the_index_says_so(
     with client.session() as offline:
         result = offline.call("install_packages", {"packages": ["tjdemo"]})
         assert result.error is not None and result.error.type == "NoEgress", result.error
+
+
+def test_installs_count_in_the_workspace_quota(client: Client) -> None:
+    quota = 1024 * 1024
+    with client.session(egress=[INDEX], workspace_bytes=quota) as session:
+        # Fill the workspace but for a few KiB: the wheels no longer fit.
+        fill = "open('filler', 'wb').write(b'x' * (1024 * 1024 - 8 * 1024))"
+        _out(session.call("execute_python_code", {"code": fill}))
+        result = session.call("install_packages", {"packages": ["tjdemo"]})
+        assert result.status.value == "error", result.data
+        assert result.error is not None
+        assert "No space left" in result.error.message or "Errno 28" in result.error.message
+        # Room made, the same install fits.
+        _out(session.call("execute_python_code", {"code": "import os; os.remove('filler')"}))
+        again = session.call("install_packages", {"packages": ["tjdemo"]})
+        assert again.status.value == "success", again.error
+
+
+def test_an_install_past_its_timeout_is_stopped_and_the_session_goes_on(
+    serve: Callable[..., ServedDaemon], egress_world: World
+) -> None:
+    import socket
+    import threading
+
+    # An index that takes connections and never answers.
+    silent = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        silent.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(silent.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        port = silent.getsockname()[1]
+        daemon = serve(
+            **egress_world.settings(
+                allow=["slow.internal"],
+                index_url="http://slow.internal/simple",
+                extra_hosts={"slow.internal:80": f"127.0.0.1:{port}"},
+            ),
+            pool_size=1,
+        )
+        with Client(daemon.target) as client, client.session(egress=["slow.internal"]) as session:
+            start = time.perf_counter()
+            result = session.call("install_packages", {"packages": ["tjdemo"]}, tool_timeout_s=2)
+            assert result.status.value == "timeout", (result.message, result.error)
+            assert time.perf_counter() - start < 20
+            after = session.call("execute_python_code", {"code": "print('still here')"})
+            assert _out(after).strip() == "still here"
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        silent.close()
