@@ -173,6 +173,7 @@ def main() -> None:
         config = world.write_config(
             base / "tooljail.toml",
             allow=["api.example.com"],
+            index_url=None,
             secrets={"BENCH_KEY": (SECRET, ["api.example.com"])},
             secrets_file=base / "secrets.toml",
             log_level="WARNING",

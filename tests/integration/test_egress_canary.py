@@ -41,8 +41,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import spawn_daemon, wait_serving
-from tests.egress_world import Request, World, short_dir, trust_prelude
+from tests.egress_world import (
+    Request,
+    World,
+    lib_prelude,
+    short_dir,
+    trust_prelude,
+    vendor_client_libs,
+)
 from tooljail import Client, ToolResult
+
+LIBS: list[Path] = []
+"""Where the daemon's sandboxes find requests (set by the fixture)."""
 
 UNITS = 20
 PER_UNIT = 50
@@ -178,12 +188,16 @@ def canary_daemon(egress_world: World) -> Iterator[tuple[str, Path, int, str]]:
     config = egress_world.write_config(
         base / "tooljail.toml",
         allow=["api.example.com"],
+        index_url=None,
         secrets={"CANARY_KEY": (value, ["api.example.com"])},
         secrets_file=base / "secrets.toml",
         log_level="DEBUG",
         metrics_listen=f"127.0.0.1:{metrics}",
     )
-    process, target, base = spawn_daemon(base, "--config", str(config))
+    tools = base / "tools"  # no tools: a directory sandboxes see, for the client libs
+    tools.mkdir(mode=0o755)
+    LIBS[:] = [vendor_client_libs(tools / "_libs")]
+    process, target, base = spawn_daemon(base, "--config", str(config), "--tools-dir", str(tools))
     try:
         wait_serving(target, process, base / "daemon.log")
         yield target, base, metrics, value
@@ -195,15 +209,17 @@ def canary_daemon(egress_world: World) -> Iterator[tuple[str, Path, int, str]]:
 
 
 def _unit(egress_world: World, scan_windows: set[str] | None) -> str:
-    code = trust_prelude(egress_world) + f"N = {PER_UNIT}\n" + REQUESTS
+    libs = lib_prelude(LIBS[0])
+    code = libs + trust_prelude(egress_world) + f"N = {PER_UNIT}\n" + REQUESTS
     if scan_windows is not None:
         code += f"SECRET_WINDOWS = {sorted(scan_windows)!r}\n" + SCAN
     return code
 
 
 def _scan(result: ToolResult) -> dict[str, object]:
-    lines = [line for line in result.data["stdout"].splitlines() if line.startswith("SCAN ")]
-    assert lines, result
+    data = result.data if isinstance(result.data, dict) else {}
+    lines = [line for line in data.get("stdout", "").splitlines() if line.startswith("SCAN ")]
+    assert lines, (result.status, result.error, data.get("stderr"))
     report: dict[str, object] = json.loads(lines[-1].removeprefix("SCAN "))
     return report
 
@@ -246,7 +262,7 @@ def test_a_secret_used_1000_times_appears_nowhere(
                     if scan:
                         scans.append(_scan(results[-1]))
         for result in results:
-            assert result.ok, result
+            assert result.ok, (result.status, result.error, (result.data or {}).get("stderr"))
         stored = [client.get_call(r.call_id) for r in results]
 
     # The world's server got the value every time, never the placeholder.

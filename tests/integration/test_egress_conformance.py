@@ -317,6 +317,14 @@ def assert_refused(
 # --------------------------------------------------------------------------- allowed
 
 
+def test_the_sandbox_runs_on_the_backend_named(client: Client, egress_daemon: EgressDaemon) -> None:
+    result = client.call(
+        "execute_python_code", {"code": "import os; print(os.path.exists('/.dockerenv'))"}
+    )
+    assert result.ok, why(result)
+    assert result.data["stdout"] == f"{egress_daemon.backend == 'docker'}\n"
+
+
 def test_requests_reaches_an_allowed_https_host(
     client: Client, egress_daemon: EgressDaemon
 ) -> None:
