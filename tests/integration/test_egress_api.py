@@ -279,14 +279,17 @@ def _free_port() -> int:
 
 
 def _denials(port: int) -> dict[str, float]:
+    """`tooljail_egress_denials_total` by reason; "open" is the connections gauge."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    return {
-        s.labels["reason"]: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == "tooljail_egress_denials_total"
-    }
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "tooljail_egress_denials_total":
+                found[sample.labels["reason"]] = sample.value
+            elif sample.name == "tooljail_egress_connections":
+                found["open"] = sample.value
+    return found
 
 
 def _wait_log(daemon: RunningDaemon, text: str, timeout: float = 20.0) -> None:
@@ -332,7 +335,7 @@ def test_a_bad_reload_keeps_the_old_policy_and_a_good_one_replaces_it(
                 "execute_python_code", {"code": GET_OTHER}, egress=["data.example.org"]
             )
             assert [d.reason for d in denied.egress_denied] == ["not_allowed"]
-            assert _denials(port).get("not_allowed") == 1.0
+            assert _denials(port) == {"not_allowed": 1.0, "open": 0.0}
             # A wider ceiling and a secrets file others may read: the old policy stays.
             config.write_text(to_toml(wider))
             secrets.chmod(0o644)

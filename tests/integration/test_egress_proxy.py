@@ -42,6 +42,8 @@ from tooljaild.egress.usage import MAX_DENIALS
 
 # -- the world: recording servers -------------------------------------------
 
+BIG = bytes(range(256)) * (32 * 1024)  # 8 MiB
+
 
 @dataclass
 class Record:
@@ -72,6 +74,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 (self.command, self.path, {k.lower(): v for k, v in self.headers.items()})
             )
         body = b"hello from " + self.server.label.encode() + b" " + body_in[:64]
+        if self.path == "/big":
+            body = BIG
         if self.headers.get("X-Echo"):
             body += b" echo=" + self.headers["X-Echo"].encode()
         self.send_response(200)
@@ -1004,3 +1008,52 @@ def test_a_gate_in_a_deep_directory_still_listens(proxy: EgressProxy, world: Wor
             assert get(mine, "http://api.example.com/deep")[0] == 200
     gate.close()
     assert not gate.path.exists()
+
+
+def test_a_tunnel_that_is_not_tls_passes_to_the_allowed_port_with_half_close(
+    proxy: EgressProxy, world: World
+) -> None:
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    mark = gate.mark()
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "api.example.com:80")[0] == 200
+        conn.sendall(b"GET /in-tunnel HTTP/1.0\r\nHost: api.example.com\r\n\r\n")
+        conn.shutdown(socket.SHUT_WR)  # the half-close reaches the server
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.") and data.endswith(b"hello from http ")
+    assert world.http.record.requests[0][1] == "/in-tunnel"
+    usage, _ = gate.since(mark)
+    assert usage.connections == 1 and usage.bytes_in == len(data)
+
+
+def test_closing_the_gate_cuts_its_open_tunnels(proxy: EgressProxy, world: World) -> None:
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "api.example.com:443")[0] == 200
+        with tls_client(world).wrap_socket(conn, server_hostname="api.example.com") as tls:
+            assert get(tls, "/open", host="api.example.com")[0] == 200
+            gate.close()
+            tls.settimeout(5)
+            with pytest.raises((ssl.SSLError, OSError)):
+                tls.sendall(b"GET /after HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+                if not tls.recv(1):
+                    raise ConnectionError("closed")
+    assert gate.open_connections == 0
+
+
+def test_a_big_download_through_a_tunnel_is_whole_and_counted(
+    proxy: EgressProxy, world: World
+) -> None:
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    mark = gate.mark()
+    with Relay(gate).connection() as conn:
+        assert connect_tunnel(conn, "api.example.com:443")[0] == 200
+        with tls_client(world).wrap_socket(conn, server_hostname="api.example.com") as tls:
+            tls.sendall(b"GET /big HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+            time.sleep(0.3)  # a slow reader: the proxy must hold back, not buffer all
+            status, _, body = read_response(tls)
+    assert status == 200 and body == BIG
+    usage, _ = gate.since(mark)
+    assert usage.bytes_in > len(BIG)

@@ -52,6 +52,7 @@ from tooljaild.egress.refusals import refusal_text, response
 from tooljaild.egress.resolve import Resolved, Unreachable, ip_literal
 from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
 from tooljaild.egress.tls import NeedMore, client_hello_sni
+from tooljaild.egress.tunnel import Tunnel
 
 if TYPE_CHECKING:
     from tooljaild.egress.gate import EgressGate
@@ -103,7 +104,10 @@ async def serve(proxy: EgressProxy, gate: EgressGate, sock: socket.socket) -> No
     try:
         await client.run()
     finally:
-        await _close(writer)
+        if client.spliced:
+            writer.transport.close()  # the tunnel's protocol saw it end
+        else:
+            await _close(writer)
 
 
 async def _close(writer: asyncio.StreamWriter) -> None:
@@ -128,6 +132,8 @@ class _Client:
         self.writer = writer
         # Whether an answer to the current request has begun (no other may follow).
         self.answered = False
+        # Whether a tunnel took the client's transport over (the streams are done).
+        self.spliced = False
 
     async def run(self) -> None:
         timeout = HEAD_TIMEOUT_S
@@ -246,14 +252,28 @@ class _Client:
         hello = await self.read_hello(host, port)
         if hello is None:
             return
-        up_reader, up_writer = await self.open_upstream(host, port, where)
-        try:
-            if hello:
-                up_writer.write(hello)
-                self.gate.book.bytes(out=len(hello))
-            await _pump_both(self.reader, self.writer, up_reader, up_writer, self.gate)
-        finally:
-            await _close(up_writer)
+        # From here on the proxy reads nothing more of the client: what it
+        # sends waits in the kernel until the tunnel takes the transport over.
+        client = self.writer.transport
+        assert isinstance(client, asyncio.Transport)  # a socket's: reads and writes
+        client.pause_reading()
+        book = self.gate.book
+        tunnel = Tunnel(lambda n: book.bytes(out=n), lambda n: book.bytes(into=n))
+        failure = "no address"
+        for address in where.addresses:
+            try:
+                await asyncio.wait_for(tunnel.connect(address, where.port), CONNECT_TIMEOUT_S)
+            except (OSError, TimeoutError) as exc:
+                failure = str(exc) or type(exc).__name__
+                continue
+            break
+        else:
+            client.resume_reading()
+            await self.fail(502, f"could not connect to {host}:{port}: {failure}")
+        book.connection()
+        rest, ended = _take_buffered(self.reader)
+        self.spliced = True
+        await tunnel.run(client, hello + rest, ended)
 
     async def read_hello(self, host: str, port: int) -> bytes | None:
         """The tunnel's first bytes, once the ClientHello's server name is checked.
@@ -659,34 +679,16 @@ def _keep_alive(head: RequestHead) -> bool:
     return "close" not in tokens
 
 
-async def _pump_both(
-    client_reader: asyncio.StreamReader,
-    client_writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    gate: EgressGate,
-) -> None:
-    """Copy both ways until both sides are done; bytes counted in the gate's book."""
-    book = gate.book
+def _take_buffered(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    """What `reader` holds now (emptied) and whether its peer had half-closed.
 
-    async def one_way(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, out: bool
-    ) -> None:
-        try:
-            while data := await reader.read(_PIECE):
-                writer.write(data)
-                if out:
-                    book.bytes(out=len(data))
-                else:
-                    book.bytes(into=len(data))
-                await writer.drain()
-            if writer.can_write_eof():
-                writer.write_eof()
-        except (ConnectionError, OSError):
-            # One side broke: the other cannot be finished either.
-            client_writer.transport.abort()
-            up_writer.transport.abort()
-
-    await asyncio.gather(
-        one_way(client_reader, up_writer, True), one_way(up_reader, client_writer, False)
-    )
+    StreamReader tells neither without awaiting, so its buffer is read
+    directly; the reader is not used again (its transport was paused first).
+    """
+    buffer = getattr(reader, "_buffer", None)
+    ended = bool(getattr(reader, "_eof", False))
+    if not isinstance(buffer, bytearray):
+        return b"", ended
+    data = bytes(buffer)
+    buffer.clear()
+    return data, ended
