@@ -18,11 +18,12 @@ import logging
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from tooljaild.egress import connection
+from tooljaild.egress.client_conn import CacheWriter, PackageCacheLike
 from tooljaild.egress.gate import EgressGate
 from tooljaild.egress.hosts import HostsMap
 from tooljaild.egress.policy import EgressPolicy
@@ -32,30 +33,14 @@ from tooljaild.egress.resolve import Lookup, Resolver
 if TYPE_CHECKING:
     from tooljaild.egress.tls import InterceptCA
 
+__all__ = ["THREAD_NAME", "CacheWriter", "EgressProxy", "PackageCacheLike"]
+
 log = logging.getLogger("tooljaild.egress")
 
 THREAD_NAME = "tooljail-egress"
 
 OPEN_TIMEOUT_S = 10.0
 """How long `open_gate` waits for the loop to listen."""
-
-
-class CacheWriter(Protocol):
-    """Where a response body is written while it streams to the client."""
-
-    def write(self, data: bytes) -> None: ...
-    def commit(self) -> object: ...
-    def abort(self) -> None: ...
-
-
-class PackageCacheLike(Protocol):
-    """What the proxy needs of the package cache (`egress/package_cache.py`)."""
-
-    index_hosts: Collection[str]
-
-    def wants(self, host: str) -> bool: ...
-    def lookup(self, url: str) -> Path | None: ...
-    def writer(self, url: str) -> CacheWriter | None: ...
 
 
 class EgressProxy:

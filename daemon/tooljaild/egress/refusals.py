@@ -47,7 +47,7 @@ def may_reach(allow: Sequence[Rule]) -> str:
     """What a sandbox may reach, shortened to `SHOWN_RULES` rules."""
     if not allow:
         return "nothing"
-    shown = ", ".join(rule.text for rule in allow[:SHOWN_RULES])
+    shown = ", ".join(rule.describe() for rule in allow[:SHOWN_RULES])
     more = len(allow) - SHOWN_RULES
     return f"{shown} and {more} more" if more > 0 else shown
 
