@@ -26,7 +26,6 @@ begins with `trust_prelude` (the sandbox's own bundle + the test CA).
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import signal
 import threading
@@ -43,7 +42,6 @@ from tests.egress_world import (
     Seen,
     World,
     lib_prelude,
-    short_dir,
     trust_prelude,
     vendor_client_libs,
 )
@@ -67,7 +65,6 @@ TOOLS = '''
 """User tools of the egress conformance suite."""
 
 import base64
-import contextlib
 import json
 import os
 import urllib.request
@@ -210,13 +207,15 @@ BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
 def egress_daemon(
     request: pytest.FixtureRequest,
     egress_world: World,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[EgressDaemon]:
     """`tooljail serve --backend NAME` for the world, shared by the module."""
     backend = str(request.param)
     if backend == "docker" and (problem := docker_problem()) is not None:
         pytest.skip(problem)
-    stack = contextlib.ExitStack()
-    base = stack.enter_context(short_dir(f"tj-eg-{backend[:4]}-"))
+    # pytest's temp dirs are deep: each gate's socket path passes sun_path's
+    # 107 bytes here, which the daemon must handle.
+    base = tmp_path_factory.mktemp(f"egress-{backend}")
     tools = base / "tools"
     tools.mkdir(mode=0o755)
     (tools / "egress_tools.py").write_text(TOOLS)
@@ -242,7 +241,6 @@ def egress_daemon(
             except Exception:
                 process.kill()
                 process.wait(10)
-        stack.close()
 
 
 @pytest.fixture
