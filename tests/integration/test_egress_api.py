@@ -38,6 +38,7 @@ from tests.conftest import RunningDaemon, ServedDaemon, spawn_daemon, wait_servi
 from tests.egress_world import World, to_toml, write_secrets
 from tooljail import Client
 from tooljail.errors import (
+    CallIdConflictError,
     CallNotFoundError,
     EgressUnavailableError,
     InvalidRequestError,
@@ -130,6 +131,25 @@ def test_asking_beyond_the_ceiling_is_refused_by_rule_before_anything_runs(
     assert allowed.usage.net_bytes_out > 0 and allowed.usage.net_bytes_in > 0
     seen = egress_world.since(mark)
     assert [r.host for r in seen.requests] == ["data.example.org"], seen
+
+
+def test_a_retry_under_one_call_id_with_other_rules_is_a_conflict_not_the_stored_answer(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    """A call id names one call: the same id asking for other egress rules (or none)
+    must not be answered with the first call's result, which ran with other rights."""
+    with Client(egress_daemon.target) as client:
+        first = client.call(
+            "execute_python_code", {"code": GET_DATA}, call_id="one-id", egress=["data.example.org"]
+        )
+        assert first.ok, first
+        again = client.call(
+            "execute_python_code", {"code": GET_DATA}, call_id="one-id", egress=["data.example.org"]
+        )
+        assert again.call_id == first.call_id and again.data == first.data
+        for other in ({"egress": ["data.example.org:80"]}, {}):
+            with pytest.raises(CallIdConflictError, match="one-id"):
+                client.call("execute_python_code", {"code": GET_DATA}, call_id="one-id", **other)
 
 
 def test_a_call_that_asks_for_nothing_has_no_network(

@@ -231,7 +231,8 @@ def known_call(existing: Call, tool: Tool, fingerprint: str) -> Call | None:
     if existing.fingerprint != fingerprint:
         raise CallIdConflictError(
             f"call id {existing.call_id!r} is already used by a call of "
-            f"{existing.tool.name!r} with other arguments; use a new id"
+            f"{existing.tool.name!r} with other arguments (or other egress rules or "
+            "secrets); use a new id"
         )
     if existing.state is CallState.LOST and tool.options.idempotent:
         return None

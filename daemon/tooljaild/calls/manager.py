@@ -260,7 +260,9 @@ class CallManager:
         else:
             arguments = terms.parse_arguments(tool, asked.arguments_json, self._settings)
         timeout = terms.timeout_for(tool, asked.timeout_s, self._settings)
-        fingerprint = terms.fingerprint(tool.name, arguments, asked.session_id)
+        fingerprint = terms.fingerprint(
+            tool.name, arguments, asked.session_id, asked.egress, asked.secrets
+        )
         known, rerun = self._book.known(asked.call_id, tool, fingerprint)
         if known is not None:
             return known

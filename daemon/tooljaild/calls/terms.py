@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,11 +145,21 @@ def limits_for(tool: Tool, settings: Settings) -> Limits:
     return limits
 
 
-def fingerprint(tool: str, arguments: dict[str, Any], session_id: str = "") -> str:
-    """What makes two requests under one call id the same call: tool, arguments and
-    the session it runs in (outside a session, the same fingerprint as before
-    sessions existed: journals keep answering retries across the upgrade)."""
+def fingerprint(
+    tool: str,
+    arguments: dict[str, Any],
+    session_id: str = "",
+    egress: Sequence[str] = (),
+    secrets: Sequence[str] = (),
+) -> str:
+    """What makes two requests under one call id the same call: tool, arguments,
+    the session it runs in, and the egress rules and secrets it asked for (what
+    asks for none of these has the same fingerprint as before they existed:
+    journals keep answering retries across the upgrade). A retry that asks for
+    other rules is another call, not the stored one's answer."""
     parts: list[Any] = [tool, arguments, session_id] if session_id else [tool, arguments]
+    if egress or secrets:
+        parts.append({"egress": sorted(egress), "secrets": sorted(secrets)})
     canonical = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
