@@ -22,6 +22,7 @@
     ├── PermissionDeniedError (PermissionError)  PERMISSION_DENIED, code "permission_denied"
     ├── NotAwaitingApprovalError                 FAILED_PRECONDITION, code "not_awaiting_approval"
     ├── EgressUnavailableError                   FAILED_PRECONDITION, code "egress_unavailable"
+    ├── SessionRequiredError                     FAILED_PRECONDITION, code "session_required"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -61,6 +62,7 @@ __all__ = [
     "PermissionDeniedError",
     "SessionEndedError",
     "SessionNotFoundError",
+    "SessionRequiredError",
     "ShuttingDownError",
     "ToolNotFoundError",
     "TooljailError",
@@ -295,6 +297,13 @@ class EgressUnavailableError(TooljailError):
     code = "egress_unavailable"
 
 
+class SessionRequiredError(TooljailError):
+    """The tool works on a session (`install_packages` installs into one) and the
+    call names none: create a session and call the tool in it."""
+
+    code = "session_required"
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -358,6 +367,7 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         PermissionDeniedError,
         NotAwaitingApprovalError,
         EgressUnavailableError,
+        SessionRequiredError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

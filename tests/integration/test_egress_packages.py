@@ -28,7 +28,7 @@ import pytest
 from tests.conftest import ServedDaemon, docker_problem
 from tests.egress_world import World
 from tooljail import Client
-from tooljail.errors import InvalidArgumentsError, InvalidRequestError
+from tooljail.errors import InvalidArgumentsError, SessionRequiredError
 
 INDEX = "pypi.internal"
 BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
@@ -156,7 +156,7 @@ def test_install_packages_second_session_is_served_from_the_cache(
 
 
 def test_install_packages_needs_a_session(client: Client) -> None:
-    with pytest.raises(InvalidRequestError, match="works on a session"):
+    with pytest.raises(SessionRequiredError, match="works on a session"):
         client.call("install_packages", {"packages": ["tjdemo"]})
 
 

@@ -64,6 +64,7 @@ EXPECTED_ALL = {
     # Egress (issue 23).
     "EgressDenial",
     "EgressUnavailableError",
+    "SessionRequiredError",
 }
 
 
@@ -104,6 +105,7 @@ EXPECTED_ERRORS_ALL = {
     "PermissionDeniedError",
     "NotAwaitingApprovalError",
     "EgressUnavailableError",
+    "SessionRequiredError",
 }
 
 

@@ -74,6 +74,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_PERMISSION_DENIED: _ClassVar[ErrorCode]
     ERROR_CODE_NOT_AWAITING_APPROVAL: _ClassVar[ErrorCode]
     ERROR_CODE_EGRESS_UNAVAILABLE: _ClassVar[ErrorCode]
+    ERROR_CODE_SESSION_REQUIRED: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -124,6 +125,7 @@ ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_NOT_AWAITING_APPROVAL: ErrorCode
 ERROR_CODE_EGRESS_UNAVAILABLE: ErrorCode
+ERROR_CODE_SESSION_REQUIRED: ErrorCode
 
 class GetDaemonInfoRequest(_message.Message):
     __slots__ = ()

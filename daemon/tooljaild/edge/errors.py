@@ -46,6 +46,7 @@ from tooljail.errors import (
     PermissionDeniedError,
     SessionEndedError,
     SessionNotFoundError,
+    SessionRequiredError,
     ShuttingDownError,
     TooljailError,
     ToolNotFoundError,
@@ -83,6 +84,7 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     NotAwaitingApprovalError: grpc.StatusCode.FAILED_PRECONDITION,
     # Retrying cannot help: the daemon's config has no [egress] section.
     EgressUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
+    SessionRequiredError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 

@@ -22,6 +22,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from tooljail.errors import TooljailError
 from tooljaild.egress.hosts import HostsMap
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import refusal_text, response
@@ -79,8 +80,11 @@ class ProxyLike(Protocol):
     def deny(self, gate: EgressGate, host: str, port: int, reason: str, rule: str) -> None: ...
 
 
-class Done(Exception):
-    """The connection was answered (a refusal or an error) and must close."""
+class Done(TooljailError):
+    """The connection was answered (a refusal or an error) and must close.
+
+    Control flow inside the proxy's loop, never raised past a connection; in the
+    daemon's error tree like every exception the daemon defines."""
 
 
 async def close_writer(writer: asyncio.StreamWriter) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tooljail.errors import InvalidRequestError, TooljailError
+from tooljail.errors import SessionRequiredError, TooljailError
 from tooljaild.settings.config import Settings
 from tooljaild.tools.in_daemon import Handler
 
@@ -46,10 +46,7 @@ class BuiltinRun:
 
 def session_required(tool: str) -> TooljailError:
     """What a call of a `BuiltinRun.needs_session` tool without a session is refused with."""
-    # Its status should be FAILED_PRECONDITION, which needs a wire code of its
-    # own (proto ErrorCode "session_required"); until the proto has one, it is
-    # INVALID_ARGUMENT ("invalid_request"), with the same words.
-    return InvalidRequestError(
+    return SessionRequiredError(
         f"{tool} works on a session and this call names none: call it with the "
         "session_id of an open session (create one with CreateSession, with egress "
         "allowing the package index)"
