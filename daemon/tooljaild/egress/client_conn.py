@@ -86,6 +86,9 @@ class Done(TooljailError):
     Control flow inside the proxy's loop, never raised past a connection; in the
     daemon's error tree like every exception the daemon defines."""
 
+    def __init__(self, message: str = "the connection was answered and closes") -> None:
+        super().__init__(message)
+
 
 async def close_writer(writer: asyncio.StreamWriter) -> None:
     """Close `writer`, waiting (bounded) for its last bytes to leave, else abort."""

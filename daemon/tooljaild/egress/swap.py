@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterable, Sequence
 from urllib.parse import quote, unquote
 
+from tooljail.errors import TooljailError
 from tooljaild.egress.policy import HeldSecret
 
 # Header values are checked after the swap as http.py checks them on read: a
@@ -32,7 +33,7 @@ _BASIC = re.compile(r"(?i)(basic)([ \t]+)([A-Za-z0-9+/=_-]+)")
 _BASIC_HEADERS = ("authorization", "proxy-authorization")
 
 
-class SecretLeak(Exception):
+class SecretLeak(TooljailError):
     """A secret's placeholder was on its way to a host the secret is not for.
 
     Attributes:

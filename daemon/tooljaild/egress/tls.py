@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from tooljail.errors import TooljailError
+
 CA_VALIDITY = datetime.timedelta(days=3650)
 """How long the interception CA is valid (it is re-made when it has expired)."""
 LEAF_VALIDITY = datetime.timedelta(days=1)
@@ -44,8 +46,11 @@ _MAX_HELLO = 64 * 1024
 """A ClientHello bigger than this is not one a client sends; refused unread."""
 
 
-class NeedMore(Exception):
+class NeedMore(TooljailError):
     """The bytes so far are the start of a TLS ClientHello, but not all of it."""
+
+    def __init__(self, message: str = "the ClientHello is not whole yet: read more") -> None:
+        super().__init__(message)
 
 
 def _now() -> datetime.datetime:
