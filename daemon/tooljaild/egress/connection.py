@@ -27,14 +27,14 @@ from tooljaild.egress.client_conn import (
     ProxyLike,
     close_writer,
 )
-from tooljaild.egress.http import (
+from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
     HeadClosed,
     RequestHead,
-    parse_target,
     read_request_head,
 )
+from tooljaild.egress.http_targets import parse_target
 from tooljaild.egress.intercept import serve_intercepted
 from tooljaild.egress.plain import PlainHttp
 from tooljaild.egress.policy import EgressPolicy

@@ -29,21 +29,19 @@ from tooljaild.egress.client_conn import (
     Done,
     close_writer,
 )
-from tooljaild.egress.http import (
+from tooljaild.egress.http_bodies import as_chunked, copy_body
+from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
     Framing,
     HeadClosed,
     RequestHead,
     ResponseHead,
-    as_chunked,
-    copy_body,
-    parse_authority,
-    parse_target,
     read_response_head,
     request_framing,
     response_framing,
 )
+from tooljaild.egress.http_targets import parse_authority, parse_target
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import response
 from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
