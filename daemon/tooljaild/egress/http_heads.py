@@ -243,7 +243,7 @@ async def read_request_head(
 
     Args:
         reader: the client's stream. The caller bounds the wait (wrap in
-            `asyncio.wait_for`): this function never times out by itself.
+            `asyncio.timeout`): this function never times out by itself.
         limit: the most bytes the whole head may take.
 
     Raises:

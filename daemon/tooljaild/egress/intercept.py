@@ -115,4 +115,5 @@ async def serve_intercepted(
             await tls.close()
         raw_writer.close()
         with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-            await asyncio.wait_for(raw_writer.wait_closed(), 1.0)
+            async with asyncio.timeout(1.0):
+                await raw_writer.wait_closed()

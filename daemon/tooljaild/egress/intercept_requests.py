@@ -132,7 +132,8 @@ class Interception:
     async def _one(self) -> bool:
         """Serve one request; whether the connection stays open for another."""
         try:
-            head = await asyncio.wait_for(read_request_head(self._tls.reader), IDLE_TIMEOUT_S)
+            async with asyncio.timeout(IDLE_TIMEOUT_S):
+                head = await read_request_head(self._tls.reader)
         except (HeadClosed, TimeoutError, ConnectionError):
             return False
         except BadRequest as exc:

@@ -112,16 +112,14 @@ class Upstream:
             return self._up[1]
         await self.drop()
         try:
-            self._up = await asyncio.wait_for(
-                asyncio.open_connection(
+            async with asyncio.timeout(UPSTREAM_TIMEOUT_S):
+                self._up = await asyncio.open_connection(
                     self._addr[0],
                     self._addr[1],
                     ssl=self._ctx,
                     server_hostname=self._host,
                     ssl_handshake_timeout=UPSTREAM_TIMEOUT_S,
-                ),
-                UPSTREAM_TIMEOUT_S,
-            )
+                )
         except ssl.SSLCertVerificationError as exc:
             raise UpstreamError(f"its certificate did not verify: {exc.verify_message}") from exc
         except (OSError, ssl.SSLError, TimeoutError) as exc:
@@ -135,7 +133,8 @@ class Upstream:
             self._up = None
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await writer.wait_closed()
 
 
 class HeldWriter:
@@ -207,7 +206,8 @@ async def pass_answer(
     up_reader = upstream.reader
     try:
         while True:
-            head = await asyncio.wait_for(read_response_head(up_reader), UPSTREAM_TIMEOUT_S)
+            async with asyncio.timeout(UPSTREAM_TIMEOUT_S):
+                head = await read_response_head(up_reader)
             if head.status == 101:
                 raise UpstreamError("it switched protocols, which the proxy does not carry")
             if head.status >= 200:

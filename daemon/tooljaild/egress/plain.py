@@ -203,7 +203,8 @@ class PlainHttp(ClientConn):
         """Relay upstream's answer to the client; True when the client connection stays open."""
         try:
             while True:
-                head = await asyncio.wait_for(read_response_head(up_reader), IDLE_TIMEOUT_S)
+                async with asyncio.timeout(IDLE_TIMEOUT_S):
+                    head = await read_response_head(up_reader)
                 # Interim answers (100 Continue, 103 Early Hints) are not passed on.
                 if head.status >= 200 or head.status == 101:
                     break
