@@ -436,10 +436,12 @@ def test_accepted_tcp_socket_works_as_the_relay_passes_it(proxy: EgressProxy, wo
         client = socket.create_connection(listener.getsockname())
         accepted, _ = listener.accept()
         relay.pass_fd(accepted.fileno())
-        accepted.close()
-        with client:
+        with client, accepted:
             client.settimeout(10)
             status, _, _ = get(client, "http://api.example.com/tcp")
+            # The proxy's writes to the sandbox are not held by Nagle: asyncio
+            # sets TCP_NODELAY on the passed socket (ours is the same socket).
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     assert status == 200
 
 
