@@ -17,6 +17,7 @@ import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from tooljail.errors import TooljailError
 from tooljaild.egress.http_bodies import BodyWriter, as_chunked, copy_body
 from tooljaild.egress.http_heads import (
     NO_BODY,
@@ -59,8 +60,11 @@ class CacheWriter(Protocol):
     def abort(self) -> None: ...
 
 
-class UpstreamError(Exception):
-    """The upstream could not be reached or answered badly (the sandbox gets a 502)."""
+class UpstreamError(TooljailError):
+    """The upstream could not be reached or answered badly (the sandbox gets a 502).
+
+    Control flow inside an intercepted connection, never raised past it; in the
+    daemon's error tree like every exception the daemon defines."""
 
 
 def forwardable(headers: Headers) -> Headers:
