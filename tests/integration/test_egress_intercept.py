@@ -1,4 +1,4 @@
-"""egress/intercept.py against a real local TLS upstream and a client trusting the CA.
+"""egress/intercept*.py against a real local TLS upstream and a client trusting the CA.
 
 The upstream is an HTTPS server on loopback with a certificate for
 api.example.com from its own authority (the proxy's upstream trust is set to
@@ -24,17 +24,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tooljaild.egress import intercept
-from tooljaild.egress.http import (
+from tooljaild.egress.http_bodies import copy_body
+from tooljaild.egress.http_heads import (
     Framing,
     RequestHead,
-    copy_body,
     read_request_head,
     read_response_head,
     request_framing,
     response_framing,
 )
 from tooljaild.egress.intercept import serve_intercepted
+from tooljaild.egress.intercept_upstream import HOLD_BYTES
 from tooljaild.egress.policy import EgressPolicy, HeldSecret
 from tooljaild.egress.rules import parse_rule
 from tooljaild.egress.tls import InterceptCA, upstream_context
@@ -321,7 +321,7 @@ async def test_package_index_answers_are_cached_and_served_from_the_cache(
 
 async def test_a_big_upload_streams_whole_to_the_upstream(world: World) -> None:
     reader, writer, task = await world.tunnel()
-    body = b"z" * (3 * intercept.HOLD_BYTES + 12345)
+    body = b"z" * (3 * HOLD_BYTES + 12345)
     head = f"POST /len HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n\r\n"
     status, _, answer = await _request(reader, writer, head.encode() + body, "POST")
     assert (status, answer) == (200, str(len(body)).encode())
@@ -416,7 +416,7 @@ async def test_big_streamed_answer_is_scrubbed_across_pieces(world: World) -> No
     status, headers, body = await _request(reader, writer, _get("/big"))
     assert status == 200
     assert dict(headers).get("Transfer-Encoding") == "chunked"
-    assert len(body) > intercept.HOLD_BYTES
+    assert len(body) > HOLD_BYTES
     assert NEWS.value.encode() not in body
     assert body.count(NEWS.placeholder.encode()) == 10
     await _close(writer)
@@ -465,7 +465,7 @@ async def test_a_leak_is_refused_and_nothing_reaches_upstream(
 
 async def test_a_leak_late_in_a_big_body_never_completes_a_request(world: World) -> None:
     reader, writer, task = await world.tunnel()
-    body = b"a" * (intercept.HOLD_BYTES + 200_000) + OTHER.placeholder.encode()
+    body = b"a" * (HOLD_BYTES + 200_000) + OTHER.placeholder.encode()
     writer.write(
         f"POST /upload HTTP/1.1\r\nHost: {HOST}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     )

@@ -59,6 +59,9 @@ class Record:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Head and body go out in two writes: with Nagle on, the body would wait
+    # for the proxy's delayed ACK of the head (the world's delay, not the proxy's).
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -433,10 +436,12 @@ def test_accepted_tcp_socket_works_as_the_relay_passes_it(proxy: EgressProxy, wo
         client = socket.create_connection(listener.getsockname())
         accepted, _ = listener.accept()
         relay.pass_fd(accepted.fileno())
-        accepted.close()
-        with client:
+        with client, accepted:
             client.settimeout(10)
             status, _, _ = get(client, "http://api.example.com/tcp")
+            # The proxy's writes to the sandbox are not held by Nagle: asyncio
+            # sets TCP_NODELAY on the passed socket (ours is the same socket).
+            assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
     assert status == 200
 
 
@@ -858,6 +863,48 @@ def test_a_placeholder_sent_elsewhere_is_a_leak(
     assert denials(gate) == {"secret_leak": 1}
 
 
+def _nagle_get(
+    context: ssl.SSLContext, relay: Relay, *, session: ssl.SSLSession | None = None
+) -> Any:
+    """One GET through an intercepted tunnel on a passed TCP socket, Nagle left on
+    (as http.client, so urllib, leaves it): the time from the handshake's end to
+    the answer, the client's TLS session, whether it was resumed."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        relay.pass_fd(accepted.fileno())
+        accepted.close()
+    with client:
+        client.settimeout(10)
+        assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        status, _ = connect_tunnel(client, "api.example.com:443")
+        assert status == 200
+        with context.wrap_socket(client, server_hostname="api.example.com", session=session) as tls:
+            began = time.perf_counter()
+            status, _, body = get(tls, "/nagle", host="api.example.com")
+            took = time.perf_counter() - began
+            assert status == 200 and body == b"hello from https "
+            return took, tls.session, tls.session_reused
+
+
+def test_an_intercepted_tunnel_does_not_hold_a_nagle_client_for_a_delayed_ack(
+    proxy: EgressProxy, world: World
+) -> None:
+    """After the client's Finished the proxy sends a TLS 1.3 ticket, which carries
+    the ACK; without it a Nagle client's request waited out the peer's delayed
+    ACK (40 ms and more, every connection)."""
+    pol, _ = holding_secret("api.example.com")
+    relay = Relay(open_gate(proxy, world, pol))
+    context = ssl.create_default_context(cadata=proxy.ca.cert_pem.decode())
+    runs = [_nagle_get(context, relay) for _ in range(3)]
+    assert min(took for took, _, _ in runs) < 0.030, runs
+    session = runs[-1][1]
+    assert session is not None and session.has_ticket and not runs[-1][2]
+    # The ticket resumes toward the same host (its leaf's context) only.
+    _, _, reused = _nagle_get(context, relay, session=session)
+    assert reused
+
+
 # -- the package cache ----------------------------------------------------------------
 
 
@@ -1040,6 +1087,11 @@ def test_closing_the_gate_cuts_its_open_tunnels(proxy: EgressProxy, world: World
                 tls.sendall(b"GET /after HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
                 if not tls.recv(1):
                     raise ConnectionError("closed")
+    # close() cancels the connections' tasks; the client may see its end a
+    # loop turn before the task is done.
+    deadline = time.monotonic() + 5
+    while gate.open_connections and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert gate.open_connections == 0
 
 

@@ -1,4 +1,4 @@
-"""egress/http.py: strict, bounded HTTP/1.1 heads and body framing."""
+"""egress/http_heads.py, http_bodies.py, http_targets.py: strict, bounded HTTP/1.1 messages."""
 
 from __future__ import annotations
 
@@ -7,22 +7,20 @@ from typing import Any
 
 import pytest
 
-from tooljaild.egress.http import (
+from tooljaild.egress.http_bodies import as_chunked, copy_body
+from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
     Framing,
     HeadClosed,
     RequestHead,
     ResponseHead,
-    as_chunked,
-    copy_body,
-    parse_authority,
-    parse_target,
     read_request_head,
     read_response_head,
     request_framing,
     response_framing,
 )
+from tooljaild.egress.http_targets import parse_authority, parse_target
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:

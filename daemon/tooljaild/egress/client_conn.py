@@ -94,7 +94,8 @@ async def close_writer(writer: asyncio.StreamWriter) -> None:
     """Close `writer`, waiting (bounded) for its last bytes to leave, else abort."""
     writer.close()
     try:
-        await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+            await writer.wait_closed()
     except (TimeoutError, OSError):
         writer.transport.abort()
 
@@ -146,7 +147,8 @@ class ClientConn:
     async def send(self, data: bytes) -> None:
         with contextlib.suppress(ConnectionError, OSError):
             self.writer.write(data)
-            await asyncio.wait_for(self.writer.drain(), CLOSE_TIMEOUT_S)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await self.writer.drain()
 
     # -- destinations -------------------------------------------------------
 
@@ -179,9 +181,8 @@ class ClientConn:
         failure = "no address"
         for address in where.addresses:
             try:
-                opened = await asyncio.wait_for(
-                    asyncio.open_connection(address, where.port), CONNECT_TIMEOUT_S
-                )
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    opened = await asyncio.open_connection(address, where.port)
             except (OSError, TimeoutError) as exc:
                 failure = str(exc) or type(exc).__name__
                 continue

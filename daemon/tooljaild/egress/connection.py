@@ -27,14 +27,14 @@ from tooljaild.egress.client_conn import (
     ProxyLike,
     close_writer,
 )
-from tooljaild.egress.http import (
+from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
     HeadClosed,
     RequestHead,
-    parse_target,
     read_request_head,
 )
+from tooljaild.egress.http_targets import parse_target
 from tooljaild.egress.intercept import serve_intercepted
 from tooljaild.egress.plain import PlainHttp
 from tooljaild.egress.policy import EgressPolicy
@@ -73,7 +73,11 @@ class _Client(PlainHttp):
         timeout = HEAD_TIMEOUT_S
         while True:
             try:
-                head = await asyncio.wait_for(read_request_head(self.reader), timeout)
+                # asyncio.timeout, not wait_for: wait_for runs its awaitable
+                # in a task of its own, a loop turn or two per step of every
+                # connection (the same below).
+                async with asyncio.timeout(timeout):
+                    head = await read_request_head(self.reader)
             except (HeadClosed, TimeoutError, OSError):
                 return
             except BadRequest as exc:
@@ -125,7 +129,8 @@ class _Client(PlainHttp):
         failure = "no address"
         for address in where.addresses:
             try:
-                await asyncio.wait_for(tunnel.connect(address, where.port), CONNECT_TIMEOUT_S)
+                async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                    await tunnel.connect(address, where.port)
             except (OSError, TimeoutError) as exc:
                 failure = str(exc) or type(exc).__name__
                 continue
@@ -171,9 +176,8 @@ class _Client(PlainHttp):
                 return None
             left = deadline - loop.time()
             try:
-                more = await asyncio.wait_for(
-                    self.reader.read(HELLO_LIMIT - len(data)), max(left, 0)
-                )
+                async with asyncio.timeout(max(left, 0)):
+                    more = await self.reader.read(HELLO_LIMIT - len(data))
             except TimeoutError:
                 if not data:
                     return b""

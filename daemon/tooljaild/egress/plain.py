@@ -29,21 +29,19 @@ from tooljaild.egress.client_conn import (
     Done,
     close_writer,
 )
-from tooljaild.egress.http import (
+from tooljaild.egress.http_bodies import as_chunked, copy_body
+from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
     Framing,
     HeadClosed,
     RequestHead,
     ResponseHead,
-    as_chunked,
-    copy_body,
-    parse_authority,
-    parse_target,
     read_response_head,
     request_framing,
     response_framing,
 )
+from tooljaild.egress.http_targets import parse_authority, parse_target
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import response
 from tooljaild.egress.swap import BodyLeakScanner, ResponseScrubber, SecretLeak, swap_request
@@ -205,7 +203,8 @@ class PlainHttp(ClientConn):
         """Relay upstream's answer to the client; True when the client connection stays open."""
         try:
             while True:
-                head = await asyncio.wait_for(read_response_head(up_reader), IDLE_TIMEOUT_S)
+                async with asyncio.timeout(IDLE_TIMEOUT_S):
+                    head = await read_response_head(up_reader)
                 # Interim answers (100 Continue, 103 Early Hints) are not passed on.
                 if head.status >= 200 or head.status == 101:
                     break

@@ -172,7 +172,8 @@ class Lookup:
         if mapped is not None:
             return Resolved((mapped[0],), mapped[1], mapped=True)
         try:
-            found = await asyncio.wait_for(self._resolver(host, port), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                found = await self._resolver(host, port)
         except TimeoutError:
             return Unreachable(
                 "resolve_failed", f"{host} did not resolve within {self._timeout_s:g} s"

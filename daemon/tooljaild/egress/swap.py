@@ -26,7 +26,7 @@ from urllib.parse import quote, unquote
 from tooljail.errors import TooljailError
 from tooljaild.egress.policy import HeldSecret
 
-# Header values are checked after the swap as http.py checks them on read: a
+# Header values are checked after the swap as http_heads.py checks them on read: a
 # value holding CR or LF would split the header it is put in.
 _FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
 _BASIC = re.compile(r"(?i)(basic)([ \t]+)([A-Za-z0-9+/=_-]+)")
@@ -61,7 +61,7 @@ def _swap_text(
         # In a URL the value goes percent-encoded: a value holding "&" or "/"
         # must not change the query or path around it.
         # In a header the value goes as its UTF-8 bytes, held as latin-1 text
-        # the way http.py holds every header value.
+        # the way http_heads.py holds every header value.
         value = (
             quote(secret.value, safe="-._~")
             if url

@@ -235,9 +235,13 @@ class InterceptCA:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.set_alpn_protocols(["http/1.1"])
-        # No TLS 1.3 session tickets: a sandbox's client rarely resumes, and
-        # each ticket costs the proxy an encryption per handshake.
-        context.num_tickets = 0
+        # One TLS 1.3 session ticket, sent right after the client's Finished:
+        # it carries the ACK of that Finished. With none, nothing goes back,
+        # and a client that leaves Nagle on (http.client, so urllib) holds its
+        # request until the delayed ACK fires, 40 ms later. The ticket key is
+        # this context's own, and contexts are per host: a ticket cannot
+        # resume a session toward another host.
+        context.num_tickets = 1
         _load_chain(context, chain)
         return context
 

@@ -1,13 +1,16 @@
-"""HTTP/1.1 message heads and body framing for the egress proxy: strict and bounded.
+"""HTTP/1.1 message heads for the egress proxy: strict and bounded.
 
 The proxy reads what a sandbox sends and what an upstream answers; both are
 untrusted. Everything here is bounded before it is buffered: a head is at most
-`limit` bytes (64 KiB), a line at most 8 KiB, at most 100 header fields; a body
-is copied in pieces, never held whole. Anything a lenient parser would "repair"
-(obs-fold, both Content-Length and Transfer-Encoding, a bad or conflicting
-Content-Length, whitespace before a colon, control characters) is refused with
-`BadRequest` (`BadResponse` for an upstream's answer), because two parsers that
-repair differently are how requests get smuggled past a proxy.
+`limit` bytes (64 KiB), a line at most 8 KiB, at most 100 header fields.
+Anything a lenient parser would "repair" (obs-fold, both Content-Length and
+Transfer-Encoding, a bad or conflicting Content-Length, whitespace before a
+colon, control characters) is refused with `BadRequest` (`BadResponse` for an
+upstream's answer), because two parsers that repair differently are how
+requests get smuggled past a proxy. A head's framing (how its body is
+delimited) is read here too, so a head that is returned can be framed; the
+body itself is copied by `http_bodies`, a proxy request's target read by
+`http_targets`.
 
 Heads are re-serialised by `to_bytes()` (CRLF, one space after the colon), so
 what goes on is what was checked, never the bytes as received.
@@ -17,9 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple
 
 HEAD_LIMIT = 64 * 1024
 """Default bound on a whole head (request or status line plus header fields)."""
@@ -27,8 +29,6 @@ LINE_LIMIT = 8 * 1024
 """Bound on one line of a head, a chunk-size line or a trailer line."""
 MAX_HEADERS = 100
 """Bound on the header fields of one head (and on the trailer fields of a body)."""
-_PIECE = 64 * 1024
-"""How much of a body is read at once."""
 _MAX_EMPTY_LINES = 4
 """Empty lines tolerated before a request line (some clients send CRLF after a body)."""
 
@@ -40,9 +40,6 @@ _REQUEST_TARGET = re.compile(rb"[\x21-\x7e]+")
 _VERSION = re.compile(rb"HTTP/1\.[01]")
 _STATUS = re.compile(rb"[0-9]{3}")
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_REG_NAME = re.compile(r"[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9_-]*[a-z0-9])?)*")
-_PORT = re.compile(r"[0-9]{1,5}")
 
 
 class BadRequest(Exception):
@@ -144,16 +141,16 @@ class ResponseHead:
         return line + _headers_bytes(self.headers) + b"\r\n"
 
 
-class _Budget:
-    """What is left of a head's byte budget."""
+class Budget:
+    """What is left of a head's (or a trailer's) byte budget."""
 
     def __init__(self, limit: int) -> None:
         self.left = limit
 
 
-async def _read_line(
+async def read_line(
     reader: asyncio.StreamReader,
-    budget: _Budget | None,
+    budget: Budget | None,
     error: type[BadRequest],
     *,
     first: bytes = b"",
@@ -187,14 +184,14 @@ async def _read_line(
     return line
 
 
-async def _read_fields(
-    reader: asyncio.StreamReader, budget: _Budget | None, error: type[BadRequest]
+async def read_fields(
+    reader: asyncio.StreamReader, budget: Budget | None, error: type[BadRequest]
 ) -> Headers:
     """Header (or trailer) fields up to the empty line."""
     headers: Headers = []
     while True:
         try:
-            line = await _read_line(reader, budget, error)
+            line = await read_line(reader, budget, error)
         except asyncio.IncompleteReadError as exc:
             raise error("the connection closed before the head ended") from exc
         if not line:
@@ -213,7 +210,7 @@ async def _read_fields(
 
 
 async def _first_line(
-    reader: asyncio.StreamReader, budget: _Budget, error: type[BadRequest], *, skip_empty: int
+    reader: asyncio.StreamReader, budget: Budget, error: type[BadRequest], *, skip_empty: int
 ) -> bytes:
     started = False
     for _ in range(skip_empty + 1):
@@ -224,7 +221,7 @@ async def _first_line(
             started = True
             if first not in b"\r\n" and not _TOKEN.fullmatch(first):
                 raise error("not an HTTP/1.1 message (a request must begin with a method)")
-            line = await _read_line(reader, budget, error, first=first)
+            line = await read_line(reader, budget, error, first=first)
         except asyncio.IncompleteReadError as exc:
             if started:
                 raise error("the connection closed before the head ended") from exc
@@ -246,7 +243,7 @@ async def read_request_head(
 
     Args:
         reader: the client's stream. The caller bounds the wait (wrap in
-            `asyncio.wait_for`): this function never times out by itself.
+            `asyncio.timeout`): this function never times out by itself.
         limit: the most bytes the whole head may take.
 
     Raises:
@@ -255,7 +252,7 @@ async def read_request_head(
             including more than one Host header and a bad or conflicting framing
             (checked here so that a head that is returned can be framed).
     """
-    budget = _Budget(limit)
+    budget = Budget(limit)
     line = await _first_line(reader, budget, BadRequest, skip_empty=_MAX_EMPTY_LINES)
     parts = line.split(b" ")
     if len(parts) != 3:
@@ -265,7 +262,7 @@ async def read_request_head(
         raise BadRequest("not an HTTP/1.1 request line")
     if not _REQUEST_TARGET.fullmatch(target):
         raise BadRequest("a malformed request target")
-    headers = await _read_fields(reader, budget, BadRequest)
+    headers = await read_fields(reader, budget, BadRequest)
     head = RequestHead(
         method.decode("ascii"), target.decode("ascii"), version.decode("ascii"), headers
     )
@@ -283,7 +280,7 @@ async def read_response_head(
         HeadClosed: the stream ended before the first byte.
         BadResponse: not an HTTP/1.x status line, over a bound, or malformed.
     """
-    budget = _Budget(limit)
+    budget = Budget(limit)
     line = await _first_line(reader, budget, BadResponse, skip_empty=0)
     parts = line.split(b" ", 2)
     if len(parts) < 2:
@@ -294,7 +291,7 @@ async def read_response_head(
         raise BadResponse("not an HTTP/1.1 status line")
     if not _FIELD_VALUE.fullmatch(reason):
         raise BadResponse("a control character in the status line")
-    headers = await _read_fields(reader, budget, BadResponse)
+    headers = await read_fields(reader, budget, BadResponse)
     return ResponseHead(version.decode("ascii"), int(status), reason.decode("latin-1"), headers)
 
 
@@ -362,215 +359,3 @@ def response_framing(head: ResponseHead, request_method: str) -> Framing:
     if request_method.upper() == "CONNECT" and 200 <= head.status < 300:
         return NO_BODY
     return _framing(head.headers, head.version, BadResponse, default=Framing("close"))
-
-
-def as_chunked(headers: Headers) -> Headers:
-    """`headers` re-framed as chunked: Content-Length and Transfer-Encoding
-    dropped, `Transfer-Encoding: chunked` added.
-
-    For a body whose length `on_chunk` may change (a scrubbed response): the
-    length announced before the body can no longer be known. HTTP/1.1 only.
-    """
-    kept = [(k, v) for k, v in headers if k.lower() not in ("content-length", "transfer-encoding")]
-    return [*kept, ("Transfer-Encoding", "chunked")]
-
-
-class BodyWriter(Protocol):
-    """Where a body is copied to: an `asyncio.StreamWriter`, or anything that
-    writes and drains like one (the interception's TLS stream)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-
-class Copied(NamedTuple):
-    """Bytes of a body read from one side and written to the other (framing included)."""
-
-    read: int
-    written: int
-
-
-async def copy_body(
-    reader: asyncio.StreamReader,
-    writer: BodyWriter,
-    framing: Framing,
-    *,
-    on_chunk: Callable[[bytes], bytes] | None = None,
-    on_end: Callable[[], bytes] | None = None,
-    out: Framing | None = None,
-) -> Copied:
-    """Copy one body from `reader` to `writer`, piece by piece, and re-frame it.
-
-    Args:
-        framing: how the body is delimited on `reader`.
-        on_chunk: sees every piece of the body's data and returns what to send
-            instead (a scanner raises to stop the copy; a scrubber rewrites).
-        on_end: called once at the end of the data; what it returns is sent last
-            (a scrubber's held-back tail).
-        out: how to frame it on `writer`; default `framing`. "length" with an
-            `on_chunk` that changes lengths is refused when it happens
-            (`ValueError`): pass `Framing("chunked")` (HTTP/1.1 peer, head
-            re-framed with `as_chunked`) or `Framing("close")` instead.
-            Trailer fields of a chunked body are read (bounded) and dropped:
-            nothing in them reaches the other side unchecked.
-
-    Returns:
-        The bytes read from `reader` and written to `writer`, framing included.
-
-    Raises:
-        BadRequest: a malformed chunk (`BadResponse` for nothing else: callers
-            know which side they read). asyncio.IncompleteReadError is mapped to
-            BadRequest too ("closed mid-body").
-    """
-    out = framing if out is None else out
-    read = 0
-    written = 0
-    sent_data = 0
-
-    async def emit(data: bytes) -> None:
-        nonlocal written, sent_data
-        if not data:
-            return
-        if out.kind == "chunked":
-            frame = b"%x\r\n" % len(data) + data + b"\r\n"
-        else:
-            if out.kind == "length" and sent_data + len(data) > out.length:
-                raise ValueError("the body grew past its Content-Length")
-            frame = data
-        sent_data += len(data)
-        writer.write(frame)
-        written += len(frame)
-        await writer.drain()
-
-    async def piece(data: bytes) -> None:
-        await emit(on_chunk(data) if on_chunk is not None else data)
-
-    try:
-        if framing.kind == "length":
-            left = framing.length
-            while left:
-                data = await reader.read(min(left, _PIECE))
-                if not data:
-                    raise BadRequest("the connection closed in the middle of a body")
-                read += len(data)
-                left -= len(data)
-                await piece(data)
-        elif framing.kind == "close":
-            while data := await reader.read(_PIECE):
-                read += len(data)
-                await piece(data)
-        elif framing.kind == "chunked":
-            while True:
-                line = await _read_line(reader, None, BadRequest)
-                read += len(line) + 2
-                size_text = line.split(b";", 1)[0].strip(b" \t")
-                if not _CHUNK_SIZE.fullmatch(size_text):
-                    raise BadRequest("a malformed chunk size")
-                size = int(size_text, 16)
-                if size == 0:
-                    break
-                left = size
-                while left:
-                    data = await reader.read(min(left, _PIECE))
-                    if not data:
-                        raise BadRequest("the connection closed in the middle of a chunk")
-                    read += len(data)
-                    left -= len(data)
-                    await piece(data)
-                end = await reader.readexactly(2)
-                read += 2
-                if end != b"\r\n":
-                    raise BadRequest("a chunk not followed by CRLF")
-            trailer_budget = _Budget(HEAD_LIMIT)
-            await _read_fields(reader, trailer_budget, BadRequest)
-            read += HEAD_LIMIT - trailer_budget.left
-    except asyncio.IncompleteReadError as exc:
-        raise BadRequest("the connection closed in the middle of a body") from exc
-    if on_end is not None:
-        await emit(on_end())
-    if out.kind == "chunked" and framing.kind != "none":
-        writer.write(b"0\r\n\r\n")
-        written += 5
-        await writer.drain()
-    elif out.kind == "length" and sent_data != out.length:
-        raise ValueError("the body's length changed: frame it as chunked")
-    return Copied(read, written)
-
-
-def _split_authority(authority: str) -> tuple[str, int | None]:
-    """(host, port) of `host[:port]` or `[v6][:port]`; host lowercased and checked."""
-    if "@" in authority:
-        raise BadRequest("userinfo in the request target")
-    if authority.startswith("["):
-        end = authority.find("]")
-        if end < 0:
-            raise BadRequest("a malformed IPv6 address")
-        host = authority[1:end].lower()
-        rest = authority[end + 1 :]
-        if not re.fullmatch(r"[0-9a-f:.]+", host):
-            raise BadRequest("a malformed IPv6 address")
-        if rest and not rest.startswith(":"):
-            raise BadRequest("a malformed authority")
-        port_text = rest[1:] if rest else None
-    else:
-        host, colon, port_text_ = authority.rpartition(":")
-        if not colon:
-            host, port_text = authority, None
-        else:
-            port_text = port_text_
-        host = host.lower()
-        if host.endswith("."):
-            host = host[:-1]
-        if not _REG_NAME.fullmatch(host):
-            raise BadRequest("a malformed host name")
-    if port_text is None:
-        return host, None
-    if not _PORT.fullmatch(port_text) or not 0 < int(port_text) < 65536:
-        raise BadRequest("a malformed port")
-    return host, int(port_text)
-
-
-def parse_authority(authority: str) -> tuple[str, int | None]:
-    """(host, port or None) of a Host header or authority; host lowercased,
-    one trailing dot stripped, IPv6 without brackets.
-
-    Raises:
-        BadRequest: userinfo, a malformed name, address or port.
-    """
-    return _split_authority(authority)
-
-
-def parse_target(head: RequestHead) -> tuple[str, str, int, str]:
-    """(scheme, host, port, path) of a proxy request's target.
-
-    absolute-form `http://host[:port]/path?query` (scheme "http" or "https",
-    default port 80 / 443, path "/" when empty); CONNECT's authority-form
-    `host:port` (scheme "", path "", port required).
-
-    Raises:
-        BadRequest: origin-form or another form a proxy is not sent, userinfo,
-            a malformed host or port.
-    """
-    if head.method.upper() == "CONNECT":
-        host, port = _split_authority(head.target)
-        if port is None:
-            raise BadRequest("CONNECT needs host:port")
-        return "", host, port, ""
-    scheme, sep, rest = head.target.partition("://")
-    scheme = scheme.lower()
-    if not sep or scheme not in ("http", "https"):
-        raise BadRequest("a proxy request needs an absolute http:// URL")
-    cut = len(rest)
-    for mark in "/?#":
-        at = rest.find(mark)
-        if 0 <= at < cut:
-            cut = at
-    authority, path = rest[:cut], rest[cut:]
-    if not authority:
-        raise BadRequest("an absolute URL without a host")
-    host, port = _split_authority(authority)
-    path = path.split("#", 1)[0]
-    if not path.startswith("/"):
-        path = "/" + path
-    return scheme, host, port if port is not None else (443 if scheme == "https" else 80), path
