@@ -758,12 +758,38 @@ def test_close_unlinks_and_stops(proxy: EgressProxy, world: World) -> None:
     conn.close()
 
 
+def test_opening_and_closing_a_gate_never_wait_for_a_busy_egress_loop(
+    proxy: EgressProxy, world: World
+) -> None:
+    """The daemon's gRPC loop opens and closes gates: a proxy loop held up (by a
+    flood, by TLS work) must not hold it up too. The gate still works once the
+    loop is free (a relay that came meanwhile waited in the backlog)."""
+    proxy.start()
+    loop = proxy._loop
+    assert loop is not None
+    loop.call_soon_threadsafe(time.sleep, 1.0)  # the egress loop is busy for 1 s
+    started = time.monotonic()
+    gate = open_gate(proxy, world, policy("api.example.com"))
+    spare = open_gate(proxy, world, policy("api.example.com"), name="spare")
+    spare.close()
+    took = time.monotonic() - started
+    assert took < 0.3, f"open/close waited {took:.3f} s for the busy egress loop"
+    with Relay(gate).connection() as conn:
+        assert get(conn, "http://api.example.com/late")[0] == 200
+    gate.close()
+
+
 def test_closed_gates_leave_nothing_behind(proxy: EgressProxy, world: World) -> None:
     for i in range(50):
         gate = open_gate(proxy, world, policy("api.example.com"), name=f"n{i}")
         with Relay(gate).connection() as conn:
             get(conn, "http://evil.example.com/")  # a denial: a log entry for the gate
         gate.close()
+    # close() never waits for the egress loop (the gRPC loop calls it): the
+    # loop lets go of what the gates held on its next turns.
+    deadline = time.monotonic() + 5
+    while (proxy.gates or proxy.connections) and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert proxy.gates == 0
     assert proxy.connections == 0
     assert proxy._denial_log._per_gate == {}

@@ -19,7 +19,6 @@ next message is read, and denials are kept in a bounded book.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -126,8 +125,11 @@ class EgressGate:
     def close(self) -> None:
         """Stop listening, close relays and connections, unlink the socket.
 
-        Idempotent and thread-safe; from another thread it returns when the
-        loop has done it (bounded: 10 s), on the loop itself at once.
+        Idempotent and thread-safe, and never waits for the egress loop: from
+        another thread (the daemon's gRPC loop) the socket is unlinked at once,
+        so no new relay reaches the gate, and the rest is the egress loop's next
+        turn. A loop busy with a flood of connections must not stall the
+        thread that closes a call's gate.
         """
         with self._close_lock:
             if self._closed:
@@ -144,27 +146,25 @@ class EgressGate:
         if running is self._loop:
             self._shut()
             return
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def shut() -> None:
-            try:
-                self._shut()
-            finally:
-                future.set_result(None)
-
+        self._unlink()
         try:
-            self._loop.call_soon_threadsafe(shut)
+            self._loop.call_soon_threadsafe(self._shut)
         except RuntimeError:  # the loop stopped meanwhile
-            self._unlink()
             self._forget(self)
-            return
-        with contextlib.suppress(concurrent.futures.TimeoutError):
-            future.result(timeout=10)
 
     # -- on the loop --------------------------------------------------------
 
     def listen(self) -> None:
-        """Create and listen on `proxy.sock` (mode 0666: the directory is the secret)."""
+        """Create and listen on `proxy.sock`, and watch it; on the loop."""
+        self.bind()
+        self.watch()
+
+    def bind(self) -> None:
+        """Create and listen on `proxy.sock` (mode 0666: the directory is the secret).
+
+        Any thread: plain system calls, no loop. A relay that connects before
+        `watch` runs waits in the listen backlog.
+        """
         self._unlink()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -176,7 +176,12 @@ class EgressGate:
             listener.close()
             raise
         self._listener = listener
-        self._loop.add_reader(listener.fileno(), self._accept_relays)
+
+    def watch(self) -> None:
+        """Accept relays from the bound socket; on the loop (closed meanwhile: nothing)."""
+        listener = self._listener
+        if listener is not None and not self._closed:
+            self._loop.add_reader(listener.fileno(), self._accept_relays)
 
     def _accept_relays(self) -> None:
         listener = self._listener

@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from tooljail.errors import TooljailError
+
 HEAD_LIMIT = 64 * 1024
 """Default bound on a whole head (request or status line plus header fields)."""
 LINE_LIMIT = 8 * 1024
@@ -42,7 +44,7 @@ _STATUS = re.compile(rb"[0-9]{3}")
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
 
 
-class BadRequest(Exception):
+class BadRequest(TooljailError):
     """A message the proxy will not read: not HTTP/1.x, too big, or badly framed.
 
     `reason` is a short text a person can act on; it never quotes header values

@@ -39,9 +39,6 @@ log = logging.getLogger("tooljaild.egress")
 
 THREAD_NAME = "tooljail-egress"
 
-OPEN_TIMEOUT_S = 10.0
-"""How long `open_gate` waits for the loop to listen."""
-
 
 class EgressProxy:
     """Every gate of the daemon, served by one loop in one thread.
@@ -123,7 +120,10 @@ class EgressProxy:
     ) -> EgressGate:
         """A new gate listening on `directory/proxy.sock`; thread-safe.
 
-        Starts the proxy if needed. Returns once the socket listens.
+        Starts the proxy if needed. Returns once the socket listens, without
+        waiting for the egress loop (which may be busy with another sandbox's
+        flood): the socket is bound here, and the loop starts accepting on its
+        next turn; a relay that connects sooner waits in the backlog.
 
         Raises:
             RuntimeError: called on the egress loop itself, or the proxy stopped.
@@ -146,12 +146,14 @@ class EgressProxy:
             forget=self._forget,
         )
 
-        async def listen() -> None:
-            gate.listen()
-
-        asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=OPEN_TIMEOUT_S)
+        gate.bind()
         with self._lock:
             self._gates.add(gate)
+        try:
+            loop.call_soon_threadsafe(gate.watch)
+        except RuntimeError:  # stopped meanwhile
+            gate.close()
+            raise RuntimeError("the egress proxy is stopped") from None
         return gate
 
     def reconfigure(self, *, hosts: HostsMap, upstream_ca_file: Path | None) -> None:
