@@ -342,4 +342,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.longrepr = f"skipped in CI, which must provide what this test needs: {reason}"
 
 
-from tests.egress_world import egress_world  # noqa: E402, F401  (the egress tests' local world)
+# The egress tests' local world, a session fixture. Not where this file is copied
+# alone into a scratch project (tests/unit/test_ci_policy.py), which has no `tests`.
+if __name__ == "tests.conftest":
+    from tests.egress_world import egress_world  # noqa: F401

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,8 +199,12 @@ def _known(*wheels: Path) -> list[dict[str, Any]]:
 
 
 def test_remembered_wheels_come_from_the_cache_checked_without_pip(
-    tmp_path: Path, proxy: type[_FakeProxy]
+    tmp_path: Path, proxy: type[_FakeProxy], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # urllib's shared opener, as code of an earlier call (or another test) left it:
+    # built before the proxy was in the environment. The cache must not depend on it.
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    monkeypatch.setattr(urllib.request, "_opener", no_proxy)
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     demo = make_wheel(wheels, "demo", "1.0", "from helperlib import VALUE\n")

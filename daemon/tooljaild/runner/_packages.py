@@ -365,7 +365,10 @@ def _fetch(sha256: str) -> bytes | None:
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         return None
     try:
-        with urllib.request.urlopen(CACHE_URL + sha256, timeout=60) as response:
+        # An opener of its own: urlopen's shared one keeps the proxies of the
+        # environment it first saw (code of an earlier call may have made it).
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler())
+        with opener.open(CACHE_URL + sha256, timeout=60) as response:
             data: bytes = response.read(MAX_WHEEL_BYTES + 1)
     except (urllib.error.URLError, OSError, ValueError):
         return None
