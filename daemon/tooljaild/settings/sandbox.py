@@ -167,7 +167,8 @@ class DockerSandboxConfig(BaseModel):
     """The engine: "unix:///path" or "tcp://host:port"; None: DOCKER_HOST, else the
     local socket. It must run on this host (sandboxes bind-mount local directories)."""
     network: bool = False
-    """Give sandboxes the engine's default network; False: no network at all (none)."""
+    """Give sandboxes the engine's default network, unfiltered (no egress rules,
+    no secrets, DNS open); False: no network but what `[egress]` allows."""
     python: str = "/usr/bin/python3"
     """The interpreter in the image that runs the runner and the tools."""
     user: str = "65534:65534"
@@ -234,8 +235,9 @@ class SandboxProfile(BaseModel):
     """The docker image: a sandbox image's name ("python") or a full reference
     with a "/"; None: the daemon's `docker.image`."""
     network: bool | None = None
-    """Give the container the engine's default network; None: the daemon's
-    `docker.network` (off unless configured)."""
+    """Give the container the engine's default network, unfiltered (egress rules
+    are the filtered way out); None: the daemon's `docker.network` (off unless
+    configured)."""
     egress: list[str] | None = None
     """Egress rules the tool's calls may reach through the daemon's proxy
     ("api.example.com", "*.example.org:443"; see docs/egress.md), within its
