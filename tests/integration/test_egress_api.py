@@ -24,6 +24,8 @@ import json
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -150,6 +152,37 @@ def test_a_retry_under_one_call_id_with_other_rules_is_a_conflict_not_the_stored
         for other in ({"egress": ["data.example.org:80"]}, {}):
             with pytest.raises(CallIdConflictError, match="one-id"):
                 client.call("execute_python_code", {"code": GET_DATA}, call_id="one-id", **other)
+
+
+def test_the_cli_asks_for_egress_for_a_call_and_a_session(
+    egress_daemon: ServedDaemon, egress_world: World
+) -> None:
+    """`tooljail call --egress` and `tooljail sessions open --egress`, as an operator
+    at a shell would; a rule beyond the ceiling is refused with the rule named."""
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tooljaild", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    code = json.dumps({"code": GET_DATA})
+    target = ("--target", egress_daemon.target)
+    ran = cli("call", *target, "--egress", "data.example.org", "execute_python_code", code)
+    assert ran.returncode == 0, ran.stderr
+    assert "hello from http" in ran.stdout
+    refused = cli("call", *target, "--egress", "other.example.net", "execute_python_code", code)
+    assert refused.returncode != 0 and "other.example.net" in refused.stderr, refused
+    opened = cli("sessions", "open", *target, "--egress", "data.example.org")
+    assert opened.returncode == 0, opened.stderr
+    session_id = opened.stdout.strip()
+    try:
+        ran = cli("call", *target, "--session", session_id, "execute_python_code", code)
+        assert ran.returncode == 0 and "hello from http" in ran.stdout, ran.stderr
+    finally:
+        cli("sessions", "close", *target, session_id)
 
 
 def test_a_call_that_asks_for_nothing_has_no_network(

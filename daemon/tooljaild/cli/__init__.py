@@ -27,7 +27,14 @@ from tooljaild.cli import artifacts as cli_artifacts
 from tooljaild.cli import calls, host, serve
 from tooljaild.cli import mcp as cli_mcp
 from tooljaild.cli import sessions as cli_sessions
-from tooljaild.cli.common import EXIT_OK, EXIT_TOOL_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, Exit
+from tooljaild.cli.common import (
+    EXIT_OK,
+    EXIT_TOOL_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Exit,
+    egress_arguments,
+)
 from tooljaild.cli.credentials import add_credential_options
 from tooljaild.cli.extras import MissingExtraError, require_extra
 from tooljaild.settings.sandbox import KINDS
@@ -129,6 +136,7 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--timeout", type=float, help="seconds before the call times out")
     call.add_argument("--call-id", help="idempotency key for this call")
     call.add_argument("--session", metavar="ID", help="run in this session (tooljail sessions)")
+    egress_arguments(call, "the call's sandbox")
     call.add_argument("--json", action="store_true", help="print the final result as JSON")
 
     get = sub.add_parser("get", help="show a call's state and result")

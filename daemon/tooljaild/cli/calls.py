@@ -127,6 +127,8 @@ def call(args: argparse.Namespace) -> int:
                 tool_timeout_s=args.timeout,
                 call_id=args.call_id,
                 session_id=args.session,
+                egress=args.egress,
+                secrets=args.secret,
             ):
                 if isinstance(item, Output):
                     out = (

@@ -24,6 +24,7 @@ __all__ = [
     "EXIT_USAGE",
     "Exit",
     "connect",
+    "egress_arguments",
     "load_settings_or_exit",
     "refused",
     "with_client",
@@ -42,6 +43,24 @@ class Exit(SystemExit):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code: int = code
+
+
+def egress_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--egress RULE` and `--secret NAME`, each repeatable (docs/egress.md)."""
+    parser.add_argument(
+        "--egress",
+        action="append",
+        metavar="RULE",
+        help=f"a host {what} may reach, e.g. api.example.com or *.example.org:443 "
+        "(repeat for more; within the daemon's [egress] and your identity's)",
+    )
+    parser.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help=f"a secret {what} holds: a placeholder in its environment that the "
+        "proxy swaps for the value, only toward the secret's hosts (repeatable)",
+    )
 
 
 def load_settings_or_exit(config: Path | None, **overrides: Any) -> Settings:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, with_client
+from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, egress_arguments, with_client
 
 if TYPE_CHECKING:
     from tooljail import Client, SessionInfo
@@ -107,6 +107,7 @@ def add_parser(
         action="store_true",
         help="processes a call starts outlive the call (until the session ends)",
     )
+    egress_arguments(opening, "the session")
     opening.add_argument("--json", action="store_true", help="print the session as JSON")
 
     listing = actions.add_parser(
@@ -169,6 +170,8 @@ def _open(client: Client, args: argparse.Namespace) -> int:
         cpus=args.cpus,
         workspace_bytes=args.workspace,
         keep_processes=args.keep_processes,
+        egress=args.egress,
+        secrets=args.secret,
     )
     # Not closed here: the session is the point of the command, and it outlives
     # this process (nothing closes a session when its client goes away).
