@@ -40,6 +40,16 @@ def as_chunked(headers: Headers) -> Headers:
     return [*kept, ("Transfer-Encoding", "chunked")]
 
 
+def reframed(headers: Headers, client_11: bool) -> tuple[Headers, Framing, bool]:
+    """`headers` and the framing for a body whose length may change on its way
+    (a scrubbed answer): chunked to an HTTP/1.1 client; to an HTTP/1.0 one, which
+    reads no chunks, until close. The bool: whether the connection may be kept."""
+    if client_11:
+        return as_chunked(headers), Framing("chunked"), True
+    kept = [(k, v) for k, v in headers if k.lower() not in ("content-length", "transfer-encoding")]
+    return kept, Framing("close"), False
+
+
 class BodyWriter(Protocol):
     """Where a body is copied to: an `asyncio.StreamWriter`, or anything that
     writes and drains like one (the interception's TLS stream)."""

@@ -18,12 +18,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from tooljail.errors import TooljailError
-from tooljaild.egress.http_bodies import BodyWriter, as_chunked, copy_body
+from tooljaild.egress.http_bodies import BodyWriter, copy_body, reframed
 from tooljaild.egress.http_heads import (
     NO_BODY,
     BadRequest,
     BadResponse,
-    Framing,
     Headers,
     RequestHead,
     ResponseHead,
@@ -257,15 +256,8 @@ async def pass_answer(
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
             headers.append(("Content-Length", str(len(body))))
         elif framing.kind in ("length", "chunked", "close"):
-            if request.version == "HTTP/1.1":
-                headers, out = as_chunked(headers), Framing("chunked")
-            else:
-                headers = [
-                    (k, v)
-                    for k, v in headers
-                    if k.lower() not in ("content-length", "transfer-encoding")
-                ]
-                out, client_keep = Framing("close"), False
+            headers, out, kept = reframed(headers, request.version == "HTTP/1.1")
+            client_keep = client_keep and kept
         if not client_keep:
             headers.append(("Connection", "close"))
         reason = scrubber.scrub_text(head.reason)

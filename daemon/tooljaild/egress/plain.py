@@ -29,7 +29,7 @@ from tooljaild.egress.client_conn import (
     Done,
     close_writer,
 )
-from tooljaild.egress.http_bodies import as_chunked, copy_body
+from tooljaild.egress.http_bodies import copy_body, reframed
 from tooljaild.egress.http_heads import (
     BadRequest,
     BadResponse,
@@ -225,15 +225,8 @@ class PlainHttp(ClientConn):
         if framing.kind != "none" and (scrubber is not None or not client_11):
             # A scrubbed body may change length, and an HTTP/1.0 client reads
             # no chunks: re-frame it.
-            if client_11:
-                headers, out = as_chunked(headers), Framing("chunked")
-            else:
-                headers = [
-                    (k, v)
-                    for k, v in headers
-                    if k.lower() not in ("content-length", "transfer-encoding")
-                ]
-                out, keep = Framing("close"), False
+            headers, out, kept = reframed(headers, client_11)
+            keep = keep and kept
         headers.append(("Connection", "keep-alive" if keep else "close"))
         out_head = ResponseHead("HTTP/1.1", head.status, head.reason, headers)
         data = out_head.to_bytes()

@@ -227,7 +227,15 @@ class EgressProxy:
 
 
 async def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
-    tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    """Cancel every connection's task and let each close what it holds: a
+    transport closes on the loop's next turns, which must come before the
+    loop closes (else it is left "closing", its socket open)."""
+    for _ in range(3):  # a task's cleanup may start others (a closing writer's wait)
+        tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+        if not tasks:
+            break
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for _ in range(3):
+        await asyncio.sleep(0)
