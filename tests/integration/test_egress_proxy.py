@@ -691,6 +691,13 @@ def test_descriptors_that_are_not_stream_sockets_are_refused(
 ) -> None:
     gate = open_gate(proxy, world, policy("api.example.com"))
     relay = Relay(gate)
+    # Counted once the gate holds the relay's connection (accepted on the
+    # egress loop's turn, not before open_gate returns).
+    with relay.connection() as conn:
+        assert get(conn, "http://api.example.com/first")[0] == 200
+    deadline = time.monotonic() + 5
+    while gate.open_connections and time.monotonic() < deadline:
+        time.sleep(0.01)
     fds_before = psutil.Process().num_fds()
     read_end, write_end = os.pipe()
     listener = socket.create_server(("127.0.0.1", 0))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tooljaild.egress.client_conn import (
     CONNECT_TIMEOUT_S,
@@ -121,8 +121,9 @@ class _Client(PlainHttp):
             return
         # From here on the proxy reads nothing more of the client: what it
         # sends waits in the kernel until the tunnel takes the transport over.
-        client = self.writer.transport
-        assert isinstance(client, asyncio.Transport)  # a socket's: reads and writes
+        # A socket's transport: reads and writes (uvloop's are not subclasses
+        # of asyncio.Transport, so this is said, not checked).
+        client = cast(asyncio.Transport, self.writer.transport)
         client.pause_reading()
         book = self.gate.book
         tunnel = Tunnel(lambda n: book.bytes(out=n), lambda n: book.bytes(into=n))

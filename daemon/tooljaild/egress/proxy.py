@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import uvloop
+
 from tooljaild.egress import connection
 from tooljaild.egress.client_conn import CacheWriter, PackageCacheLike
 from tooljaild.egress.gate import EgressGate
@@ -82,7 +84,9 @@ class EgressProxy:
         with self._lock:
             if self._thread is not None:
                 return
-            loop = asyncio.new_event_loop()
+            # uvloop: each loop turn costs a fraction of asyncio's, and a proxied
+            # connection is mostly loop turns (decision 175: +1.64 -> +0.68 ms).
+            loop = uvloop.new_event_loop()
             started = threading.Event()
 
             def run() -> None:
