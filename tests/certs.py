@@ -56,8 +56,15 @@ class Authority:
             .not_valid_after(now + datetime.timedelta(days=1))
         )
 
-    def issue(self, common_name: str, *, server: bool = False, also: tuple[str, ...] = ()) -> Pair:
-        """A certificate for `common_name`: a server's (for localhost and
+    def issue(
+        self,
+        common_name: str,
+        *,
+        server: bool = False,
+        also: tuple[str, ...] = (),
+        names: tuple[str, ...] = ("localhost",),
+    ) -> Pair:
+        """A certificate for `common_name`: a server's (for the DNS `names` and
         127.0.0.1) or a client's."""
         key = ec.generate_private_key(ec.SECP256R1())
         # `also`: more common names after the first (a subject no CA should sign).
@@ -68,7 +75,10 @@ class Authority:
         if server:
             builder = builder.add_extension(
                 x509.SubjectAlternativeName(
-                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                    [
+                        *(x509.DNSName(n) for n in names),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
                 ),
                 critical=False,
             ).add_extension(

@@ -421,46 +421,6 @@ def _server_context(leaf_cert: Path, leaf_key: Path) -> ssl.SSLContext:
     return context
 
 
-def _issue_leaf(ca: Authority, directory: Path) -> tuple[Path, Path]:
-    """A server leaf for every world name, localhost and 127.0.0.1, signed by `ca`."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in (*NAMES, "localhost")]
-    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAMES[0])]))
-        .issuer_name(ca.cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca._key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "world-leaf.pem", directory / "world-leaf.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
-
-
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -682,11 +642,12 @@ def start_world(directory: Path) -> World:
     """Mint the CA and leaf, build the wheels, start the three servers (threads)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = Authority(directory, "world")
-    leaf_cert, leaf_key = _issue_leaf(ca, directory)
+    # A server leaf for every world name, localhost and 127.0.0.1.
+    leaf = ca.issue(NAMES[0], server=True, names=(*NAMES, "localhost"))
     recorder = Recorder()
     wheels = demo_wheels()
     index = (index_pages(wheels), {w.filename: w for w in wheels})
-    https = _Server("https", recorder, _server_context(leaf_cert, leaf_key), index)
+    https = _Server("https", recorder, _server_context(leaf.cert, leaf.key), index)
     plain = _Server("http", recorder)
     pypi = _Server("index", recorder, None, index)
     for server in (https, plain, pypi):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import http.server
-import ipaddress
 import logging
 import os
 import socket
@@ -26,10 +25,6 @@ from typing import Any
 
 import psutil
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tests.certs import Authority
 from tooljaild.egress.gate import EgressGate
@@ -133,34 +128,11 @@ class World:
         return self.http.record.count() == 0 and self.https.record.count() == 0
 
 
-def _leaf(ca: Authority, directory: Path, names: tuple[str, ...]) -> tuple[Path, Path]:
-    """A server leaf for `names` (and 127.0.0.1) signed by `ca`."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in names]
-    sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-    cert = (
-        ca._builder(
-            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]), key.public_key()
-        )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca._key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "leaf.pem", directory / "leaf.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 @pytest.fixture
 def world(tmp_path: Path) -> Iterator[World]:
     ca = Authority(tmp_path, "world")
-    cert, key = _leaf(ca, tmp_path, ("api.example.com", "localhost"))
+    leaf = ca.issue("api.example.com", server=True, names=("api.example.com", "localhost"))
+    cert, key = leaf.cert, leaf.key
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     https = _Server("https", tls)
