@@ -121,16 +121,20 @@ async def copy_body(
     async def piece(data: bytes) -> None:
         await emit(on_chunk(data) if on_chunk is not None else data)
 
+    async def pieces(left: int, within: str) -> None:
+        """Copy exactly `left` bytes, piece by piece (`within`: "a body", "a chunk")."""
+        nonlocal read
+        while left:
+            data = await reader.read(min(left, _PIECE))
+            if not data:
+                raise BadRequest(f"the connection closed in the middle of {within}")
+            read += len(data)
+            left -= len(data)
+            await piece(data)
+
     try:
         if framing.kind == "length":
-            left = framing.length
-            while left:
-                data = await reader.read(min(left, _PIECE))
-                if not data:
-                    raise BadRequest("the connection closed in the middle of a body")
-                read += len(data)
-                left -= len(data)
-                await piece(data)
+            await pieces(framing.length, "a body")
         elif framing.kind == "close":
             while data := await reader.read(_PIECE):
                 read += len(data)
@@ -145,14 +149,7 @@ async def copy_body(
                 size = int(size_text, 16)
                 if size == 0:
                     break
-                left = size
-                while left:
-                    data = await reader.read(min(left, _PIECE))
-                    if not data:
-                        raise BadRequest("the connection closed in the middle of a chunk")
-                    read += len(data)
-                    left -= len(data)
-                    await piece(data)
+                await pieces(size, "a chunk")
                 end = await reader.readexactly(2)
                 read += 2
                 if end != b"\r\n":
