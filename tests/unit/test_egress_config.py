@@ -207,9 +207,9 @@ def test_a_secrets_file_without_egress_is_refused(tmp_path: Path) -> None:
 def test_a_tool_s_profile_takes_egress_rules_on_either_backend() -> None:
     for backend in (None, "process", "docker"):
         profile = SandboxProfile(backend=backend, egress=["api.example.com:443"])
-        rules = profile.egress_rules()
+        rules = profile.egress_rules
         assert rules is not None and rules[0].ports == frozenset({443})
-    assert SandboxProfile().egress_rules() is None
+    assert SandboxProfile().egress_rules is None
     with pytest.raises(ValidationError, match="egress: 'a b'"):
         SandboxProfile(egress=["a b"])
     with pytest.raises(ValidationError):

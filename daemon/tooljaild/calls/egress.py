@@ -70,7 +70,7 @@ def policy_for(
     return live.policy(
         identity,
         # The tool's rules were checked when it was loaded.
-        tool=tool.options.sandbox.egress_rules(),
+        tool=tool.options.sandbox.egress_rules,
         call=call_rules,
         secrets=tool_secrets + secrets,
         what=f"the call of {tool.name!r}",

@@ -8,6 +8,7 @@ test keeps `KINDS` equal to the keys of `sandbox.backends.BACKENDS`).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -250,8 +251,10 @@ class SandboxProfile(BaseModel):
             parse_rules(v, "egress")
         return v
 
+    @functools.cached_property
     def egress_rules(self) -> tuple[Rule, ...] | None:
-        """The parsed `egress` rules; None: the tool asks for none."""
+        """The parsed `egress` rules, parsed once (a call reads them at each
+        admission); None: the tool asks for none."""
         return None if self.egress is None else parse_rules(self.egress, "egress")
 
     @model_validator(mode="after")
