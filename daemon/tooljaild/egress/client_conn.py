@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from tooljail.errors import TooljailError
+from tooljaild.egress import streams
 from tooljaild.egress.hosts import HostsMap
 from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.refusals import refusal_text, response
@@ -92,12 +93,7 @@ class Done(TooljailError):
 
 async def close_writer(writer: asyncio.StreamWriter) -> None:
     """Close `writer`, waiting (bounded) for its last bytes to leave, else abort."""
-    writer.close()
-    try:
-        async with asyncio.timeout(CLOSE_TIMEOUT_S):
-            await writer.wait_closed()
-    except (TimeoutError, OSError):
-        writer.transport.abort()
+    await streams.close_writer(writer, CLOSE_TIMEOUT_S)
 
 
 class ClientConn:

@@ -27,7 +27,6 @@ The steps live beside this module: TLS toward the sandbox through memory BIOs
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import ssl
 
@@ -35,6 +34,7 @@ from tooljaild.egress.intercept_requests import Account, Deny, Interception, Pac
 from tooljaild.egress.intercept_tls import TLSServer, read_hello, same_host
 from tooljaild.egress.intercept_upstream import Upstream
 from tooljaild.egress.policy import EgressPolicy
+from tooljaild.egress.streams import close_writer
 from tooljaild.egress.tls import InterceptCA
 
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -111,9 +111,8 @@ async def serve_intercepted(
     except (OSError, ssl.SSLError):
         pass
     finally:
-        if tls is not None:
-            await tls.close()
-        raw_writer.close()
-        with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-            async with asyncio.timeout(1.0):
-                await raw_writer.wait_closed()
+        try:
+            if tls is not None:
+                await tls.close()
+        finally:
+            await close_writer(raw_writer, 1.0)

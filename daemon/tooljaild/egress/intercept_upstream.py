@@ -12,7 +12,6 @@ scrubbed to its placeholder, and tees a cacheable answer into the package cache.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
@@ -30,6 +29,7 @@ from tooljaild.egress.http_heads import (
     response_framing,
 )
 from tooljaild.egress.policy import HeldSecret
+from tooljaild.egress.streams import close_writer
 from tooljaild.egress.swap import ResponseScrubber
 
 UPSTREAM_TIMEOUT_S = 30.0
@@ -134,10 +134,7 @@ class Upstream:
         if self._up is not None:
             writer = self._up[1]
             self._up = None
-            writer.close()
-            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await writer.wait_closed()
+            await close_writer(writer, 1.0)
 
 
 class HeldWriter:

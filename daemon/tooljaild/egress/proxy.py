@@ -97,7 +97,10 @@ class EgressProxy:
                 finally:
                     with contextlib.suppress(Exception):
                         loop.run_until_complete(_cancel_all(loop))
-                    loop.close()
+                    try:
+                        loop.close()
+                    except OSError as exc:  # a handle still open: the daemon stops anyway
+                        log.warning("egress: the proxy's loop closed with a handle open: %s", exc)
 
             thread = threading.Thread(target=run, name=THREAD_NAME, daemon=True)
             thread.start()
