@@ -23,6 +23,9 @@
     ├── NotAwaitingApprovalError                 FAILED_PRECONDITION, code "not_awaiting_approval"
     ├── EgressUnavailableError                   FAILED_PRECONDITION, code "egress_unavailable"
     ├── SessionRequiredError                     FAILED_PRECONDITION, code "session_required"
+    ├── ProcessNotFoundError (LookupError)       NOT_FOUND, code "process_not_found"
+    ├── ProcessLimitError                        RESOURCE_EXHAUSTED, code "process_limit"
+    ├── PortUnreachableError (ConnectionError)   FAILED_PRECONDITION, code "port_unreachable"
     ├── UnknownError                             any status, a code this SDK does not know
     └── TransportError (ConnectionError)         a failed RPC without tooljail's detail
         └── DaemonUnavailableError               UNAVAILABLE: no daemon answers
@@ -60,6 +63,9 @@ __all__ = [
     "NotAwaitingApprovalError",
     "OverloadedError",
     "PermissionDeniedError",
+    "PortUnreachableError",
+    "ProcessLimitError",
+    "ProcessNotFoundError",
     "SessionEndedError",
     "SessionNotFoundError",
     "SessionRequiredError",
@@ -304,6 +310,28 @@ class SessionRequiredError(TooljailError):
     code = "session_required"
 
 
+class ProcessNotFoundError(TooljailError, LookupError):
+    """No process of that id in the caller's session: it never was, or it is
+    another session's or another client's (nothing is told of those).
+    `list_processes` names the session's processes."""
+
+    code = "process_not_found"
+
+
+class ProcessLimitError(TooljailError):
+    """The session holds as many processes as it may (`[sessions]
+    max_processes`, or its sandbox's pids limit): stop one first."""
+
+    code = "process_limit"
+
+
+class PortUnreachableError(TooljailError, ConnectionError):
+    """Nothing listens on that port on the session's loopback (or the port is
+    outside 1-65535): start the server first, and check the port it prints."""
+
+    code = "port_unreachable"
+
+
 class UnknownError(TooljailError):
     """The daemon refused the request with a code this SDK does not know.
 
@@ -368,6 +396,9 @@ ERRORS_BY_CODE: dict[str, type[TooljailError]] = {
         NotAwaitingApprovalError,
         EgressUnavailableError,
         SessionRequiredError,
+        ProcessNotFoundError,
+        ProcessLimitError,
+        PortUnreachableError,
     )
 }
 """Wire code -> class, for the SDK's mapping of failed RPCs: every code the daemon sends."""

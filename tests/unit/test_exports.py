@@ -65,6 +65,9 @@ EXPECTED_ALL = {
     "EgressDenial",
     "EgressUnavailableError",
     "SessionRequiredError",
+    "ProcessNotFoundError",
+    "ProcessLimitError",
+    "PortUnreachableError",
 }
 
 
@@ -106,6 +109,9 @@ EXPECTED_ERRORS_ALL = {
     "NotAwaitingApprovalError",
     "EgressUnavailableError",
     "SessionRequiredError",
+    "ProcessNotFoundError",
+    "ProcessLimitError",
+    "PortUnreachableError",
 }
 
 

@@ -50,6 +50,19 @@ class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SESSION_STATE_OPEN: _ClassVar[SessionState]
     SESSION_STATE_CLOSED: _ClassVar[SessionState]
 
+class ProcessState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROCESS_STATE_UNSPECIFIED: _ClassVar[ProcessState]
+    PROCESS_STATE_RUNNING: _ClassVar[ProcessState]
+    PROCESS_STATE_EXITED: _ClassVar[ProcessState]
+    PROCESS_STATE_KILLED: _ClassVar[ProcessState]
+
+class OutputSelect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTPUT_SELECT_BOTH: _ClassVar[OutputSelect]
+    OUTPUT_SELECT_STDOUT: _ClassVar[OutputSelect]
+    OUTPUT_SELECT_STDERR: _ClassVar[OutputSelect]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -75,6 +88,9 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_NOT_AWAITING_APPROVAL: _ClassVar[ErrorCode]
     ERROR_CODE_EGRESS_UNAVAILABLE: _ClassVar[ErrorCode]
     ERROR_CODE_SESSION_REQUIRED: _ClassVar[ErrorCode]
+    ERROR_CODE_PROCESS_NOT_FOUND: _ClassVar[ErrorCode]
+    ERROR_CODE_PROCESS_LIMIT: _ClassVar[ErrorCode]
+    ERROR_CODE_PORT_UNREACHABLE: _ClassVar[ErrorCode]
 STREAM_KIND_UNSPECIFIED: StreamKind
 STREAM_KIND_STDOUT: StreamKind
 STREAM_KIND_STDERR: StreamKind
@@ -103,6 +119,13 @@ CALL_STATE_AWAITING_APPROVAL: CallState
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_OPEN: SessionState
 SESSION_STATE_CLOSED: SessionState
+PROCESS_STATE_UNSPECIFIED: ProcessState
+PROCESS_STATE_RUNNING: ProcessState
+PROCESS_STATE_EXITED: ProcessState
+PROCESS_STATE_KILLED: ProcessState
+OUTPUT_SELECT_BOTH: OutputSelect
+OUTPUT_SELECT_STDOUT: OutputSelect
+OUTPUT_SELECT_STDERR: OutputSelect
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_TOOL_NOT_FOUND: ErrorCode
 ERROR_CODE_CALL_NOT_FOUND: ErrorCode
@@ -126,6 +149,9 @@ ERROR_CODE_PERMISSION_DENIED: ErrorCode
 ERROR_CODE_NOT_AWAITING_APPROVAL: ErrorCode
 ERROR_CODE_EGRESS_UNAVAILABLE: ErrorCode
 ERROR_CODE_SESSION_REQUIRED: ErrorCode
+ERROR_CODE_PROCESS_NOT_FOUND: ErrorCode
+ERROR_CODE_PROCESS_LIMIT: ErrorCode
+ERROR_CODE_PORT_UNREACHABLE: ErrorCode
 
 class GetDaemonInfoRequest(_message.Message):
     __slots__ = ()
@@ -256,7 +282,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id", "egress_denied")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id", "egress_denied", "processes_ended")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +300,7 @@ class Result(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     EGRESS_DENIED_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_ENDED_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -291,7 +318,8 @@ class Result(_message.Message):
     usage: Usage
     daemon_id: str
     egress_denied: _containers.RepeatedCompositeFieldContainer[EgressDenial]
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ..., egress_denied: _Optional[_Iterable[_Union[EgressDenial, _Mapping]]] = ...) -> None: ...
+    processes_ended: _containers.RepeatedCompositeFieldContainer[ProcessInfo]
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ..., egress_denied: _Optional[_Iterable[_Union[EgressDenial, _Mapping]]] = ..., processes_ended: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ...) -> None: ...
 
 class EgressDenial(_message.Message):
     __slots__ = ("host", "port", "reason", "rule", "count")
@@ -452,6 +480,208 @@ class SessionInfo(_message.Message):
     egress: _containers.RepeatedScalarFieldContainer[str]
     secrets: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, session_id: _Optional[str] = ..., state: _Optional[_Union[SessionState, str]] = ..., end_reason: _Optional[str] = ..., sandbox_id: _Optional[str] = ..., created_unix: _Optional[float] = ..., last_used_unix: _Optional[float] = ..., idle_ttl_s: _Optional[float] = ..., max_lifetime_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., pids: _Optional[int] = ..., cpus: _Optional[float] = ..., workspace_bytes: _Optional[int] = ..., keep_processes: _Optional[bool] = ..., calls: _Optional[int] = ..., queued: _Optional[int] = ..., resets: _Optional[int] = ..., daemon_id: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StartProcessRequest(_message.Message):
+    __slots__ = ("session_id", "command", "argv", "name", "cwd", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    command: str
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    name: str
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., command: _Optional[str] = ..., argv: _Optional[_Iterable[str]] = ..., name: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ProcessInfo(_message.Message):
+    __slots__ = ("process_id", "session_id", "name", "command", "pid", "state", "exit_code", "has_exit_code", "signal", "started_unix", "ended_unix", "cpu_s", "memory_bytes", "output_bytes", "ring_start", "output_artifact_id", "terminal")
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    HAS_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    ENDED_UNIX_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RING_START_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    process_id: str
+    session_id: str
+    name: str
+    command: str
+    pid: int
+    state: ProcessState
+    exit_code: int
+    has_exit_code: bool
+    signal: int
+    started_unix: float
+    ended_unix: float
+    cpu_s: float
+    memory_bytes: int
+    output_bytes: int
+    ring_start: int
+    output_artifact_id: str
+    terminal: bool
+    def __init__(self, process_id: _Optional[str] = ..., session_id: _Optional[str] = ..., name: _Optional[str] = ..., command: _Optional[str] = ..., pid: _Optional[int] = ..., state: _Optional[_Union[ProcessState, str]] = ..., exit_code: _Optional[int] = ..., has_exit_code: _Optional[bool] = ..., signal: _Optional[int] = ..., started_unix: _Optional[float] = ..., ended_unix: _Optional[float] = ..., cpu_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., output_bytes: _Optional[int] = ..., ring_start: _Optional[int] = ..., output_artifact_id: _Optional[str] = ..., terminal: _Optional[bool] = ...) -> None: ...
+
+class ListProcessesRequest(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ListProcessesResponse(_message.Message):
+    __slots__ = ("processes",)
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    processes: _containers.RepeatedCompositeFieldContainer[ProcessInfo]
+    def __init__(self, processes: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ...) -> None: ...
+
+class ReadProcessOutputRequest(_message.Message):
+    __slots__ = ("session_id", "process_id", "offset", "follow", "select", "limit")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    SELECT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    process_id: str
+    offset: int
+    follow: bool
+    select: OutputSelect
+    limit: int
+    def __init__(self, session_id: _Optional[str] = ..., process_id: _Optional[str] = ..., offset: _Optional[int] = ..., follow: _Optional[bool] = ..., select: _Optional[_Union[OutputSelect, str]] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ProcessOutput(_message.Message):
+    __slots__ = ("offset", "next_offset", "stream", "data", "skipped", "process")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    next_offset: int
+    stream: StreamKind
+    data: bytes
+    skipped: int
+    process: ProcessInfo
+    def __init__(self, offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., stream: _Optional[_Union[StreamKind, str]] = ..., data: _Optional[bytes] = ..., skipped: _Optional[int] = ..., process: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class WriteProcessInputRequest(_message.Message):
+    __slots__ = ("session_id", "process_id", "data", "eof")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    process_id: str
+    data: bytes
+    eof: bool
+    def __init__(self, session_id: _Optional[str] = ..., process_id: _Optional[str] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class SignalProcessRequest(_message.Message):
+    __slots__ = ("session_id", "process_id", "signal", "grace_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    process_id: str
+    signal: int
+    grace_s: float
+    def __init__(self, session_id: _Optional[str] = ..., process_id: _Optional[str] = ..., signal: _Optional[int] = ..., grace_s: _Optional[float] = ...) -> None: ...
+
+class WaitProcessRequest(_message.Message):
+    __slots__ = ("session_id", "process_id", "timeout_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PROCESS_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    process_id: str
+    timeout_s: float
+    def __init__(self, session_id: _Optional[str] = ..., process_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class TerminalOpen(_message.Message):
+    __slots__ = ("session_id", "rows", "cols", "argv", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    ARGV_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    rows: int
+    cols: int
+    argv: _containers.RepeatedScalarFieldContainer[str]
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., rows: _Optional[int] = ..., cols: _Optional[int] = ..., argv: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class TerminalResize(_message.Message):
+    __slots__ = ("rows", "cols")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLS_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    cols: int
+    def __init__(self, rows: _Optional[int] = ..., cols: _Optional[int] = ...) -> None: ...
+
+class TerminalInput(_message.Message):
+    __slots__ = ("open", "data", "resize", "signal")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    RESIZE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    open: TerminalOpen
+    data: bytes
+    resize: TerminalResize
+    signal: int
+    def __init__(self, open: _Optional[_Union[TerminalOpen, _Mapping]] = ..., data: _Optional[bytes] = ..., resize: _Optional[_Union[TerminalResize, _Mapping]] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class TerminalOutput(_message.Message):
+    __slots__ = ("opened", "data", "exited")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    opened: ProcessInfo
+    data: bytes
+    exited: ProcessInfo
+    def __init__(self, opened: _Optional[_Union[ProcessInfo, _Mapping]] = ..., data: _Optional[bytes] = ..., exited: _Optional[_Union[ProcessInfo, _Mapping]] = ...) -> None: ...
+
+class PortData(_message.Message):
+    __slots__ = ("session_id", "port", "data", "eof")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    EOF_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    port: int
+    data: bytes
+    eof: bool
+    def __init__(self, session_id: _Optional[str] = ..., port: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ...) -> None: ...
 
 class SetSessionEgressRequest(_message.Message):
     __slots__ = ("session_id", "egress")

@@ -120,6 +120,46 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
                 _registered_method=True)
+        self.StartProcess = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/StartProcess',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.StartProcessRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+                _registered_method=True)
+        self.ListProcesses = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/ListProcesses',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListProcessesRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListProcessesResponse.FromString,
+                _registered_method=True)
+        self.ReadProcessOutput = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/ReadProcessOutput',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ReadProcessOutputRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessOutput.FromString,
+                _registered_method=True)
+        self.WriteProcessInput = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/WriteProcessInput',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.WriteProcessInputRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+                _registered_method=True)
+        self.SignalProcess = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/SignalProcess',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.SignalProcessRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+                _registered_method=True)
+        self.WaitProcess = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/WaitProcess',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.WaitProcessRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+                _registered_method=True)
+        self.Terminal = channel.stream_stream(
+                '/tooljail.v1.ToolRunner/Terminal',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.TerminalInput.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.TerminalOutput.FromString,
+                _registered_method=True)
+        self.ForwardPort = channel.stream_stream(
+                '/tooljail.v1.ToolRunner/ForwardPort',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -269,6 +309,70 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartProcess(self, request, context):
+        """Background processes of a session (issue 24): started in the session's
+        sandbox (its workspace, its limits), kept until they end, the session
+        ends, or its interpreter is reset. Another client's session, or a process
+        id of another session, is NOT_FOUND in the words of an unknown id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProcesses(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadProcessOutput(self, request, context):
+        """Output from `offset` on: what is kept (a chunk per read), then, with
+        `follow`, live until the process ends and its output is all sent. The
+        offsets count the process's output bytes (stdout and stderr together, in
+        the order they came): re-attach with the last `next_offset` seen.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteProcessInput(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SignalProcess(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitProcess(self, request, context):
+        """Waits for the process's end, at most `timeout_s`; answers its state then.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Terminal(self, request_iterator, context):
+        """A terminal: a PTY running a shell in a session, for as long as the
+        stream lasts. The first message names the session (`open`); then input,
+        resizes and an end of input. The daemon answers `opened`, output, and
+        last the shell's exit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForwardPort(self, request_iterator, context):
+        """One TCP connection to a port on a session's own loopback, as
+        `kubectl port-forward` does: the first message names the session and the
+        port; then bytes both ways. Nothing else of the sandbox's network changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -356,6 +460,46 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.SetSessionEgress,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.SerializeToString,
+            ),
+            'StartProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartProcess,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.StartProcessRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.SerializeToString,
+            ),
+            'ListProcesses': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProcesses,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListProcessesRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListProcessesResponse.SerializeToString,
+            ),
+            'ReadProcessOutput': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadProcessOutput,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ReadProcessOutputRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessOutput.SerializeToString,
+            ),
+            'WriteProcessInput': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteProcessInput,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WriteProcessInputRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.SerializeToString,
+            ),
+            'SignalProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.SignalProcess,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.SignalProcessRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.SerializeToString,
+            ),
+            'WaitProcess': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitProcess,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WaitProcessRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.SerializeToString,
+            ),
+            'Terminal': grpc.stream_stream_rpc_method_handler(
+                    servicer.Terminal,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.TerminalInput.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.TerminalOutput.SerializeToString,
+            ),
+            'ForwardPort': grpc.stream_stream_rpc_method_handler(
+                    servicer.ForwardPort,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -818,6 +962,222 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/SetSessionEgress',
             tooljail_dot_v1_dot_tooljail__pb2.SetSessionEgressRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.SessionInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/StartProcess',
+            tooljail_dot_v1_dot_tooljail__pb2.StartProcessRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProcesses(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ListProcesses',
+            tooljail_dot_v1_dot_tooljail__pb2.ListProcessesRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ListProcessesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadProcessOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ReadProcessOutput',
+            tooljail_dot_v1_dot_tooljail__pb2.ReadProcessOutputRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ProcessOutput.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteProcessInput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/WriteProcessInput',
+            tooljail_dot_v1_dot_tooljail__pb2.WriteProcessInputRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SignalProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/SignalProcess',
+            tooljail_dot_v1_dot_tooljail__pb2.SignalProcessRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitProcess(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/WaitProcess',
+            tooljail_dot_v1_dot_tooljail__pb2.WaitProcessRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ProcessInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Terminal(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tooljail.v1.ToolRunner/Terminal',
+            tooljail_dot_v1_dot_tooljail__pb2.TerminalInput.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.TerminalOutput.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardPort(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tooljail.v1.ToolRunner/ForwardPort',
+            tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
             options,
             channel_credentials,
             insecure,

@@ -44,6 +44,9 @@ from tooljail.errors import (
     NotAwaitingApprovalError,
     OverloadedError,
     PermissionDeniedError,
+    PortUnreachableError,
+    ProcessLimitError,
+    ProcessNotFoundError,
     SessionEndedError,
     SessionNotFoundError,
     SessionRequiredError,
@@ -85,6 +88,9 @@ STATUS_BY_ERROR: dict[type[TooljailError], grpc.StatusCode] = {
     # Retrying cannot help: the daemon's config has no [egress] section.
     EgressUnavailableError: grpc.StatusCode.FAILED_PRECONDITION,
     SessionRequiredError: grpc.StatusCode.FAILED_PRECONDITION,
+    ProcessNotFoundError: grpc.StatusCode.NOT_FOUND,
+    ProcessLimitError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    PortUnreachableError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """Error class -> status. A subclass travels as the first listed class it derives from."""
 
