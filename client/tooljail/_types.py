@@ -185,6 +185,53 @@ class EgressDenial(BaseModel):
     """Times it was refused."""
 
 
+class ProcessState(enum.StrEnum):
+    """Where a session's background process stands."""
+
+    RUNNING = "running"
+    EXITED = "exited"
+    """It ended by itself: `exit_code`, or `signal` when a signal ended it."""
+    KILLED = "killed"
+    """Its session ended or was reset (or its sandbox died) while it ran."""
+
+
+class ProcessInfo(BaseModel):
+    """A background process of a session (`session.processes`), as the daemon reports it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    process_id: str
+    session_id: str = ""
+    name: str = ""
+    command: str = ""
+    """The command line (an argv joined, quoted where needed)."""
+    pid: int = 0
+    """Its pid inside the sandbox."""
+    state: ProcessState = ProcessState.RUNNING
+    exit_code: int | None = None
+    """Set once it exited by itself."""
+    signal: int = 0
+    """The signal that ended it; 0 if none."""
+    started_unix: float = 0.0
+    ended_unix: float = 0.0
+    cpu_s: float = 0.0
+    """CPU seconds of it and its children, as last measured."""
+    memory_bytes: int = 0
+    """Resident memory of it and its children, as last measured."""
+    output_bytes: int = 0
+    """Output so far, stdout and stderr together: the end of its offsets."""
+    ring_start: int = 0
+    """Where the kept ring starts: offsets below it come from `output_artifact_id`."""
+    output_artifact_id: str = ""
+    """The whole output, once it outgrew the ring (read it with `get_artifact`)."""
+    terminal: bool = False
+    """It runs on a PTY (a terminal's shell)."""
+
+    @property
+    def running(self) -> bool:
+        return self.state is ProcessState.RUNNING
+
+
 class ToolResult(BaseModel):
     """The one final outcome of a call."""
 
@@ -223,6 +270,9 @@ class ToolResult(BaseModel):
     egress_denied: tuple[EgressDenial, ...] = ()
     """Connections the egress proxy refused during the call, each with why:
     what a model reads to know that a host is out of reach (not down)."""
+    processes_ended: tuple[ProcessInfo, ...] = ()
+    """Background processes of the session that ended with this call: a reset
+    of the session's interpreter (a timeout it did not survive, a crash) ends them."""
 
     @property
     def ok(self) -> bool:

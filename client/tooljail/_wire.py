@@ -36,6 +36,8 @@ from tooljail._types import (
     Effect,
     EgressDenial,
     Output,
+    ProcessInfo,
+    ProcessState,
     SessionInfo,
     SessionState,
     StreamKind,
@@ -78,6 +80,8 @@ __all__ = [
     "error_from_rpc",
     "output_from_proto",
     "output_to_proto",
+    "process_info_from_proto",
+    "process_info_to_proto",
     "result_from_proto",
     "result_to_proto",
     "status_from_proto",
@@ -240,6 +244,7 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         artifacts=[artifact_ref_to_proto(a) for a in r.artifacts],
         daemon_id=r.daemon_id,
         egress_denied=[egress_denial_to_proto(d) for d in r.egress_denied],
+        processes_ended=[process_info_to_proto(p) for p in r.processes_ended],
     )
     if r.usage is not None:
         m.usage.CopyFrom(pb.Usage(**r.usage.model_dump()))
@@ -298,6 +303,7 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         ),
         daemon_id=m.daemon_id,
         egress_denied=tuple(egress_denial_from_proto(d) for d in m.egress_denied),
+        processes_ended=tuple(process_info_from_proto(p) for p in m.processes_ended),
     )
 
 
@@ -573,6 +579,54 @@ def session_info_from_proto(m: pb.SessionInfo) -> SessionInfo:
         egress=tuple(m.egress),
         secrets=tuple(m.secrets),
         **{name: getattr(m, name) for name in _SESSION_FIELDS},
+    )
+
+
+_PROCESS_STATE_TO_PB: dict[ProcessState, int] = {
+    ProcessState.RUNNING: pb.PROCESS_STATE_RUNNING,
+    ProcessState.EXITED: pb.PROCESS_STATE_EXITED,
+    ProcessState.KILLED: pb.PROCESS_STATE_KILLED,
+}
+_PROCESS_STATE_FROM_PB = _invert(_PROCESS_STATE_TO_PB)
+
+_PROCESS_FIELDS = (
+    "process_id",
+    "session_id",
+    "name",
+    "command",
+    "pid",
+    "signal",
+    "started_unix",
+    "ended_unix",
+    "cpu_s",
+    "memory_bytes",
+    "output_bytes",
+    "ring_start",
+    "output_artifact_id",
+    "terminal",
+)
+
+
+def process_info_to_proto(p: ProcessInfo) -> pb.ProcessInfo:
+    """A background process's description as its wire message."""
+    return pb.ProcessInfo(
+        state=_PROCESS_STATE_TO_PB[p.state],  # type: ignore[arg-type]
+        exit_code=p.exit_code or 0,
+        has_exit_code=p.exit_code is not None,
+        **{name: getattr(p, name) for name in _PROCESS_FIELDS},
+    )
+
+
+def process_info_from_proto(m: pb.ProcessInfo) -> ProcessInfo:
+    """A background process's description from its wire message.
+
+    Raises:
+        ValueError: When the state is unset or unknown to this SDK.
+    """
+    return ProcessInfo(
+        state=_from_pb(_PROCESS_STATE_FROM_PB, m.state, "ProcessState"),
+        exit_code=m.exit_code if m.has_exit_code else None,
+        **{name: getattr(m, name) for name in _PROCESS_FIELDS},
     )
 
 
