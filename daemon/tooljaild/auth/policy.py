@@ -9,6 +9,7 @@
     max_sessions = 2
     egress = ["api.example.com"]                   # absent: the daemon's [egress] allow
     secrets = ["NEWS_API_KEY"]                     # absent: no secret
+    commands = ["git", "pytest"]                   # absent: the daemon's [commands] allow
 
     [identities.ops]
     token_sha256 = "..."
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tooljail.errors import TooljailError
 from tooljaild.auth.secret_files import ExposedSecretError, read_secret
+from tooljaild.settings.commands import check_rules
 from tooljaild.settings.egress_rules import Rule, check_secret_name, parse_rules
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -55,6 +57,14 @@ class _IdentityEntry(BaseModel):
     max_sessions: int | None = Field(default=None, ge=0)
     egress: list[str] | None = None
     secrets: list[str] | None = None
+    commands: list[str] | None = None
+
+    @field_validator("commands")
+    @classmethod
+    def _commands(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            check_rules(v, "commands")  # ValueError naming the rule: refused by name
+        return v
 
     @field_validator("egress")
     @classmethod
@@ -105,6 +115,9 @@ class Identity:
         secrets: The secrets it may ask for; None: every one (an identity not
             from a tokens file: without tokens, every secret is allowed). The
             tokens file gives none to an identity that lists none.
+        commands: The programs its commands may start (run_command,
+            start_process; see tooljaild.settings.commands), within the
+            daemon's `[commands] allow`; None: the daemon's list (or none).
     """
 
     name: str
@@ -116,6 +129,7 @@ class Identity:
     max_sessions: int | None = None
     egress: tuple[Rule, ...] | None = None
     secrets: frozenset[str] | None = None
+    commands: frozenset[str] | None = None
 
     def may_use(self, tool: str) -> bool:
         return self.tools is None or tool in self.tools
@@ -226,5 +240,6 @@ def load_identities(path: Path) -> Identities:
             max_sessions=entry.max_sessions,
             egress=None if entry.egress is None else parse_rules(entry.egress, "egress"),
             secrets=frozenset(entry.secrets or ()),
+            commands=None if entry.commands is None else frozenset(entry.commands),
         )
     return Identities(by_name=identities)

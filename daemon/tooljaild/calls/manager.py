@@ -58,6 +58,7 @@ from tooljaild.sandbox.pool import SandboxPool
 from tooljaild.sandbox.session_channel import SessionCallEnd
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.session import Session
+from tooljaild.settings.commands import check_command
 from tooljaild.settings.config import Settings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.in_daemon import DaemonCall, Handler, Services
@@ -267,6 +268,12 @@ class CallManager:
         if known is not None:
             return known
         gated = identity is not None and identity.needs_approval(tool.name)
+        if tool.run is not None and tool.run.command_of is not None:
+            # The allow-list of commands, before anything is journaled.
+            allowed = self._settings.commands.allowed(
+                tool.name, None if identity is None else identity.commands
+            )
+            check_command(*tool.run.command_of(arguments), allowed)
         request = CheckedRequest(
             asked.call_id,
             tool,

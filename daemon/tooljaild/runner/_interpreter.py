@@ -209,6 +209,8 @@ def _interpret(message: dict[str, Any], main: types.ModuleType, **options: Any) 
         try:
             if request.get("kind") == "user":
                 return _kinds.run_user_tool(request, options["write_frame"])
+            if request.get("kind") == "command":  # relative to the workspace, not the cwd
+                return _kinds.run_command(request, options["session"].get("cwd") or "/")
             # Code runs in the session's one namespace; a file, as `python FILE` would.
             return _kinds.run_script(request, main if request.get("kind") == "code" else None)
         finally:

@@ -7,7 +7,10 @@
   yields (`run_user_tool`);
 - "describe": the tools a user tool module declares (`describe`; the daemon's
   loader asks it, so that no user module is imported in the daemon);
-- "workspace": a workspace file operation (`run_workspace`, see _workspace.py).
+- "workspace": a workspace file operation (`run_workspace`, see _workspace.py);
+- "command": a command line under ``bash -lc`` (``sh -c`` where the sandbox
+  has no bash) or a plain argv (`run_command`), its output straight to the
+  call's own stdout and stderr.
 
 The calls that run tool code (`CALL_KINDS`) send what they make as artifacts
 (`artifact_sender`, `end_artifacts`, see _artifacts.py). A session's
@@ -40,7 +43,7 @@ _frames.OWN_FILES.add(__file__)
 
 WriteFrame = Callable[[dict[str, Any]], None]
 
-CALL_KINDS = ("code", "file", "user")
+CALL_KINDS = ("code", "file", "user", "command")
 """The request kinds that run tool code: their calls make artifacts."""
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -68,6 +71,8 @@ def run(request: dict[str, Any], write_frame: WriteFrame) -> dict[str, Any]:
         return describe(request)
     if kind == "workspace":
         return run_workspace(request)
+    if kind == "command":
+        return run_command(request, os.getcwd())
     raise ValueError(f"unknown request kind {kind!r}")
 
 
@@ -187,6 +192,128 @@ def run_workspace(request: dict[str, Any]) -> dict[str, Any]:
         error = {"type": exc.type, "message": exc.message, "traceback": ""}
         return {"t": "result", "ok": False, "exit_code": 1, "error": error}
     return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
+
+
+SHELLS = ("/bin/bash", "/usr/bin/bash")
+"""Where bash is looked for; without it a command line runs under /bin/sh."""
+
+_DEFAULT_SIGNALS = ("SIGPIPE", "SIGXFSZ", "SIGINT", "SIGQUIT", "SIGTERM", "SIGHUP")
+"""Signals a command starts with at their default action, whatever the runner
+(Python ignores SIGPIPE) or the tool code before it did with them."""
+
+
+def shell() -> str:
+    """The shell a command line runs under: bash where the sandbox has it, else sh."""
+    for path in SHELLS:
+        if os.access(path, os.X_OK):
+            return path
+    return "/bin/sh"
+
+
+def run_command(request: dict[str, Any], root: str) -> dict[str, Any]:
+    """Run a command (kind "command"); its result frame, its exit code the program's.
+
+    The program writes straight to descriptors 1 and 2, the call's output pipes:
+    nothing is copied here. It is waited for; a KeyboardInterrupt (a session's
+    timeout) kills it first (the supervisor has killed the call's processes by
+    then; this is for one that outran it).
+
+    Args:
+        request: "command" (a command line, run as ``bash -lc COMMAND``) or
+            "argv" (a plain argv, no shell); "dir" (its working directory,
+            relative to `root`; "": `root`); "vars" (environment variables
+            added); "stdin" (text on its stdin; absent: /dev/null).
+        root: The sandbox's working directory (a session's workspace).
+    """
+    argv = request.get("argv")
+    if not argv:
+        sh = shell()
+        argv = [sh, "-lc" if sh.endswith("bash") else "-c", str(request.get("command") or "")]
+    argv = [str(arg) for arg in argv]
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in (request.get("vars") or {}).items()})
+    directory = os.path.join(root, str(request.get("dir") or ""))
+    stdin = request.get("stdin")
+    actions: list[tuple[Any, ...]] = []
+    write_end = -1
+    if stdin is None:
+        actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+    else:
+        read_end, write_end = os.pipe()  # close-on-exec, both: dup2 clears it on 0
+        actions += [(os.POSIX_SPAWN_DUP2, read_end, 0)]
+    import signal
+
+    defaults = [getattr(signal, name) for name in _DEFAULT_SIGNALS]
+    here = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # posix_spawn has no chdir (3.11): the spawner moves there for the spawn.
+        try:
+            os.chdir(directory)
+        except OSError as exc:
+            if write_end >= 0:
+                os.close(read_end)
+                os.close(write_end)
+            error = {
+                "type": "NotADirectory",
+                "message": f"cannot run in {request.get('dir')!r}: {exc.strerror}",
+                "traceback": "",
+            }
+            return {"t": "result", "ok": False, "exit_code": 127, "error": error}
+        try:
+            pid = os.posix_spawnp(
+                argv[0], argv, env, file_actions=actions, setsigdef=defaults, setsigmask=()
+            )
+        except OSError as exc:
+            error = {
+                "type": "CommandNotFound" if exc.errno == 2 else "SpawnError",
+                "message": f"cannot run {argv[0]!r}: {exc.strerror}",
+                "traceback": "",
+            }
+            return {"t": "result", "ok": False, "exit_code": 127, "error": error}
+        finally:
+            if write_end >= 0:
+                os.close(read_end)
+    finally:
+        os.fchdir(here)
+        os.close(here)
+    try:
+        if write_end >= 0:
+            _feed(write_end, str(stdin).encode("utf-8"))
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, 0)
+        raise
+    code = os.waitstatus_to_exitcode(status)
+    if code == 0:
+        return {"t": "result", "ok": True, "kind": "none", "value": None, "exit_code": 0}
+    if code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else ""
+        message = f"the command was killed by signal {-code} {name}".rstrip()
+        return {
+            "t": "result",
+            "ok": False,
+            "exit_code": 128 - code,
+            # "ExitCode": the daemon reads it as a program that ended by itself.
+            "error": {"type": "ExitCode", "message": message, "traceback": ""},
+        }
+    error = {"type": "ExitCode", "message": f"the command exited with code {code}", "traceback": ""}
+    return {"t": "result", "ok": False, "exit_code": code, "error": error}
+
+
+def _feed(fd: int, data: bytes) -> None:
+    """Write `data` to the command's stdin and close it; a command that exits
+    without reading it all just does not get the rest."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BrokenPipeError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _install_tooljail_shim(tooldef_path: str) -> None:

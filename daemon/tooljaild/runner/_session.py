@@ -315,7 +315,7 @@ class _Supervisor:
                 "memory_peak_bytes": after.ru_maxrss * 1024,
             }
             self._write(seq, frame, reset=False)
-        elif kind in ("code", "file", "user", "packages"):
+        elif kind in ("code", "file", "user", "packages", "command"):
             self.running = seq
             self.usage = _usage.CallUsage(self.view)
             # outputs/ is read here, not by the interpreter: tool code cannot

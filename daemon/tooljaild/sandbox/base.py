@@ -46,10 +46,11 @@ Must not block for long (a local file write)."""
 class RunRequest:
     """One thing to run inside a sandbox."""
 
-    kind: Literal["code", "file", "user", "describe", "workspace", "packages"]
+    kind: Literal["code", "file", "user", "describe", "workspace", "packages", "command"]
     payload: dict[str, Any]
     """Kind-specific fields: code | path, args | module_path, function, args | files
-    | op, args, quota_bytes | requirements, known (a session's only)."""
+    | op, args, quota_bytes | requirements, known (a session's only) | command or
+    argv, dir, vars, stdin."""
     limits: Limits = field(default_factory=Limits)
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables on top of the sandbox's scrubbed environment."""

@@ -86,7 +86,7 @@ VALUE_KINDS = ("none", "json", "text")
 """The kinds of a result's value (`RunOutcome.value_kind`)."""
 
 _YIELDING_KINDS = frozenset({"user"})
-_ARTIFACT_KINDS = frozenset({"code", "file", "user"})
+_ARTIFACT_KINDS = frozenset({"code", "file", "user", "command"})
 _SHORT = 60
 
 
@@ -277,7 +277,7 @@ def _result_problem(frame: Frame, kind: str, seal: bool) -> str | None:
     value_kind, value = frame.get("kind"), frame.get("value")
     if value_kind not in VALUE_KINDS:
         return f"a result value of kind {_short(value_kind)}"
-    if kind in ("code", "file") and value_kind != "none":
+    if kind in ("code", "file", "command") and value_kind != "none":
         return f"a result value from a {kind!r} request, which returns none"
     if kind == "describe" and (value_kind != "json" or not isinstance(value, list)):
         return "a describe result that is not a list"

@@ -120,7 +120,7 @@ from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, runner_line
 from tooljaild.settings.sandbox import Limits
 
-SESSION_KINDS = frozenset({"code", "file", "user", "workspace", "packages"})
+SESSION_KINDS = frozenset({"code", "file", "user", "workspace", "packages", "command"})
 """The request kinds a session runs."""
 _CALL_FRAMES = frozenset({"yield", "artifact", "result"})
 """The frames that name a call (its ``seq``)."""

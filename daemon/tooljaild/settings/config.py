@@ -23,6 +23,7 @@ from tooljail.common import default_socket_path
 from tooljail.errors import TooljailError
 from tooljaild.settings.artifacts import ArtifactSettings
 from tooljaild.settings.auth import AuthSettings, TlsSettings
+from tooljaild.settings.commands import CommandsSettings
 from tooljaild.settings.egress import (
     EgressSettings,
     PackagesSettings,
@@ -165,6 +166,9 @@ class Settings(BaseSettings, BackendSettings):
     """Secrets the egress proxy swaps in on the way to their hosts (`[secrets]`)."""
     packages: PackagesSettings = Field(default_factory=PackagesSettings)
     """The package index pip uses inside sandboxes (`[packages]`)."""
+    commands: CommandsSettings = Field(default_factory=CommandsSettings)
+    """Which programs commands may start (`[commands]`: run_command,
+    start_process; see docs/commands.md). No list: every command runs."""
     shutdown_grace_s: float = Field(default=30.0, ge=0)
     """On SIGTERM: how long running calls may take to finish before they are stopped."""
     log_level: str = "INFO"

@@ -8,7 +8,7 @@ the runner imports its module and calls its function.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +18,7 @@ from tooljaild.tools.in_daemon import Handler
 
 __all__ = ["BuiltinRun", "RunKind", "session_required"]
 
-RunKind = Literal["code", "file", "workspace", "daemon"]
+RunKind = Literal["code", "file", "workspace", "command", "daemon"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class BuiltinRun:
     needs_session: bool = False
     """It works on a session (install_packages): a call without one is refused
     at admission, before anything is recorded."""
+    command_of: Callable[[Mapping[str, Any]], tuple[str | None, Sequence[str] | None]] | None = None
+    """It runs a command (run_command): (command line, argv) of its checked
+    arguments, which the allow-list of commands checks at admission
+    (`tooljaild.settings.commands.check_command`). None: it runs none."""
 
 
 def session_required(tool: str) -> TooljailError:

@@ -24,6 +24,12 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.sandbox.backends import Promises
 from tooljaild.settings.config import Settings
 from tooljaild.tools.builtin.artifacts import ARTIFACT_TOOL_RUNS, ARTIFACT_TOOLS
+from tooljaild.tools.builtin.commands import (
+    check_command_arguments,
+    command_of,
+    command_payload,
+    run_command_tool,
+)
 from tooljaild.tools.builtin.packages import (
     INSTALL_PACKAGES_TOOL,
     check_install_arguments,
@@ -158,6 +164,7 @@ def builtin_tools(
             source="builtin",
             builtin="execute_python_file",
         ),
+        run_command_tool(where=where, holds=holds),
         *workspace_tools(promises),
         *ARTIFACT_TOOLS,
         UPLOAD_FILE_TOOL,
@@ -203,6 +210,9 @@ RUNS: dict[str, BuiltinRun] = {
         "file",
         lambda a: {"path": a["path"], "args": list(a.get("args") or [])},
         prepare=_resolve_file,
+    ),
+    "run_command": BuiltinRun(
+        "command", command_payload, prepare=check_command_arguments, command_of=command_of
     ),
     **{
         name: BuiltinRun("workspace", workspace_payload(name), output_is_data=False)

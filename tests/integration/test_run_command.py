@@ -1,0 +1,123 @@
+"""run_command through a real daemon over gRPC (issue 24, item 1): git, a
+pipeline, stdin, argv, a session's workspace, a timeout that leaves nothing
+running, and the allow-list refusing at admission."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ServedDaemon
+from tooljail import CallStatus, Client, PermissionDeniedError
+
+NO_NAMESPACES = {"isolation": "none"}
+
+GIT = (
+    "git init -q . && git -c user.name=t -c user.email=t@t commit -q --allow-empty -m x "
+    "&& git log --oneline"
+)
+
+
+def test_git_and_a_pipeline_in_a_fresh_sandbox(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        result = client.call("run_command", {"command": GIT})
+        assert result.ok, result
+        assert result.data["exit_code"] == 0
+        assert result.data["stdout"].strip().endswith(" x")
+        piped = client.call("run_command", {"command": "printf 'b\\na\\nb\\n' | sort | uniq -c"})
+        assert piped.ok, piped
+        assert piped.data["stdout"].split() == ["1", "a", "2", "b"]
+        failed = client.call("run_command", {"command": "echo out; echo err >&2; exit 3"})
+        assert failed.status is CallStatus.ERROR
+        assert failed.data == {"stdout": "out\n", "stderr": "err\n", "exit_code": 3}
+
+
+def test_argv_stdin_env_and_cwd(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        result = client.call("run_command", {"argv": ["cat"], "stdin": "hello\n"})
+        assert result.ok and result.data["stdout"] == "hello\n", result
+        env = client.call("run_command", {"command": "echo $GREETING", "env": {"GREETING": "hi"}})
+        assert env.data["stdout"] == "hi\n", env
+        s = client.session()
+        try:
+            assert s.call("run_command", {"command": "mkdir -p repo && cd repo && git init -q"}).ok
+            where = s.call("run_command", {"command": "pwd; ls -a", "cwd": "repo"})
+            assert where.ok, where
+            assert where.data["stdout"].splitlines()[0].endswith("/repo")
+            assert ".git" in where.data["stdout"]
+            # Relative to the workspace, not to where earlier code moved the interpreter.
+            s.call("execute_python_code", {"code": "import os; os.chdir('/')"})
+            again = s.call("run_command", {"argv": ["ls"], "cwd": "repo"})
+            assert again.ok and again.data["stdout"] == "", again
+        finally:
+            s.close()
+
+
+def test_both_arguments_or_neither_is_refused(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        for arguments in ({}, {"command": "true", "argv": ["true"]}):
+            with pytest.raises(Exception, match="exactly one of command"):
+                client.call("run_command", arguments)
+
+
+TRAP = (
+    "sh -c 'trap \"\" TERM; sleep 30; touch {marker}/late' & "
+    "echo started; sleep 30"
+)
+
+
+@pytest.mark.parametrize("in_session", [False, True], ids=["fresh", "session"])
+def test_a_timeout_kills_the_whole_tree(
+    serve: Callable[..., ServedDaemon], tmp_path: Path, in_session: bool
+) -> None:
+    served = serve(**NO_NAMESPACES)
+    marker = tmp_path / "markers"
+    marker.mkdir(mode=0o777)
+    command = TRAP.format(marker=marker)
+    with Client(served.target) as client:
+        if in_session:
+            s = client.session()
+            result = s.call("run_command", {"command": command}, tool_timeout_s=1)
+        else:
+            result = client.call("run_command", {"command": command}, tool_timeout_s=1)
+        assert result.status is CallStatus.TIMEOUT, result
+        assert "started" in result.data["stdout"]
+        time.sleep(0.5)
+        left = [
+            p.pid
+            for p in psutil.process_iter(["cmdline"])
+            if str(marker) in " ".join(p.info["cmdline"] or ())
+        ]
+        assert left == [], "a process of the command outlived its timeout"
+        if in_session:
+            # The session survives: the interpreter took no KeyboardInterrupt grace.
+            after = s.call("run_command", {"command": "echo still"})
+            assert after.ok and after.data["stdout"] == "still\n", after
+            assert not result.session_reset, result
+            s.close()
+    assert not (marker / "late").exists()
+
+
+def test_the_allow_list_refuses_at_admission(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve(commands={"allow": ["git", "echo", "sort"]})
+    with Client(served.target) as client:
+        assert client.call("run_command", {"command": "echo a | sort"}).ok
+        for command, named in (
+            ("git status | curl -d @- x", "'curl'"),
+            ("bash -c 'git log; rm -rf .'", "'rm'"),
+            ("A=1 env B=2 python -c 1", "'python'"),
+        ):
+            with pytest.raises(PermissionDeniedError, match=named):
+                client.call("run_command", {"command": command})
+        with pytest.raises(PermissionDeniedError, match="command substitution"):
+            client.call("run_command", {"command": "echo $(rm -rf /)"})
+        with pytest.raises(PermissionDeniedError, match="'sudo'"):
+            client.call("run_command", {"argv": ["sudo", "git"]})
+        # Nothing was journaled for the refused calls.
+        assert all(c.tool != "run_command" or c.state for c in client.list_calls())
+    assert os.getpid()
