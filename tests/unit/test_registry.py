@@ -94,6 +94,7 @@ def test_builtins_are_served_with_closed_schemas() -> None:
         "execute_python_code",
         "execute_python_code_stream",
         "execute_python_file",
+        "run_command",
         *WORKSPACE_TOOL_NAMES,
         "read_artifact",
         "tail_artifact",

@@ -205,10 +205,9 @@ async def test_a_call_deaf_to_interrupts_is_reset(open_session: Opener) -> None:
     deaf = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
     task, _ = await started(session, "while True: pass", setup=deaf)
     session.interrupt()
-    done, _ = await asyncio.wait({task}, timeout=0.5)
-    assert not done, "a call that ignores SIGINT goes on"
-    assert await session.reset(10)
-    end = await asyncio.wait_for(task, 10)
+    # It would never see the KeyboardInterrupt: reset at once, with no grace
+    # (issue 24, item 6), and no reset needs asking for.
+    end = await asyncio.wait_for(task, 5)
     assert end.outcome.termination is Termination.KILLED
     assert end.reset and session.resets == 1
     end, out = await call(session, "print(x)")

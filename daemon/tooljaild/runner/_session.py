@@ -51,6 +51,7 @@ from typing import Any
 try:  # the daemon's view (mypy): tooljaild.runner._session
     from . import (
         _artifacts,
+        _deadline,
         _frames,
         _interpreter,
         _messages,
@@ -61,6 +62,7 @@ try:  # the daemon's view (mypy): tooljaild.runner._session
     )
 except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
     import _artifacts  # type: ignore[import-not-found, no-redef]
+    import _deadline  # type: ignore[import-not-found, no-redef]
     import _frames  # type: ignore[import-not-found, no-redef]
     import _interpreter  # type: ignore[import-not-found, no-redef]
     import _messages  # type: ignore[import-not-found, no-redef]
@@ -295,9 +297,14 @@ class _Supervisor:
             self.tag = (seq, str(message.get("tag") or ""))
             self._call(seq, message.get("request") or {}, line)
         elif op == "interrupt":
-            if self.running == seq and self.status is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.interpreter, signal.SIGINT)
+            # The call's deadline: its processes die now; only an interpreter
+            # that can take the KeyboardInterrupt gets a grace (_deadline.py).
+            if (
+                self.running == seq
+                and self.status is None
+                and not _deadline.deadline(self.interpreter, self.children)
+            ):
+                self.restart(asked=True)
         elif op == "reset":
             self.restart(asked=True)
             _frames.write_frame({"t": "reset", "seq": seq, "resets": self.resets})

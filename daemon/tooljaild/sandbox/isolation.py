@@ -365,6 +365,7 @@ RUNNER_MODULES = (
     "_interpreter.py",
     "_messages.py",
     "_procs.py",
+    "_deadline.py",
     "_usage.py",
     "_turn.py",
     "_relay.py",
