@@ -4,6 +4,7 @@ running, and the allow-list refusing at admission."""
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import ServedDaemon
+from tests.conftest import ServedDaemon, docker_problem
 from tooljail import CallStatus, Client, PermissionDeniedError
 
 NO_NAMESPACES = {"isolation": "none"}
@@ -119,3 +120,53 @@ def test_the_allow_list_refuses_at_admission(serve: Callable[..., ServedDaemon])
             client.call("run_command", {"argv": ["rm", "x"]}, call_id="refused-1")
         with pytest.raises(Exception, match="refused-1"):
             client.get_call("refused-1")
+
+
+def test_an_identity_and_a_tool_only_narrow_the_daemons_list(
+    serve: Callable[..., ServedDaemon], tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.toml"
+    sha = {name: hashlib.sha256(name.encode()).hexdigest() for name in ("tok-a", "tok-b")}
+    tokens.write_text(
+        f'[identities.a]\ntoken_sha256 = "{sha["tok-a"]}"\ncommands = ["git", "ls"]\n\n'
+        f'[identities.b]\ntoken_sha256 = "{sha["tok-b"]}"\n'
+    )
+    tokens.chmod(0o600)
+    served = serve(
+        auth={"tokens_file": tokens},
+        commands={"allow": ["git", "echo", "sort"], "tools": {"run_command": ["git", "echo"]}},
+    )
+    with Client(served.target, token="tok-a") as a, Client(served.target, token="tok-b") as b:
+        assert a.call("run_command", {"argv": ["git", "--version"]}).ok
+        # echo is the daemon's and the tool's, not a's; ls is a's, not the daemon's.
+        for argv in (["sort"], ["ls"]):
+            with pytest.raises(PermissionDeniedError, match=repr(argv[0])):
+                a.call("run_command", {"argv": argv})
+        assert b.call("run_command", {"argv": ["echo", "b"]}).ok
+        with pytest.raises(PermissionDeniedError, match="'sort'"):  # not the tool's
+            b.call("run_command", {"argv": ["sort"]})
+
+
+@pytest.mark.docker
+def test_run_command_on_the_docker_backend(serve: Callable[..., ServedDaemon]) -> None:
+    """The image carries bash, coreutils, git and procps; a timeout leaves nothing."""
+    problem = docker_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    served = serve(backend="docker", pool_size=1)
+    with Client(served.target) as client:
+        result = client.call("run_command", {"command": GIT + " && ps -e | wc -l && ls --version"})
+        assert result.ok, result
+        assert " x\n" in result.data["stdout"] and "coreutils" in result.data["stdout"]
+        inside = client.call("run_command", {"argv": ["ls", "/.dockerenv"]})
+        assert inside.ok, "not in a container"
+        s = client.session()
+        slow = s.call(
+            "run_command",
+            {"command": "sh -c 'trap \"\" TERM; sleep 30' & echo started; sleep 30"},
+            tool_timeout_s=1,
+        )
+        assert slow.status is CallStatus.TIMEOUT, slow
+        left = s.call("run_command", {"command": "ps -eo comm= | grep -c sleep || true"})
+        assert left.data["stdout"].strip() == "0", left
+        s.close()

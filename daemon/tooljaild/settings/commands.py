@@ -235,7 +235,7 @@ def _programs_of_words(words: list[str], depth: int) -> list[str]:
     if program == "for":
         return []  # the header of a for loop (`for x in a b`): its body is its own command
     if program == "env":
-        return _after_options(rest, depth, {"-u", "--unset", "-C", "--chdir", "-S"})
+        return _after_options(rest, depth, {"-u", "--unset", "-C", "--chdir"})
     if program == "command":
         if any(arg in ("-v", "-V") for arg in rest[:2]):
             return []  # a lookup: runs nothing
@@ -388,6 +388,10 @@ def _simple_commands(text: str) -> list[list[str]]:
                         i += 1
                     redirect_next = False
                 continue
+            end_word()
+            if op == "(" and words:
+                # `name ( ) { ...; }`: bash reads a function definition.
+                raise Uncheckable("a function definition cannot be checked")
             end_command()
             i += len(op)
             continue
