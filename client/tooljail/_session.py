@@ -33,9 +33,13 @@ class Session(_SessionBase):
             s.upload("data.csv", b"a,b\\n1,2\\n")
             report = s.download("report.txt")
 
-    A call that passes its timeout is interrupted; if its code does not stop,
-    the interpreter is restarted (files kept) and the result says so:
-    `result.session_reset`. The session ends at `close()` (or the end of the
+    A call that passes its timeout is interrupted: every process it started
+    is killed at once, and its code gets a KeyboardInterrupt and
+    `interrupt_grace_s` (2 s) to stop; within that grace only the interpreter
+    runs (an ``except KeyboardInterrupt`` or ``finally`` of the call may still
+    act). Code that ignores or blocks SIGINT gets no grace, and code that does
+    not stop within it none more: the interpreter is restarted (files kept)
+    and the result says so: `result.session_reset`. The session ends at `close()` (or the end of the
     `with` block), after its idle TTL, or at its maximum lifetime; calls
     after that raise `SessionEndedError`, whose `reason` says why.
     """

@@ -4,10 +4,15 @@ A session call runs in the session's interpreter, in the session's turn (one
 at a time, in order). Stopping it (its timeout, a cancel, its output limit)
 keeps the session when it can:
 
-1. the running code gets a KeyboardInterrupt (`SessionSandbox.interrupt`);
+1. at once, every process the call started is killed, and the running code
+   gets a KeyboardInterrupt (`SessionSandbox.interrupt`; the supervisor does
+   both, see runner/_deadline.py); code whose SIGINT is ignored or blocked
+   would never see it: the supervisor restarts its interpreter at once
+   instead, and the call ends with no grace;
 2. if the call has not ended `interrupt_grace_s` later, the interpreter is
-   killed and restarted, with every process of the call (`reset`): its
-   variables are gone, its workspace files kept;
+   killed and restarted (`reset`): its variables are gone, its workspace
+   files kept. Within the grace only the interpreter runs (the call's
+   ``except KeyboardInterrupt`` and ``finally`` blocks may still act);
 3. if even that gets no answer within `reset_timeout_s`, the session is
    given up (reason "sandbox_died").
 

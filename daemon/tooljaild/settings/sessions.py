@@ -30,9 +30,10 @@ class SessionSettings(BaseModel):
     """Calls that may wait for their turn in one session (its calls run one at a
     time, in order); past it a call gets RESOURCE_EXHAUSTED."""
     interrupt_grace_s: float = Field(default=2.0, gt=0, le=60)
-    """After a session call's timeout (or cancel) its code gets a KeyboardInterrupt;
-    if it has not stopped this long after, the interpreter is restarted (its
-    variables are lost, its workspace files kept)."""
+    """After a session call's timeout (or cancel) every process it started is
+    killed at once and its code gets a KeyboardInterrupt; if it has not stopped
+    this long after, the interpreter is restarted (its variables are lost, its
+    workspace files kept). Code that ignores or blocks SIGINT gets no grace."""
     reset_timeout_s: float = Field(default=10.0, gt=0, le=120)
     """How long a restart of the interpreter may take before the whole session
     is destroyed instead (reason "sandbox_died")."""
