@@ -5,6 +5,7 @@ running, and the allow-list refusing at admission."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +14,7 @@ import psutil
 import pytest
 
 from tests.conftest import ServedDaemon, docker_problem
-from tooljail import CallStatus, Client, PermissionDeniedError
+from tooljail import CallStatus, Client, Output, PermissionDeniedError
 
 NO_NAMESPACES = {"isolation": "none"}
 
@@ -68,11 +69,14 @@ def test_both_arguments_or_neither_is_refused(served: ServedDaemon) -> None:
 TRAP = "sh -c 'trap \"\" TERM; sleep 30; touch {marker}/late' & echo started; sleep 30"
 
 
+@pytest.mark.parametrize("isolation", ["none", "default"])
 @pytest.mark.parametrize("in_session", [False, True], ids=["fresh", "session"])
 def test_a_timeout_kills_the_whole_tree(
-    serve: Callable[..., ServedDaemon], tmp_path: Path, in_session: bool
+    serve: Callable[..., ServedDaemon], tmp_path: Path, in_session: bool, isolation: str
 ) -> None:
-    served = serve(**NO_NAMESPACES)
+    """A grandchild that ignores SIGTERM is gone too (with namespaces the marker
+    cannot be written on the host: the process table alone tells)."""
+    served = serve(**(NO_NAMESPACES if isolation == "none" else {}))
     marker = tmp_path / "markers"
     marker.mkdir(mode=0o777)
     command = TRAP.format(marker=marker)
@@ -170,3 +174,27 @@ def test_run_command_on_the_docker_backend(serve: Callable[..., ServedDaemon]) -
         left = s.call("run_command", {"command": "ps -eo comm= | grep -c sleep || true"})
         assert left.data["stdout"].strip() == "0", left
         s.close()
+
+
+def test_output_streams_as_it_is_written_and_spills_whole_past_the_cap(
+    served: ServedDaemon,
+) -> None:
+    command = "for i in 1 2 3 4 5; do echo $i $(date +%s.%N); sleep 0.3; done"
+    with Client(served.target) as client:
+        arrivals: list[tuple[float, float]] = []
+        for item in client.stream("run_command", {"command": command}):
+            if isinstance(item, Output):
+                arrivals += [
+                    (time.time(), float(line.split()[1])) for line in item.data.splitlines()
+                ]
+        assert len(arrivals) == 5
+        for (arrived, _), (_, next_printed) in itertools.pairwise(arrivals):
+            assert arrived < next_printed, "a line arrived only after the next was printed"
+        # ~2.9 MB of stdout: the result keeps head and tail; the whole is an artifact.
+        big = client.call("run_command", {"argv": ["seq", "1", "400000"]})
+        assert big.ok and big.truncated, big
+        whole = "".join(f"{i}\n" for i in range(1, 400001)).encode()
+        (ref,) = big.artifacts
+        assert (ref.name, ref.size_bytes) == ("stdout.txt", len(whole))
+        assert client.get_artifact(ref.artifact_id) == whole
+        assert big.data["stdout"].startswith("1\n2\n") and big.data["stdout"].endswith("400000\n")
