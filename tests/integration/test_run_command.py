@@ -42,6 +42,9 @@ def test_argv_stdin_env_and_cwd(served: ServedDaemon) -> None:
     with Client(served.target) as client:
         result = client.call("run_command", {"argv": ["cat"], "stdin": "hello\n"})
         assert result.ok and result.data["stdout"] == "hello\n", result
+        missing = client.call("run_command", {"argv": ["no-such-program"]})
+        assert missing.data["exit_code"] == 127, missing
+        assert "cannot run 'no-such-program'" in missing.data["stderr"]
         env = client.call("run_command", {"command": "echo $GREETING", "env": {"GREETING": "hi"}})
         assert env.data["stdout"] == "hi\n", env
         s = client.session()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.conftest import ServedDaemon
 from tooljail import CallStatus, Client
@@ -16,18 +17,24 @@ from tooljail import CallStatus, Client
 NO_NAMESPACES = {"isolation": "none"}
 
 
+@pytest.mark.parametrize(
+    "deaf",
+    [
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)",
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})",
+    ],
+    ids=["ignored", "blocked"],
+)
 def test_code_that_ignores_sigint_does_not_act_in_the_grace(
-    serve: Callable[..., ServedDaemon], tmp_path: Path
+    serve: Callable[..., ServedDaemon], tmp_path: Path, deaf: str
 ) -> None:
-    """The issue's repro: SIG_IGN, sleep 1.6 s under timeout=1, then write a file."""
+    """The issue's repro: SIG_IGN, sleep 1.6 s under timeout=1, then write a
+    file (and the same with SIGINT blocked)."""
     served = serve(**NO_NAMESPACES)
     marker = tmp_path / "marker"
     tmp_path.chmod(0o777)
     code = (
-        "import signal, time\n"
-        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "time.sleep(1.6)\n"
-        f"open({str(marker)!r}, 'w').write('acted')\n"
+        f"import signal, time\n{deaf}\ntime.sleep(1.6)\nopen({str(marker)!r}, 'w').write('acted')\n"
     )
     with Client(served.target) as client:
         s = client.session()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import os
 import sys
 import types
@@ -253,23 +254,16 @@ def run_command(request: dict[str, Any], root: str) -> dict[str, Any]:
             if write_end >= 0:
                 os.close(read_end)
                 os.close(write_end)
-            error = {
-                "type": "NotADirectory",
-                "message": f"cannot run in {request.get('dir')!r}: {exc.strerror}",
-                "traceback": "",
-            }
-            return {"t": "result", "ok": False, "exit_code": 127, "error": error}
+            return _not_run(
+                "NotADirectory", f"cannot run in {request.get('dir')!r}: {exc.strerror}"
+            )
         try:
             pid = os.posix_spawnp(
                 argv[0], argv, env, file_actions=actions, setsigdef=defaults, setsigmask=()
             )
         except OSError as exc:
-            error = {
-                "type": "CommandNotFound" if exc.errno == 2 else "SpawnError",
-                "message": f"cannot run {argv[0]!r}: {exc.strerror}",
-                "traceback": "",
-            }
-            return {"t": "result", "ok": False, "exit_code": 127, "error": error}
+            type_ = "CommandNotFound" if exc.errno == errno.ENOENT else "SpawnError"
+            return _not_run(type_, f"cannot run {argv[0]!r}: {exc.strerror}")
         finally:
             if write_end >= 0:
                 os.close(read_end)
@@ -301,6 +295,16 @@ def run_command(request: dict[str, Any], root: str) -> dict[str, Any]:
         }
     error = {"type": "ExitCode", "message": f"the command exited with code {code}", "traceback": ""}
     return {"t": "result", "ok": False, "exit_code": code, "error": error}
+
+
+def _not_run(type_: str, message: str) -> dict[str, Any]:
+    """The result of a command that could not start, said on stderr too (as a
+    shell would say it: a model reads stderr first)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"run_command: {message}\n")
+        sys.stderr.flush()
+    error = {"type": type_, "message": message, "traceback": ""}
+    return {"t": "result", "ok": False, "exit_code": 127, "error": error}
 
 
 def _feed(fd: int, data: bytes) -> None:
