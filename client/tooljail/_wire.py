@@ -21,8 +21,8 @@ a reply whose metadata passes 16 KiB.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
@@ -36,8 +36,6 @@ from tooljail._types import (
     Effect,
     EgressDenial,
     Output,
-    ProcessInfo,
-    ProcessState,
     SessionInfo,
     SessionState,
     StreamKind,
@@ -46,6 +44,9 @@ from tooljail._types import (
     ToolResult,
     Usage,
 )
+from tooljail._wire_enums import from_pb as _from_pb
+from tooljail._wire_enums import invert as _invert
+from tooljail._wire_process import process_info_from_proto, process_info_to_proto
 from tooljail.common import MAX_ERROR_MESSAGE_BYTES, bounded
 from tooljail.errors import (
     ERRORS_BY_CODE,
@@ -133,30 +134,11 @@ _STREAM_KIND_TO_PB: dict[StreamKind, pb.StreamKind] = {
     StreamKind.NOTICE: pb.STREAM_KIND_NOTICE,
 }
 
-_K = TypeVar("_K")
-
-
-def _invert(table: Mapping[_K, int]) -> dict[int, _K]:
-    # Keyed by plain int: a message field reads back as an int, possibly one this
-    # SDK has no name for.
-    inverted = {int(v): k for k, v in table.items()}
-    if len(inverted) != len(table):
-        # A duplicate wire value would silently make one direction lossy.
-        raise RuntimeError("enum table is not one-to-one")
-    return inverted
-
 
 _STATUS_FROM_PB = _invert(_STATUS_TO_PB)
 _EFFECT_FROM_PB = _invert(_EFFECT_TO_PB)
 _CALL_STATE_FROM_PB = _invert(_CALL_STATE_TO_PB)
 _STREAM_KIND_FROM_PB = _invert(_STREAM_KIND_TO_PB)
-
-
-def _from_pb(table: Mapping[int, _K], value: int, enum_name: str) -> _K:
-    try:
-        return table[value]
-    except KeyError:
-        raise ValueError(f"unknown or unset tooljail.v1.{enum_name} value {value}") from None
 
 
 def status_to_proto(status: CallStatus) -> pb.Status:
@@ -579,54 +561,6 @@ def session_info_from_proto(m: pb.SessionInfo) -> SessionInfo:
         egress=tuple(m.egress),
         secrets=tuple(m.secrets),
         **{name: getattr(m, name) for name in _SESSION_FIELDS},
-    )
-
-
-_PROCESS_STATE_TO_PB: dict[ProcessState, int] = {
-    ProcessState.RUNNING: pb.PROCESS_STATE_RUNNING,
-    ProcessState.EXITED: pb.PROCESS_STATE_EXITED,
-    ProcessState.KILLED: pb.PROCESS_STATE_KILLED,
-}
-_PROCESS_STATE_FROM_PB = _invert(_PROCESS_STATE_TO_PB)
-
-_PROCESS_FIELDS = (
-    "process_id",
-    "session_id",
-    "name",
-    "command",
-    "pid",
-    "signal",
-    "started_unix",
-    "ended_unix",
-    "cpu_s",
-    "memory_bytes",
-    "output_bytes",
-    "ring_start",
-    "output_artifact_id",
-    "terminal",
-)
-
-
-def process_info_to_proto(p: ProcessInfo) -> pb.ProcessInfo:
-    """A background process's description as its wire message."""
-    return pb.ProcessInfo(
-        state=_PROCESS_STATE_TO_PB[p.state],  # type: ignore[arg-type]
-        exit_code=p.exit_code or 0,
-        has_exit_code=p.exit_code is not None,
-        **{name: getattr(p, name) for name in _PROCESS_FIELDS},
-    )
-
-
-def process_info_from_proto(m: pb.ProcessInfo) -> ProcessInfo:
-    """A background process's description from its wire message.
-
-    Raises:
-        ValueError: When the state is unset or unknown to this SDK.
-    """
-    return ProcessInfo(
-        state=_from_pb(_PROCESS_STATE_FROM_PB, m.state, "ProcessState"),
-        exit_code=m.exit_code if m.has_exit_code else None,
-        **{name: getattr(m, name) for name in _PROCESS_FIELDS},
     )
 
 
