@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import os
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -28,9 +29,12 @@ from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sandbox.session_streams import (
     CHUNK,
     WINDOW,
+    BadPortError,
+    PortError,
     ProcessGoneError,
     SandboxProcess,
     Spawn,
+    SpawnError,
 )
 from tooljaild.settings.sandbox import DockerSandboxConfig, Limits
 
@@ -309,3 +313,125 @@ async def test_a_terminal_resizes(open_session: Opener) -> None:
     shell.signal(signal.SIGKILL)
     end = await asyncio.wait_for(shell.exited, 10)
     assert end.signal == signal.SIGKILL
+
+
+async def test_a_terminal_cannot_be_opened_from_another_sandbox(
+    request: pytest.FixtureRequest, open_session: Opener
+) -> None:
+    if "[none]" in request.node.name:
+        pytest.skip("no isolation: the host's /dev/pts is every sandbox's")
+    mine, other = await open_session(), await open_session()
+    shell = await mine.spawn(Spawn(("sh", "-c", "tty; exec sleep 100"), terminal=(24, 80)))
+    name = (await until(b"\n", shell)).strip().decode()
+    assert name.startswith("/dev/pts/"), name
+    out = await call(
+        other,
+        "import os\n"
+        f"try:\n    os.close(os.open({name!r}, os.O_RDWR | os.O_NOCTTY))\n"
+        "    print('opened')\n"
+        "except OSError as exc:\n    print('refused', exc.errno)\n"
+        "print(sorted(os.listdir('/dev/pts')))",
+    )
+    assert out.startswith(b"refused"), out
+
+
+async def test_past_the_pids_limit_a_spawn_is_refused_saying_so(
+    request: pytest.FixtureRequest, open_session: Opener
+) -> None:
+    if "[none]" in request.node.name and os.getuid() == 0:
+        pytest.skip("no namespaces and root: no process limit holds")
+    # Process backend (no cgroup here): the rlimit; docker: the container's pids
+    # limit (its uid's rlimit counts other containers' processes too).
+    docker = "[docker]" in request.node.name
+    session = await open_session(limits=Limits(nproc=256 if docker else 24, sandbox_pids=24))
+    started: list[SandboxProcess] = []
+    with pytest.raises(SpawnError) as refused:
+        for _ in range(50):
+            started.append(await session.spawn(Spawn(("sleep", "100"), stdin=False)))
+    assert refused.value.limit
+    assert "limit" in str(refused.value) and "pids" in str(refused.value)
+    assert 5 < len(started) < 24
+    # Its processes run on; when one ends there is room again.
+    started[0].signal(signal.SIGKILL)
+    await asyncio.wait_for(started[0].exited, 10)
+    await session.spawn(Spawn(("sleep", "100"), stdin=False))
+
+
+async def test_a_spawn_that_cannot_start_says_why(open_session: Opener) -> None:
+    session = await open_session()
+    with pytest.raises(SpawnError, match="no-such-program") as missing:
+        await session.spawn(Spawn(("no-such-program",)))
+    assert not missing.value.limit
+    with pytest.raises(SpawnError, match="leaves the workspace"):
+        await session.spawn(Spawn(("true",), cwd="../.."))
+    with pytest.raises(SpawnError, match="not a directory"):
+        await session.spawn(Spawn(("true",), cwd="nowhere"))
+    await call(session, "import os\nos.makedirs('repo/sub')")
+    process = await session.spawn(Spawn(("sh", "-c", "pwd; echo $GREETING"), cwd="repo/sub",
+                                        env={"GREETING": "hello"}))  # fmt: skip
+    out = joined(await drain(process), "stdout").decode().split()
+    assert out[0].endswith("/repo/sub") and out[1] == "hello"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_a_port_in_the_session_both_ways_with_a_half_close(open_session: Opener) -> None:
+    session = await open_session()
+    port = free_port()  # (no namespaces: the host's loopback is the session's)
+    server = await session.spawn(
+        Spawn(("python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"), stdin=False)
+    )
+    for _ in range(200):
+        try:
+            stream = await session.connect_port(port)
+            break
+        except PortError:
+            await asyncio.sleep(0.05)
+    else:
+        pytest.fail(f"http.server never listened on {port}")
+    await stream.write(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n")
+    stream.write_eof()  # our side is done: the answer still comes
+    answer = b""
+    while data := await asyncio.wait_for(stream.read(), 20):
+        answer += data
+    assert answer.startswith(b"HTTP/1.0 200"), answer[:200]
+    stream.close()
+    assert b'"GET / HTTP/1.0" 200' in await until(b'"GET / HTTP/1.0" 200', server)
+
+
+async def test_a_port_nothing_listens_on_or_no_port_at_all(open_session: Opener) -> None:
+    session = await open_session()
+    port = free_port()
+    loop = asyncio.get_running_loop()
+    begun = loop.time()
+    with pytest.raises(PortError, match=f"nothing listens on port {port} in the session"):
+        await session.connect_port(port)
+    assert loop.time() - begun < 2
+    asked = session.streams._next
+    for bad in (0, -1, 65536, 10**9):
+        with pytest.raises(BadPortError, match="1-65535") as refused:
+            await session.connect_port(bad)
+        assert isinstance(refused.value, ValueError)
+    assert session.streams._next == asked  # refused here: nothing was sent
+
+
+async def test_stats_of_a_process_and_its_children(open_session: Opener) -> None:
+    session = await open_session()
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    process = await session.spawn(
+        Spawn(("sh", "-c", 'python3 -c "$0"; echo done; sleep 100', burn), stdin=False)
+    )
+    await until(b"done", process)
+    figures = await session.stats([process.pid, 999999])
+    assert set(figures) == {process.pid}
+    cpu, rss = figures[process.pid]
+    assert cpu >= 0.4  # the child it waited for counts
+    assert rss > 100_000
+    process.signal(signal.SIGKILL)
+    await asyncio.wait_for(process.exited, 10)
+    assert await session.stats([process.pid]) == {}
