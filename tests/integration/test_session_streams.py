@@ -603,3 +603,17 @@ async def test_stream_frames_do_not_count_against_a_calls_frame_budget() -> None
     assert all(isinstance(frame, dict) for frame in frames) and len(frames) == 10
     channel.data_received(b'{"t": "yield", "v": "' + b"x" * 20_000 + b'"}\n')
     assert isinstance(frames[-1], Malformed) and frames[-1].fatal  # a call's frames still do
+
+
+async def test_a_write_waits_while_the_process_reads_nothing(open_session: Opener) -> None:
+    session = await open_session()
+    process = await session.spawn(Spawn(("sleep", "100")))  # never reads its stdin
+    writing = asyncio.ensure_future(process.write(b"x" * 4_000_000))
+    await asyncio.sleep(1.0)
+    # The pipe and the supervisor's window are full: the rest waits here, unsent.
+    assert not writing.done()
+    assert process._out.credit < CHUNK
+    process.signal(signal.SIGKILL)
+    with pytest.raises(ProcessGoneError):
+        await asyncio.wait_for(writing, 10)
+    assert (await process.exited).signal == signal.SIGKILL
