@@ -188,7 +188,7 @@ class Streams:
                 with contextlib.suppress(OSError):
                     # The kernel sends SIGWINCH to the terminal's foreground group.
                     fcntl.ioctl(stream.master, termios.TIOCSWINSZ, _winsize(rows, cols))
-        elif op == "close":
+        elif op == "close" and stream.sock is not None:  # (a process is not closed)
             self._forget(stream)
 
     # ------------------------------------------------------------ spawn
@@ -407,7 +407,9 @@ class Streams:
             if event & (select.POLLOUT | select.POLLERR | select.POLLHUP):
                 self._connected(stream)
             return
-        if fd == stream.infd and event & (select.POLLOUT | select.POLLERR):
+        # POLLHUP too: poll reports it whatever the mask, and a flush is what
+        # settles a hung-up input (written, or EPIPE/EIO: closed), so no spin.
+        if fd == stream.infd and event & (select.POLLOUT | select.POLLERR | select.POLLHUP):
             self._flush(stream)
         if fd in stream.out and event & (select.POLLIN | select.POLLHUP | select.POLLERR):
             self._read(stream, fd)
