@@ -233,6 +233,7 @@ async def test_ten_megabytes_through_a_terminal_arrive_whole_and_in_order(
 
 async def test_a_reader_that_stops_stops_the_supervisor_reading(open_session: Opener) -> None:
     session = await open_session()
+    supervisor = int(await call(session, "import os\nprint(os.getppid())"))
     for spec in (
         Spawn(("head", "-c", "8000000", "/dev/zero")),
         Spawn(("head", "-c", "8000000", "/dev/zero"), terminal=(24, 80)),
@@ -240,14 +241,28 @@ async def test_a_reader_that_stops_stops_the_supervisor_reading(open_session: Op
         process = await session.spawn(spec)
         first = await process.output()
         assert first is not None
+        await asyncio.sleep(0.3)
+        cpu_before = await cpu_s(session, supervisor)
         await asyncio.sleep(1.0)
-        # Nobody reads: the daemon holds at most its window, and the writer waits.
+        # Nobody reads: the daemon holds at most its window, and the writer waits
+        # (the supervisor too: it does not spin on a descriptor it may not read).
         assert process.buffered <= WINDOW + CHUNK
         assert session.streams.buffered <= WINDOW + CHUNK
         assert not process.exited.done()
+        assert await cpu_s(session, supervisor) - cpu_before < 0.2
         total = len(first[1]) + sum(len(data) for _, data in await drain(process))
         assert total == 8_000_000
         assert (await process.exited).code == 0
+
+
+async def cpu_s(session: SessionSandbox, pid: int) -> float:
+    """CPU seconds `pid` has used (its /proc stat, read by a call in the session)."""
+    out = await call(
+        session,
+        f"import os\nf = open('/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "print((int(f[11]) + int(f[12])) / os.sysconf('SC_CLK_TCK'))",
+    )
+    return float(out)
 
 
 async def test_stdin_to_cat_then_its_end(open_session: Opener) -> None:
@@ -617,3 +632,14 @@ async def test_a_write_waits_while_the_process_reads_nothing(open_session: Opene
     with pytest.raises(ProcessGoneError):
         await asyncio.wait_for(writing, 10)
     assert (await process.exited).signal == signal.SIGKILL
+
+
+async def test_the_interpreters_death_ends_the_background_processes(open_session: Opener) -> None:
+    session = await open_session()
+    process = await session.spawn(Spawn(("sleep", "100")))
+    end = await session.begin(
+        RunRequest("code", {"code": "import os\nos._exit(3)"}, Limits()), lambda *_: None
+    )
+    assert end.reset
+    assert (await asyncio.wait_for(process.exited, 10)).killed
+    assert (await call(session, "print('a fresh one')")).strip() == b"a fresh one"
