@@ -159,8 +159,7 @@ class _Supervisor:
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _procs.children_reader(self.me)
-        self.streams = _streams.Streams(self.poll, self.root, request, runner)
-        """Background processes, terminals and port connections (_streams.py)."""
+        self.streams = _streams.Streams(self.poll, self.root, request, runner)  # (no tool's)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
 
@@ -291,17 +290,14 @@ class _Supervisor:
                 return
             if pid == self.interpreter:
                 self.status, self.reaped = status, (pid, rusage)
-            else:
-                self.streams.reaped(pid, status)
+            self.streams.reaped(pid, status)  # (a pid not of its processes: nothing)
 
     def _on_request(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-            op = message["op"]
-            if op in _streams.OPS:
-                self.streams.on_op(op, message)
-                return
-            seq = int(message["seq"])
+            if message["op"] in _streams.OPS:
+                return self.streams.on_op(message["op"], message)
+            op, seq = message["op"], int(message["seq"])
         except (ValueError, KeyError, TypeError, RecursionError):
             return  # the daemon writes none such
         if op == "call":
@@ -486,8 +482,8 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor, but the interpreter and the
-        background processes unless `everything` (_streams.Streams.sweep)."""
+        """End every process below the supervisor; unless `everything`, not the interpreter's."""
+        # (nor the background processes': _streams.Streams.sweep)
         self.streams.sweep(self.me, self.interpreter, self.children, self._reap, everything)
 
 
