@@ -350,7 +350,7 @@ class _Supervisor:
             self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
-            self._write(seq, _failed(error), reset=False)
+            self._write(seq, _messages.failed(error), reset=False)
 
     def _workspace(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run a workspace operation here, where no tool code runs."""
@@ -360,7 +360,7 @@ class _Supervisor:
             value = _workspace.run(op, request.get("args") or {}, self.root, quota)
         except _workspace.WorkspaceError as exc:
             type_, message = _workspace.error_of(exc)
-            return _failed({"type": type_, "message": message})
+            return _messages.failed({"type": type_, "message": message})
         except Exception as exc:
             return {"t": "result", "ok": False, "exit_code": 1, "error": _frames.error(exc)}
         return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
@@ -482,14 +482,10 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor; unless `everything`, not the interpreter's."""
-        # (nor the background processes': _streams.Streams.sweep)
+        """End every process below the supervisor (unless `everything`, not the
+        interpreter nor the background processes: _streams.Streams.sweep)."""
         self.streams.sweep(self.me, self.interpreter, self.children, self._reap, everything)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
     """SIGCHLD's handler: its wakeup byte is all that matters."""
-
-
-def _failed(error: dict[str, str]) -> dict[str, Any]:
-    return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}
