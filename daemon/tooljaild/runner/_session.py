@@ -57,6 +57,7 @@ try:  # the daemon's view (mypy): tooljaild.runner._session
         _messages,
         _procs,
         _relay,
+        _streams,
         _usage,
         _workspace,
     )
@@ -68,6 +69,7 @@ except ImportError:  # a sandbox: top-level modules beside _runner.py, on the pa
     import _messages  # type: ignore[import-not-found, no-redef]
     import _procs  # type: ignore[import-not-found, no-redef]
     import _relay  # type: ignore[import-not-found, no-redef]
+    import _streams  # type: ignore[import-not-found, no-redef]
     import _usage  # type: ignore[import-not-found, no-redef]
     import _workspace  # type: ignore[import-not-found, no-redef]
 
@@ -96,6 +98,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
     supervisor.start_interpreter()
     _frames.write_frame({"t": "session", "interpreter": supervisor.interpreter})
     supervisor.serve()
+    supervisor.streams.write = _streams.quiet  # the daemon is gone: nobody reads frames
     supervisor.sweep(everything=True)
     os._exit(0)
 
@@ -158,6 +161,7 @@ class _Supervisor:
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _procs.children_reader(self.me)
+        self.streams = _streams.Streams(self.poll, self.root, request, runner)  # (no tool's)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
 
@@ -248,8 +252,10 @@ class _Supervisor:
     def serve(self) -> None:
         """Serve until the daemon closes the request pipe (or it breaks)."""
         while True:
-            for fd, _ in self.poll.poll(self.relay.paused_ms()):
-                if fd in self.relay.fds:
+            for fd, event in self.poll.poll(self.relay.paused_ms()):
+                if fd in self.streams.fds:
+                    self.streams.on_event(fd, event)
+                elif fd in self.relay.fds:
                     self.relay.read(fd, running=self.running is not None)
                 elif fd == self.wake_r:
                     with contextlib.suppress(OSError):
@@ -286,12 +292,15 @@ class _Supervisor:
                 return
             if pid == self.interpreter:
                 self.status, self.reaped = status, (pid, rusage)
+            self.streams.reaped(pid, status)  # (a pid not of its processes: nothing)
 
     def _on_request(self, line: bytes) -> None:
         try:
             message = json.loads(line)
+            if message["op"] in _streams.OPS:
+                return self.streams.on_op(message["op"], message)
             op, seq = message["op"], int(message["seq"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return  # the daemon writes none such
         if op == "call":
             self.tag = (seq, str(message.get("tag") or ""))
@@ -348,7 +357,7 @@ class _Supervisor:
             self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
-            self._write(seq, _failed(error), reset=False)
+            self._write(seq, _messages.failed(error), reset=False)
 
     def _workspace(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run a workspace operation here, where no tool code runs."""
@@ -357,8 +366,8 @@ class _Supervisor:
         try:
             value = _workspace.run(op, request.get("args") or {}, self.root, quota)
         except _workspace.WorkspaceError as exc:
-            type_, message = _workspace_error(exc)
-            return _failed({"type": type_, "message": message})
+            type_, message = _workspace.error_of(exc)
+            return _messages.failed({"type": type_, "message": message})
         except Exception as exc:
             return {"t": "result", "ok": False, "exit_code": 1, "error": _frames.error(exc)}
         return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
@@ -467,7 +476,7 @@ class _Supervisor:
         threads the interpreter counted (its word: see _turn.py), and the output
         dropped since the call before (the relay's count, and the interpreter's)."""
         told = self.told
-        below = _procs.below(self.me, self.interpreter, self.children)
+        below = _procs.below(self.me, self.interpreter, self.children, self.streams.sessions())
         processes = sum(1 for pid in below if _procs.alive(pid))
         return {
             "processes": processes,
@@ -480,25 +489,10 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor, but the interpreter unless `everything`."""
-        _procs.sweep(self.me, None if everything else self.interpreter, self.children, self._reap)
+        """End every process below the supervisor (unless `everything`, not the
+        interpreter nor the background processes: _streams.Streams.sweep)."""
+        self.streams.sweep(self.me, self.interpreter, self.children, self._reap, everything)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
     """SIGCHLD's handler: its wakeup byte is all that matters."""
-
-
-def _failed(error: dict[str, str]) -> dict[str, Any]:
-    return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}
-
-
-def _workspace_error(exc: BaseException) -> tuple[str, str]:
-    """(type, message) of a `_workspace.WorkspaceError(type_, message)`."""
-    args = [str(arg) for arg in exc.args]
-    type_ = getattr(exc, "type_", None) or getattr(exc, "type", None)
-    message = getattr(exc, "message", None)
-    if not isinstance(type_, str):
-        type_ = args[0] if len(args) > 1 else "WorkspaceError"
-    if not isinstance(message, str):
-        message = args[-1] if args else ""
-    return type_, message

@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _devices  # type: ignore[import-not-found]  # beside this file; path set above
 import _egress  # type: ignore[import-not-found]  # beside this file; path set above
 import _keeper  # type: ignore[import-not-found]  # beside this file; path set above
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
@@ -157,6 +158,7 @@ def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
             )
     if params.get("egress_view"):
         _egress.enter(params["egress_view"], params.get("egress"))
+    _devices.own_devices()  # a devpts instance, the loopback up
     os.chdir("/workspace")
     _check(libc.sethostname(b"tooljail", 8), "sethostname")
     _drop_capabilities()
