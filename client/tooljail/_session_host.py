@@ -9,7 +9,7 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from typing import Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
@@ -57,6 +57,12 @@ class SessionHost(Protocol):
 
     def download_file(self, session_id: str, path: str) -> bytes: ...
 
+    def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> Iterator[pb.ProcessOutput]: ...
+
 
 class AsyncSessionHost(Protocol):
     """The asyncio client's methods an `AsyncSession` calls (as `AsyncClient`'s)."""
@@ -96,5 +102,11 @@ class AsyncSessionHost(Protocol):
     ) -> int: ...
 
     async def download_file(self, session_id: str, path: str) -> bytes: ...
+
+    async def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> AsyncIterator[pb.ProcessOutput]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...

@@ -86,7 +86,7 @@ async def read_process_output(
     else:
         left = limit
         while True:
-            chunks, offset, _ = table.read(process_id, offset, left, select)
+            chunks, offset, _ = table.read(process_id, offset, left if limit else 0, select)
             for chunk in chunks:
                 yield _message(chunk)
                 left -= len(chunk.data)

@@ -11,7 +11,6 @@ import os
 import shlex
 import signal as signals
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -23,12 +22,12 @@ from tooljail.errors import (
     TooljailError,
 )
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.session_streams import SpawnError
 
 __all__ = [
     "MAX_COMMAND_BYTES",
     "MAX_ENV_BYTES",
     "ExitLike",
-    "ProcessSpec",
     "SandboxProcessLike",
     "SpawnSpec",
     "Spawner",
@@ -91,17 +90,6 @@ Spawner = Callable[[SpawnSpec], Awaitable[SandboxProcessLike]]
 """Starts a process in the session's sandbox (`SessionSandbox.spawn`)."""
 Stats = Callable[[Collection[int]], Awaitable[dict[int, tuple[float, int]]]]
 """Measures processes in the session's sandbox (`SessionSandbox.stats`)."""
-
-
-@dataclass(frozen=True)
-class ProcessSpec:
-    """A `SpawnSpec` of this module's (the sandbox takes any object of that shape)."""
-
-    argv: tuple[str, ...]
-    cwd: str = ""
-    env: Mapping[str, str] = field(default_factory=dict)
-    terminal: tuple[int, int] | None = None
-    stdin: bool = True
 
 
 def command_argv(command: str, argv: Sequence[str]) -> tuple[tuple[str, ...], str]:
@@ -219,7 +207,7 @@ def spawn_refusal(exc: SandboxError, spec: SpawnSpec) -> TooljailError:
             f"the session's sandbox refused to start another process: {exc}. It holds as "
             "many processes as its pids limit allows; stop one first"
         )
-    if type(exc).__name__ == "SpawnError":  # the sandbox is fine; it refused this one
+    if isinstance(exc, SpawnError):  # the sandbox is fine; it refused this one
         if spec.cwd and ("cwd" in str(exc) or "directory" in str(exc)):
             return InvalidPathError(f"cwd {spec.cwd!r}: {exc}")
         return InvalidRequestError(f"the process could not start: {exc}")

@@ -28,10 +28,10 @@ from tooljail.errors import InvalidRequestError, ProcessLimitError
 from tooljail.types import ProcessInfo, ProcessState
 from tooljaild.artifacts.store import ArtifactStore, ArtifactWriter, Origin
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.session_streams import Spawn
 from tooljaild.sessions.process_output import Chunk, OutputLog, Select
 from tooljaild.sessions.process_specs import (
     ExitLike,
-    ProcessSpec,
     SandboxProcessLike,
     Spawner,
     SpawnSpec,
@@ -236,7 +236,7 @@ class ProcessTable:
         argv_, shown = command_argv(command, argv)
         if len(name) > 256:
             raise InvalidRequestError("a process's name is at most 256 characters")
-        spec = ProcessSpec(argv=argv_, cwd=check_cwd(cwd), env=check_env(env or {}))
+        spec = Spawn(argv=argv_, cwd=check_cwd(cwd), env=check_env(env or {}))
         return await self.start(spec, name=name, command=shown)
 
     async def start(

@@ -180,8 +180,8 @@ class Session:
         self.processes = ProcessTable(
             session_id,
             client,
-            lambda spec: channel.spawn(spec),  # type: ignore[attr-defined]
-            lambda pids: channel.stats(pids),  # type: ignore[attr-defined]
+            channel.spawn,  # type: ignore[arg-type]  # a SandboxProcess is SandboxProcessLike
+            channel.stats,
             max_processes=settings.max_processes,
             ring_bytes=settings.process_output_ring_bytes,
             artifacts=artifacts,
