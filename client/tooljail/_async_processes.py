@@ -8,7 +8,7 @@ built and decoded by `tooljail._process_base`; the blocking twin is
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from tooljail._process_base import (
     ProcessChunk,
@@ -90,7 +90,7 @@ class AsyncProcesses:
 
     async def follow(
         self, process_id: str, offset: int = 0, stream: ProcessStream = "both"
-    ) -> AsyncIterator[ProcessChunk]:
+    ) -> AsyncGenerator[ProcessChunk, None]:
         """Its output from `offset`, live, until it ended and all of it came. An offset
         past the end waits for output to reach it. After a dropped stream, follow
         again from the last chunk's `next_offset`: nothing is missed or repeated.

@@ -11,7 +11,11 @@ daemon's memory while a process prints fast.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +29,7 @@ import pytest
 import tooljail.testing
 from tests.conftest import ServedDaemon
 from tooljail import (
+    AsyncClient,
     Client,
     InvalidArgumentsError,
     InvalidPathError,
@@ -354,3 +359,97 @@ def test_a_process_printing_50_mb_fast_keeps_the_daemon_small(
         head = s.processes.read(p.process_id, 0, limit=100)
         assert head.data == b"x" * 100 and head.skipped == 0
         assert info.output_artifact_id
+
+
+def _cli(*args: str, target: str) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "TOOLJAIL_TARGET": target}
+    return subprocess.run(
+        [sys.executable, "-m", "tooljaild", *args], capture_output=True, timeout=60, env=env
+    )
+
+
+def test_the_command_line_ps_logs_follow_and_kill(served: ServedDaemon) -> None:
+    t = served.target
+    with Client(t) as client, client.session() as s:
+        p = s.processes.start(
+            "i=0; while :; do i=$((i+1)); echo line $i; sleep 0.05; done", name="ticker"
+        )
+        _wait_until(lambda: b"line 3\n" in s.processes.read(p.process_id).data)
+        ps = _cli("sessions", "ps", s.id, target=t)
+        assert ps.returncode == 0, ps.stderr
+        assert p.process_id in ps.stdout.decode() and "ticker: " in ps.stdout.decode()
+        listed = json.loads(_cli("sessions", "ps", s.id, "--json", target=t).stdout)
+        assert listed[0]["state"] == "running"
+        logs = _cli("sessions", "logs", s.id, p.process_id, target=t)
+        assert logs.returncode == 0 and logs.stdout.startswith(b"line 1\nline 2\n")
+        # -f prints as it comes; Ctrl-C ends it cleanly, saying where to go on
+        env = {**os.environ, "TOOLJAIL_TARGET": t}
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "tooljaild", "sessions", "logs", "-f", s.id, p.process_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        assert follow.stdout is not None
+        seen = b""
+        while seen.count(b"\n") < 5:
+            seen += follow.stdout.read1(4096)
+        follow.send_signal(signal.SIGINT)
+        out, err = follow.communicate(timeout=20)
+        assert follow.returncode == 0, err
+        seen += out
+        assert seen.startswith(b"line 1\n") and b"Traceback" not in err
+        offset = int(err.decode().split("stopped following at offset ")[1].split()[0])
+        assert offset == len(seen)
+        rest = _cli("sessions", "logs", s.id, p.process_id, "--offset", str(offset), target=t)
+        assert (seen + rest.stdout).startswith(s.processes.read(p.process_id, 0).data[:200])
+        killed = _cli("sessions", "kill", s.id, p.process_id, "--signal", "INT", target=t)
+        assert killed.returncode == 0, killed.stderr
+        assert s.processes.wait(p.process_id, 10).signal == signal.SIGINT
+        unknown = _cli("sessions", "kill", s.id, "p-" + "0" * 12, target=t)
+        assert unknown.returncode == 2 and b"no process" in unknown.stderr
+
+
+async def test_the_async_sdk(served: ServedDaemon) -> None:
+    async with AsyncClient(served.target) as client, client.session() as s:
+        p = await s.processes.start(argv=["sh", "-c", "echo one; echo two; read x; echo $x"])
+        got = b""
+        follow = s.processes.follow(p.process_id)
+        async for chunk in follow:
+            got += chunk.data
+            if b"two" in got:
+                break
+        await follow.aclose()
+        await s.processes.write(p.process_id, b"three\n")
+        ended = await s.processes.wait(p.process_id, 10)
+        assert ended.exit_code == 0
+        page = await s.processes.read(p.process_id, len(got))
+        assert got + page.data == b"one\ntwo\nthree\n"
+        assert [i.process_id for i in await s.processes.list()] == [p.process_id]
+
+
+@pytest.mark.docker
+def test_the_main_path_on_docker(serve: Callable[..., ServedDaemon]) -> None:
+    served = serve(backend="docker")
+    in_a_container = "import os\nprint(os.path.exists('/.dockerenv'))"
+    with Client(served.target) as client, client.session() as s:
+        assert s.call("execute_python_code", {"code": in_a_container}).data["stdout"] == "True\n"
+        started = s.call("start_process", {"command": "echo ready; cat"})
+        assert started.ok, started
+        process_id = started.data["process_id"]
+        s.processes.write(process_id, b"hello\n", eof=True)
+        assert s.processes.wait(process_id, 20).exit_code == 0
+        read = s.call("read_process_output", {"process_id": process_id})
+        assert read.data["output"] == "ready\nhello\n" and read.data["exit_code"] == 0
+        sleeper = s.processes.start("sleep 300")
+        assert s.processes.stop(sleeper.process_id, grace_s=1).signal == signal.SIGTERM
+        kept = s.processes.start("sleep 300")
+        result = s.call(
+            "execute_python_code",
+            {
+                "code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+                "time.sleep(30)"
+            },
+            tool_timeout_s=1,
+        )
+        assert [p.process_id for p in result.processes_ended] == [kept.process_id]
