@@ -49,6 +49,7 @@ async def start_process(
 ) -> pb.ProcessInfo:
     """StartProcess: exactly one of command and argv, in the session's workspace."""
     check_file_rpc(identity, "StartProcess", "start_process")
+    session.touch()
     info = await session.processes.start_command(
         request.command,
         tuple(request.argv),
@@ -61,6 +62,7 @@ async def start_process(
 
 async def list_processes(session: Session, identity: Identity | None) -> pb.ListProcessesResponse:
     check_file_rpc(identity, "ListProcesses", "list_processes")
+    session.touch()
     infos = await session.processes.list()
     return pb.ListProcessesResponse(processes=[process_info_to_proto(i) for i in infos])
 
@@ -74,6 +76,7 @@ async def read_process_output(
     until the process ended and all of its output was sent (or `limit`).
     """
     check_file_rpc(identity, "ReadProcessOutput", "read_process_output")
+    session.touch()
     select = _SELECT.get(request.select)
     if select is None:
         raise InvalidRequestError(f"select {request.select} is not an OutputSelect")
@@ -116,6 +119,7 @@ async def write_process_input(
     session: Session, request: pb.WriteProcessInputRequest, identity: Identity | None
 ) -> pb.ProcessInfo:
     check_file_rpc(identity, "WriteProcessInput", "write_process_input")
+    session.touch()
     info = await session.processes.write(request.process_id, request.data, request.eof)
     return process_info_to_proto(info)
 
@@ -126,6 +130,7 @@ async def signal_process(
     """SignalProcess: a signal to its process group; 0 stops it (TERM, then KILL
     after `grace_s`, default 5)."""
     check_file_rpc(identity, "SignalProcess", "stop_process")
+    session.touch()
     table = session.processes
     if request.signal:
         info = table.signal(request.process_id, request.signal)
@@ -138,6 +143,7 @@ async def wait_process(
     session: Session, request: pb.WaitProcessRequest, identity: Identity | None
 ) -> pb.ProcessInfo:
     check_file_rpc(identity, "WaitProcess", "list_processes")
+    session.touch()
     if not 0 <= request.timeout_s <= MAX_WAIT_S:
         raise InvalidRequestError(
             f"timeout_s {request.timeout_s:g} must be within [0, {MAX_WAIT_S:g}] seconds "

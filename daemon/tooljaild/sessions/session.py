@@ -201,6 +201,11 @@ class Session:
     def resets(self) -> int:
         return self.channel.resets
 
+    def touch(self) -> None:
+        """Count as a use for its idle TTL: its background processes' RPCs and tools
+        take no turn, yet a client reading a server's log is using the session."""
+        self.last_used = time.monotonic()
+
     def options_json(self) -> str:
         """Its terms, for the journal."""
         terms = asdict(self.terms)

@@ -180,6 +180,7 @@ def _session(call: DaemonCall) -> Session:
         raise ToolFailure(
             "SessionRequired", f"{call.tool} works on a session: call it with a session_id"
         )
+    call.session.touch()  # a use for its idle TTL, though it takes no turn
     return call.session
 
 
