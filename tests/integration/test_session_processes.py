@@ -308,6 +308,10 @@ def test_bad_input_is_refused_clearly(served: ServedDaemon) -> None:
         channel.close()
         with pytest.raises(InvalidPathError):
             s.processes.start("ls", cwd="../..")
+        with pytest.raises(InvalidPathError, match="'nope' is not a directory in the workspace"):
+            s.processes.start("ls", cwd="nope")
+        with pytest.raises(InvalidRequestError, match="No such file"):
+            s.processes.start(argv=["/no/such/program"])
         with pytest.raises(InvalidRequestError, match="'='"):
             s.processes.start("ls", env={"A=B": "1"})
         with pytest.raises(InvalidRequestError, match="exactly one"):
@@ -453,3 +457,23 @@ def test_the_main_path_on_docker(serve: Callable[..., ServedDaemon]) -> None:
             tool_timeout_s=1,
         )
         assert [p.process_id for p in result.processes_ended] == [kept.process_id]
+
+
+def test_output_the_artifact_store_refuses_is_skipped_and_said(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve(
+        sessions={"process_output_ring_bytes": 64 * 1024},
+        artifacts={"max_artifact_bytes": 256 * 1024},
+    )
+    with Client(served.target) as client, client.session() as s:
+        p = s.processes.start("head -c 1048576 /dev/zero | tr '\\0' y")
+        info = s.processes.wait(p.process_id, 30)
+        assert info.output_bytes == 1024 * 1024 and info.ring_start == 1024 * 1024 - 64 * 1024
+        assert info.output_artifact_id  # what the store took: the first 256 KiB
+        head = s.processes.read(p.process_id, 0, limit=1000)
+        assert head.data == b"y" * 1000 and head.skipped == 0
+        gap = s.processes.read(p.process_id, 300 * 1024, limit=10)
+        assert gap.skipped == info.ring_start - 300 * 1024
+        assert gap.chunks[0].offset == info.ring_start and gap.data == b"y" * 10
+        assert client.get_artifact(info.output_artifact_id) == b"y" * 256 * 1024

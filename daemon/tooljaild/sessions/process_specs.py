@@ -202,13 +202,13 @@ def unknown_process(process_id: str) -> ProcessNotFoundError:
 
 def spawn_refusal(exc: SandboxError, spec: SpawnSpec) -> TooljailError:
     """What the caller is told when the sandbox did not start `spec`."""
-    if getattr(exc, "limit", False):
+    if isinstance(exc, SpawnError) and exc.limit:
         return ProcessLimitError(
             f"the session's sandbox refused to start another process: {exc}. It holds as "
             "many processes as its pids limit allows; stop one first"
         )
     if isinstance(exc, SpawnError):  # the sandbox is fine; it refused this one
-        if spec.cwd and ("cwd" in str(exc) or "directory" in str(exc)):
-            return InvalidPathError(f"cwd {spec.cwd!r}: {exc}")
+        if spec.cwd and "cwd" in str(exc):
+            return InvalidPathError(str(exc))
         return InvalidRequestError(f"the process could not start: {exc}")
     return exc
