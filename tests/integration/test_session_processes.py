@@ -34,6 +34,7 @@ from tooljail import (
     InvalidArgumentsError,
     InvalidPathError,
     InvalidRequestError,
+    PermissionDeniedError,
     ProcessLimitError,
     ProcessNotFoundError,
     SessionNotFoundError,
@@ -245,24 +246,57 @@ def test_a_reset_lists_the_processes_it_ended(served: ServedDaemon) -> None:
         assert s.processes.list()[0].state is ProcessState.KILLED
 
 
-TOKENS = {"agent-a": "token-of-a", "agent-b": "token-of-b"}
+TOKENS = {
+    "agent-a": "token-of-a",
+    "agent-b": "token-of-b",
+    "no-procs": "token-of-no-procs",
+    "procs-only": "token-of-procs-only",
+}
+POLICIES = {
+    "no-procs": 'tools = ["execute_python_code"]\n',
+    "procs-only": 'tools = ["start_process", "read_process_output", "list_processes"]\n',
+}
 
 
 @pytest.fixture
-def two_clients(tmp_path: Path) -> Iterator[tuple[Client, Client]]:
+def authed(tmp_path: Path) -> Iterator[str]:
+    """A daemon with tokens: two identities that may do anything, two with policies."""
     path = tmp_path / "tokens.toml"
     path.write_text(
         "".join(
             f'[identities.{name}]\ntoken_sha256 = "{hashlib.sha256(token.encode()).hexdigest()}"\n'
+            + POLICIES.get(name, "")
             for name, token in TOKENS.items()
         )
     )
     path.chmod(0o600)
     with tooljail.testing.daemon(auth={"tokens_file": str(path)}) as target:
-        a = Client(target, token=TOKENS["agent-a"], retries=0)
-        b = Client(target, token=TOKENS["agent-b"], retries=0)
-        with a, b:
-            yield a, b
+        yield target
+
+
+@pytest.fixture
+def two_clients(authed: str) -> Iterator[tuple[Client, Client]]:
+    a = Client(authed, token=TOKENS["agent-a"], retries=0)
+    b = Client(authed, token=TOKENS["agent-b"], retries=0)
+    with a, b:
+        yield a, b
+
+
+def test_an_identitys_tool_policy_holds_at_the_process_rpcs(authed: str) -> None:
+    with (
+        Client(authed, token=TOKENS["no-procs"], retries=0) as c,
+        c.session() as s,
+        pytest.raises(PermissionDeniedError, match="'start_process'"),
+    ):
+        s.processes.start("true")
+    # tools that work on a session from the daemon are reason enough to open one
+    with Client(authed, token=TOKENS["procs-only"], retries=0) as c, c.session() as s:
+        p = s.call("start_process", {"command": "echo hi"})
+        assert p.ok, p
+        assert s.processes.wait(p.data["process_id"], 10).exit_code == 0
+        assert s.processes.read(p.data["process_id"]).data == b"hi\n"
+        with pytest.raises(PermissionDeniedError, match="'stop_process'"):
+            s.processes.stop(p.data["process_id"])
 
 
 def test_another_clients_session_and_process_are_not_found(

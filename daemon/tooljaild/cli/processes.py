@@ -107,15 +107,31 @@ def _logs(client: Client, args: argparse.Namespace) -> int:
         return EXIT_OK
     offset = args.offset
     follow = processes.follow(args.process_id, offset, stream=args.stream)
+    # Ctrl-C between a chunk's write and its offset's update would print an
+    # offset that repeats bytes: the interrupt waits for the pair to be done.
+    state = {"writing": False, "stop": False}
+
+    def interrupt(signum: int, frame: Any) -> None:
+        state["stop"] = True
+        if not state["writing"]:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
     try:
         for chunk in follow:
+            state["writing"] = True
             out.write(chunk.data)
             out.flush()
             offset = chunk.next_offset
+            state["writing"] = False
+            if state["stop"]:
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
         follow.close()  # ends the RPC
         print(f"\nstopped following at offset {offset} (--offset {offset} goes on from there)",
               file=sys.stderr)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     return EXIT_OK
 
 

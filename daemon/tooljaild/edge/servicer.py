@@ -528,8 +528,9 @@ async def _next_chunk(
 
 
 def _runs_in_a_sandbox(tool: Tool) -> bool:
-    """Whether `tool` runs in a sandbox (so in a session), not in the daemon."""
-    return not tool.runs_in_daemon
+    """Whether `tool` runs in a sandbox (so in a session), not in the daemon; or works
+    on a session from the daemon (install_packages, the process tools)."""
+    return not tool.runs_in_daemon or (tool.run is not None and tool.run.needs_session)
 
 
 def _started(call: Call) -> pb.Started:
