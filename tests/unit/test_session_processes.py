@@ -20,6 +20,7 @@ from tooljail.errors import (
 from tooljail.types import ProcessState
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.session_streams import SpawnError
 from tooljaild.sessions.processes import (
     OutputLog,
     ProcessTable,
@@ -75,10 +76,6 @@ class FakeProcess:
             self.finish(None, signum)
 
 
-class LimitError(SandboxError):
-    limit = True
-
-
 class FakeSandbox:
     def __init__(self, pids: int = 1000) -> None:
         self.processes: list[FakeProcess] = []
@@ -87,7 +84,7 @@ class FakeSandbox:
 
     async def spawn(self, spec: SpawnSpec) -> FakeProcess:
         if len([p for p in self.processes if not p.exited.done()]) >= self.pids:
-            raise LimitError("fork: Resource temporarily unavailable")
+            raise SpawnError("fork: Resource temporarily unavailable", limit=True)
         self.specs.append(spec)
         p = FakeProcess(100 + len(self.processes))
         self.processes.append(p)
