@@ -151,3 +151,22 @@ def _stat(pid: int) -> list[bytes]:
 def alive(pid: int) -> bool:
     """Whether `pid` is a process not yet dead (zombies are)."""
     return _stat(pid)[:1] not in ([], [b"Z"], [b"X"])
+
+
+def tree_usage(pid: int) -> tuple[float, int] | None:
+    """(cpu_s, rss_bytes) of `pid` and its descendants (with the children they
+    waited for); None when it is gone."""
+    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    stack, cpu, rss, seen = [pid], 0, 0, False
+    while stack:
+        current = stack.pop()
+        fields = _stat(current)
+        if len(fields) < 22:
+            continue
+        seen = True
+        # After the name: state(0) ppid pgrp session ... utime(11) stime(12)
+        # cutime(13) cstime(14) ... rss(21), in pages.
+        cpu += sum(int(fields[i]) for i in (11, 12, 13, 14))
+        rss += int(fields[21]) * page
+        stack += _children(current)
+    return (cpu / ticks, rss) if seen else None

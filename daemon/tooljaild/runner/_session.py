@@ -96,7 +96,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
     supervisor.start_interpreter()
     _frames.write_frame({"t": "session", "interpreter": supervisor.interpreter})
     supervisor.serve()
-    supervisor.streams.write = _quiet  # the daemon has gone: nobody reads frames now
+    supervisor.streams.write = _streams.quiet  # the daemon is gone: nobody reads frames
     supervisor.sweep(everything=True)
     os._exit(0)
 
@@ -159,10 +159,7 @@ class _Supervisor:
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _procs.children_reader(self.me)
-        self.streams = _streams.Streams(
-            self.poll, self.root, dict(request.get("env") or {}),
-            dict(request.get("limits") or {}), runner,
-        )  # fmt: skip
+        self.streams = _streams.Streams(self.poll, self.root, request, runner)
         """Background processes, terminals and port connections (_streams.py)."""
         with contextlib.suppress(OSError):
             os.chdir(self.root)
@@ -366,7 +363,7 @@ class _Supervisor:
         try:
             value = _workspace.run(op, request.get("args") or {}, self.root, quota)
         except _workspace.WorkspaceError as exc:
-            type_, message = _workspace_error(exc)
+            type_, message = _workspace.error_of(exc)
             return _failed({"type": type_, "message": message})
         except Exception as exc:
             return {"t": "result", "ok": False, "exit_code": 1, "error": _frames.error(exc)}
@@ -490,18 +487,8 @@ class _Supervisor:
 
     def sweep(self, *, everything: bool) -> None:
         """End every process below the supervisor, but the interpreter and the
-        background processes' sessions unless `everything`."""
-        if everything:
-            self.streams.kill_all()
-            _procs.sweep(self.me, None, self.children, self._reap)
-            self.streams.after_sweep()
-        else:
-            spared = self.streams.sessions()
-            _procs.sweep(self.me, self.interpreter, self.children, self._reap, spared)
-
-
-def _quiet(frame: dict[str, Any]) -> None:
-    """A frame nobody will read."""
+        background processes unless `everything` (_streams.Streams.sweep)."""
+        self.streams.sweep(self.me, self.interpreter, self.children, self._reap, everything)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
@@ -510,15 +497,3 @@ def _ignore(signum: int, frame: types.FrameType | None) -> None:
 
 def _failed(error: dict[str, str]) -> dict[str, Any]:
     return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}
-
-
-def _workspace_error(exc: BaseException) -> tuple[str, str]:
-    """(type, message) of a `_workspace.WorkspaceError(type_, message)`."""
-    args = [str(arg) for arg in exc.args]
-    type_ = getattr(exc, "type_", None) or getattr(exc, "type", None)
-    message = getattr(exc, "message", None)
-    if not isinstance(type_, str):
-        type_ = args[0] if len(args) > 1 else "WorkspaceError"
-    if not isinstance(message, str):
-        message = args[-1] if args else ""
-    return type_, message
