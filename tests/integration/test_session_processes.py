@@ -72,12 +72,8 @@ def _get_in_session(session: Any, port: int, path: str) -> int:
 
 
 def test_a_model_starts_a_server_and_reads_its_log_three_calls_later(
-    serve: Callable[..., ServedDaemon],
+    served: ServedDaemon,
 ) -> None:
-    # Sandboxes started by bubblewrap itself: a zygote's fork without egress
-    # leaves the session's loopback down (its ENETUNREACH is the sandbox floor's
-    # to fix, with port forwarding), and the server must be reached from a call.
-    served = serve(sandbox={"zygote": False})
     with Client(served.target) as client, client.session() as s:
         started = s.call(
             "start_process",
