@@ -177,9 +177,20 @@ async def test_ring_spills_to_an_artifact_so_every_offset_stays_readable(tmp_pat
     assert ended.state is ProcessState.EXITED and ended.exit_code == 0
     assert ended.output_artifact_id
     assert store.read(ended.output_artifact_id, "alice") == bytes(expected)
-    # read back from the committed artifact
+    # the whole output is in the artifact: the ring is let go, reads come from it
+    assert ended.ring_start == len(expected)
     chunks, _, _ = table.read(info.process_id, 0, limit=100)
     assert _whole(chunks) == bytes(expected[:100])
+    tail, nxt, _ = table.read(info.process_id, len(expected) - 50)
+    assert _whole(tail) == bytes(expected[-50:]) and nxt == len(expected)
+    got = bytearray()
+    offset = 0
+    while offset < len(expected):
+        chunks, offset, _ = table.read(info.process_id, offset, select="stderr")
+        got += _whole(chunks)
+    assert bytes(got) == b"".join(
+        (f"line {i} " * 10 + "\n").encode() for i in range(200) if i % 7 == 0
+    )
     store.close()
 
 
@@ -295,6 +306,8 @@ def test_bad_input() -> None:
         command_argv("", [])
     with pytest.raises(InvalidRequestError, match="exactly one"):
         command_argv("ls", ["ls"])
+    with pytest.raises(InvalidRequestError, match="at most 4096"):
+        command_argv("", [""] * 5000)
     assert command_argv("", ["ls", "a b"])[1] == "ls 'a b'"
     assert command_argv("echo hi", [])[0][-1] == "echo hi"
     with pytest.raises(InvalidRequestError, match="'='"):

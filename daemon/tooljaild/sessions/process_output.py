@@ -192,6 +192,10 @@ class OutputLog:
     def close(self, artifact_path: Callable[[str], Path] | None = None) -> None:
         """Every byte has come: keep the spill as an artifact, wake every follower.
 
+        When the artifact holds the whole output, the ring is let go: an ended
+        process's output is read from disk, and a session's ended processes
+        hold no memory beyond their rings of those that never outgrew them.
+
         Args:
             artifact_path: Where a committed artifact of this id is (for reads
                 of the spilled part after the process ended).
@@ -204,6 +208,9 @@ class OutputLog:
         writer, self._writer = self._writer, None
         if writer is not None:
             self._commit(writer)
+        if self.artifact_id and self.spilled == self.end:
+            self._records.clear()
+            self._held, self.ring_start = 0, self.end
         self._wake()
 
     def _wake(self) -> None:

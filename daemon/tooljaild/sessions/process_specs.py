@@ -45,6 +45,8 @@ MAX_ENV_BYTES = 64 * 1024
 """Bytes of a process's added environment, keys and values together."""
 MAX_COMMAND_BYTES = 64 * 1024
 """Bytes of a command line (or of an argv, joined)."""
+MAX_ARGV = 4096
+"""Arguments of an argv."""
 _SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash -lc "$0"; else exec sh -c "$0"; fi'
 """Runs a command line with `bash -lc`, or `sh -c` where the sandbox has no bash."""
 
@@ -105,6 +107,8 @@ def command_argv(command: str, argv: Sequence[str]) -> tuple[tuple[str, ...], st
             "(a program and its arguments)"
         )
     words = [command] if command else list(argv)
+    if len(words) > MAX_ARGV:
+        raise InvalidRequestError(f"argv has {len(words)} entries; at most {MAX_ARGV}")
     if any("\0" in w for w in words):
         raise InvalidRequestError("a command or argument may not hold a NUL byte")
     if sum(len(w.encode()) for w in words) > MAX_COMMAND_BYTES:
