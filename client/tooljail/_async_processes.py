@@ -97,10 +97,14 @@ class AsyncProcesses:
         Closing the iterator ends the RPC.
         """
         request = read_request(self._session_id, process_id, offset, 0, stream, follow=True)
-        async for message in self._host._process_output(request):
-            chunk = decode_chunk(message)
-            if chunk is not None:
-                yield chunk
+        messages = self._host._process_output(request)
+        try:
+            async for message in messages:
+                chunk = decode_chunk(message)
+                if chunk is not None:
+                    yield chunk
+        finally:
+            await messages.aclose()  # closing this generator ends the RPC at once
 
     async def write(self, process_id: str, data: bytes | str, eof: bool = False) -> ProcessInfo:
         """Writes `data` (a str as UTF-8) to its stdin; `eof` closes it after."""

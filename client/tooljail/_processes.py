@@ -97,10 +97,14 @@ class Processes:
         Closing the iterator ends the RPC.
         """
         request = read_request(self._session_id, process_id, offset, 0, stream, follow=True)
-        for message in self._host._process_output(request):
-            chunk = decode_chunk(message)
-            if chunk is not None:
-                yield chunk
+        messages = self._host._process_output(request)
+        try:
+            for message in messages:
+                chunk = decode_chunk(message)
+                if chunk is not None:
+                    yield chunk
+        finally:
+            messages.close()  # closing this generator ends the RPC at once
 
     def write(self, process_id: str, data: bytes | str, eof: bool = False) -> ProcessInfo:
         """Writes `data` (a str as UTF-8) to its stdin; `eof` closes it after."""

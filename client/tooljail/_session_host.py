@@ -9,7 +9,7 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
@@ -61,7 +61,7 @@ class SessionHost(Protocol):
 
     def _process_output(
         self, request: pb.ReadProcessOutputRequest
-    ) -> Iterator[pb.ProcessOutput]: ...
+    ) -> Generator[pb.ProcessOutput, None, None]: ...
 
 
 class AsyncSessionHost(Protocol):
@@ -107,6 +107,6 @@ class AsyncSessionHost(Protocol):
 
     def _process_output(
         self, request: pb.ReadProcessOutputRequest
-    ) -> AsyncIterator[pb.ProcessOutput]: ...
+    ) -> AsyncGenerator[pb.ProcessOutput, None]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...
