@@ -35,6 +35,7 @@ from tooljail import (
     InvalidPathError,
     InvalidRequestError,
     PermissionDeniedError,
+    Processes,
     ProcessLimitError,
     ProcessNotFoundError,
     SessionNotFoundError,
@@ -304,9 +305,9 @@ def test_another_clients_session_and_process_are_not_found(
         never = "p-" + "0" * 12
         # another client's session: not found, as a session id never known
         with pytest.raises(SessionNotFoundError) as theirs:
-            b._process_rpc("ListProcesses", pb.ListProcessesRequest(session_id=sa.id))
+            Processes(b, sa.id).list()
         with pytest.raises(SessionNotFoundError) as unknown:
-            b._process_rpc("ListProcesses", pb.ListProcessesRequest(session_id="0" * 32))
+            Processes(b, "0" * 32).list()
         assert str(theirs.value).replace(sa.id, "X") == str(unknown.value).replace("0" * 32, "X")
         # a process of another session (and client) in one's own: as an unknown id
         with pytest.raises(ProcessNotFoundError) as other:
