@@ -10,6 +10,7 @@ and so on.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from tooljail.errors import InvalidRequestError
@@ -97,6 +98,8 @@ async def read_process_output(
                 break
             if limit and left <= 0:
                 break
+            if not chunks:  # a passed-over stream: let the loop breathe between reads
+                await asyncio.sleep(0)
     info = table.get(process_id).info()
     yield pb.ProcessOutput(
         offset=max(0, offset),

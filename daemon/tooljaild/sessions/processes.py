@@ -368,7 +368,8 @@ class ProcessTable:
             if limit and left <= 0:
                 return
             if offset < output.end:
-                continue  # more kept than one read takes, or a passed-over stream
+                await asyncio.sleep(0)  # more to read (a spill, a passed-over stream)
+                continue
             if output.eof:
                 return
             await changed.wait()
