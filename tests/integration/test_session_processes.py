@@ -508,3 +508,19 @@ def test_output_the_artifact_store_refuses_is_skipped_and_said(
         assert gap.skipped == info.ring_start - 300 * 1024
         assert gap.chunks[0].offset == info.ring_start and gap.data == b"y" * 10
         assert client.get_artifact(info.output_artifact_id) == b"y" * 256 * 1024
+
+
+def test_the_read_tool_never_splits_a_character(served: ServedDaemon) -> None:
+    with Client(served.target) as client, client.session() as s:
+        started = s.call(
+            "start_process", {"command": "printf 'h\\303\\251\\342\\202\\254%.0s' $(seq 50)"}
+        )
+        process_id = started.data["process_id"]
+        text, offset, running = "", 0, True
+        while running or offset < s.processes.list()[0].output_bytes:
+            read = s.call(
+                "read_process_output", {"process_id": process_id, "offset": offset, "limit": 4}
+            )
+            text += read.data["output"]
+            offset, running = read.data["next_offset"], read.data["running"]
+        assert text == "hé€" * 50

@@ -10,6 +10,8 @@ later, while the server runs on.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal as signals
 from typing import Any
 
@@ -31,6 +33,8 @@ READ_LIMIT_BYTES = 16 * 1024
 """What `read_process_output` returns at most when no `limit` is given."""
 MAX_READ_LIMIT_BYTES = 1024 * 1024
 """The largest `limit` it takes."""
+DRAIN_WAIT_S = 1.0
+"""How long `read_process_output` waits for an ended process's last output."""
 STOP_GRACE_S = 5.0
 """How long `stop_process` waits after SIGTERM before SIGKILL."""
 _PROCESS_ID = {"type": "string", "description": "The id start_process returned (p-...)."}
@@ -204,12 +208,23 @@ async def read_process_output(call: DaemonCall) -> dict[str, Any]:
     a = call.arguments
     table = _session(call).processes
     process_id = str(a["process_id"])
+    process = table.get(process_id)
+    if not process.running and not process.drained.done():
+        # It ended: its last output is on its way; "running": false promises it all.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(process.drained), DRAIN_WAIT_S)
     chunks, next_offset, skipped = table.read(
         process_id, int(a.get("offset") or 0), int(a.get("limit") or READ_LIMIT_BYTES)
     )
-    info = table.get(process_id).info()
+    raw = b"".join(c.data for c in chunks)
+    info = process.info()
+    if next_offset < info.output_bytes:
+        # Cut where `limit` split a character: the next read starts with it whole.
+        cut = _split_character(raw)
+        if cut < len(raw):  # never all of it: a read must move on (a limit of 1)
+            raw, next_offset = raw[: len(raw) - cut], next_offset - cut
     data: dict[str, Any] = {
-        "output": b"".join(c.data for c in chunks).decode("utf-8", "replace"),
+        "output": raw.decode("utf-8", "replace"),
         "next_offset": next_offset,
         "running": info.running,
         "exit_code": info.exit_code,
@@ -217,6 +232,16 @@ async def read_process_output(call: DaemonCall) -> dict[str, Any]:
     if skipped:
         data["skipped_bytes"] = skipped  # no longer kept (the ring passed them, no artifact)
     return data
+
+
+def _split_character(data: bytes) -> int:
+    """How many bytes at the end of `data` begin a UTF-8 character they do not finish."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # not a continuation byte: the character's first
+            size = 2 if byte >> 5 == 0b110 else 3 if byte >> 4 == 0b1110 else 4
+            return back if byte >= 0xC0 and size > back else 0
+    return 0
 
 
 async def write_process_input(call: DaemonCall) -> dict[str, Any]:
