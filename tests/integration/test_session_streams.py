@@ -307,6 +307,8 @@ async def test_ctrl_c_on_a_terminal_ends_the_foreground_job_not_the_shell(
         figures = await session.stats([shell.pid])
         if figures and await _has_child(session, shell):
             break
+    else:
+        pytest.fail("the shell never started sleep")
     shell.signal(signal.SIGINT, foreground=True)
     await shell.write(b"echo alive $((6*7))\n")
     await until(b"alive 42", shell)
@@ -316,9 +318,13 @@ async def test_ctrl_c_on_a_terminal_ends_the_foreground_job_not_the_shell(
 
 
 async def _has_child(session: SessionSandbox, shell: SandboxProcess) -> bool:
+    """Whether the shell's child has become `sleep` (then it is the foreground job)."""
     out = await call(
         session,
-        f"print(open('/proc/{shell.pid}/task/{shell.pid}/children').read().strip() != '')",
+        "def comm(pid):\n    try:\n        return open(f'/proc/{pid}/comm').read().strip()\n"
+        "    except OSError:\n        return ''\n"
+        f"kids = open('/proc/{shell.pid}/task/{shell.pid}/children').read().split()\n"
+        "print(any(comm(k) == 'sleep' for k in kids))",
     )
     return out.strip() == b"True"
 

@@ -3,7 +3,10 @@
 The supervisor is a child subreaper: whatever a call's code starts, and
 orphans, is re-parented to it. It finds them all through the kernel's
 children lists, from itself down (`below`), and ends them (`sweep`) before it
-reports a call's end; it counts those a call left (`alive`).
+reports a call's end; it counts those a call left (`alive`). The session's
+background processes (_streams.py) each lead a session of their own, and the
+end-of-call sweep spares those sessions' members (`session_of`); what they
+use is `tree_usage`.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 """
