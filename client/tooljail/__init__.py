@@ -17,8 +17,10 @@ the daemon (`tooljaild`) nor docker or psutil: an agent host needs only grpcio,
 protobuf and pydantic.
 """
 
+from tooljail._async_processes import AsyncProcesses
 from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client, default_target
+from tooljail._processes import Processes
 from tooljail._session import Session
 from tooljail._tooldef import tool
 from tooljail._types import (
@@ -79,6 +81,7 @@ __all__ = [
     "ArtifactNotFoundError",
     "ArtifactRef",
     "AsyncClient",
+    "AsyncProcesses",
     "AsyncSession",
     "BadTimeoutError",
     "CallIdConflictError",
@@ -104,6 +107,7 @@ __all__ = [
     "PortUnreachableError",
     "ProcessLimitError",
     "ProcessNotFoundError",
+    "Processes",
     "Session",
     "SessionEndedError",
     "SessionInfo",

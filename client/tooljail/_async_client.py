@@ -10,6 +10,8 @@ from collections.abc import AsyncGenerator, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+import grpc
+
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_plans import _ClientPlans
@@ -196,6 +198,26 @@ class AsyncClient(_ClientPlans):
     async def download_file(self, session_id: str, path: str) -> bytes:
         """The content of `path` in a session's workspace. See `Client.download_file`."""
         return await self._router.run(self._plan_download_file(session_id, path))
+
+    # --- processes of a session (see `tooljail._async_processes`) ---
+
+    async def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any:
+        return await self._router.run(self._plan_process(method, request, deadline=deadline))
+
+    async def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> AsyncGenerator[pb.ProcessOutput, None]:
+        """A process's output stream, read here (closing it cancels the RPC)."""
+        daemon = await self._router.run(self._plan_process_daemon(request))
+        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
+        call = rpc.start(daemon.stub)
+        try:
+            async for message in call:
+                yield message
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
 
     # --- artifacts ---
 

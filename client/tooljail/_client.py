@@ -23,6 +23,8 @@ from collections.abc import Generator, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+import grpc
+
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
     CLIENT_KEY,
@@ -45,6 +47,7 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
+from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
     "CLIENT_KEY",
@@ -486,6 +489,25 @@ class Client(_ClientPlans):
             TransportError: When the RPC fails.
         """
         return self._router.run(self._plan_download_file(session_id, path))
+
+    # --- processes of a session (see `tooljail._processes`) ---
+
+    def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any:
+        return self._router.run(self._plan_process(method, request, deadline=deadline))
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> Generator[pb.ProcessOutput, None, None]:
+        """A process's output stream, read here (closing it cancels the RPC)."""
+        daemon = self._router.run(self._plan_process_daemon(request))
+        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
+        call = rpc.start(daemon.stub)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
 
     # --- artifacts ---
 

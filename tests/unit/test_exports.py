@@ -68,6 +68,8 @@ EXPECTED_ALL = {
     "ProcessNotFoundError",
     "ProcessLimitError",
     "PortUnreachableError",
+    "Processes",
+    "AsyncProcesses",
 }
 
 
