@@ -201,3 +201,18 @@ def test_output_streams_as_it_is_written_and_spills_whole_past_the_cap(
         assert (ref.name, ref.size_bytes) == ("stdout.txt", len(whole))
         assert client.get_artifact(ref.artifact_id) == whole
         assert big.data["stdout"].startswith("1\n2\n") and big.data["stdout"].endswith("400000\n")
+
+
+def test_the_allow_list_holds_for_background_processes(serve: Callable[..., ServedDaemon]) -> None:
+    """start_process and StartProcess run command lines too: the same list holds."""
+    served = serve(commands={"allow": ["sleep"]})
+    with Client(served.target) as client, client.session() as session:
+        started = session.processes.start("sleep 30")
+        assert started.running
+        with pytest.raises(PermissionDeniedError, match="'rm'"):
+            session.processes.start("sleep 1; rm -rf .")
+        with pytest.raises(PermissionDeniedError, match="'python3'"):
+            session.processes.start(argv=["python3", "-c", "1"])
+        with pytest.raises(PermissionDeniedError, match="'curl'"):
+            session.call("start_process", {"command": "curl http://x"})
+        assert [p.process_id for p in session.processes.list()] == [started.process_id]

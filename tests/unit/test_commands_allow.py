@@ -103,3 +103,13 @@ def test_levels_only_narrow() -> None:
 def test_bad_rules_are_refused_by_name(rule: str) -> None:
     with pytest.raises(ValueError, match="commands"):
         CommandsSettings(allow=[rule])
+
+
+def test_levels_that_share_no_program_allow_none() -> None:
+    # The daemon allows git, the identity ls: together nothing, never everything.
+    allowed = narrow(["git"], ["ls"])
+    assert allowed == frozenset()
+    with pytest.raises(PermissionDeniedError):
+        check_command("ls -l", None, allowed)
+    with pytest.raises(PermissionDeniedError):
+        check_command(None, ["git", "status"], allowed)

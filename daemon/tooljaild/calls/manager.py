@@ -131,6 +131,12 @@ class CallManager:
     def registry(self) -> Registry:
         return self._registry
 
+    def commands_allowed(self, tool: str, identity: Identity | None) -> frozenset[str] | None:
+        """The commands allow-list in force for `tool` run by `identity` (None: none)."""
+        return self._settings.commands.allowed(
+            tool, None if identity is None else identity.commands
+        )
+
     def states(self) -> collections.Counter[CallState]:
         """How many of the calls remembered are in each state."""
         return self._book.states()
@@ -270,9 +276,7 @@ class CallManager:
         gated = identity is not None and identity.needs_approval(tool.name)
         if tool.run is not None and tool.run.command_of is not None:
             # The allow-list of commands, before anything is journaled.
-            allowed = self._settings.commands.allowed(
-                tool.name, None if identity is None else identity.commands
-            )
+            allowed = self.commands_allowed(tool.name, identity)
             check_command(*tool.run.command_of(arguments), allowed)
         request = CheckedRequest(
             asked.call_id,

@@ -21,6 +21,7 @@ from tooljaild.auth.policy import Identity
 from tooljaild.sessions.policy import check_file_rpc
 from tooljaild.sessions.process_output import Chunk, Select
 from tooljaild.sessions.session import Session
+from tooljaild.settings.commands import check_command
 
 __all__ = [
     "list_processes",
@@ -46,10 +47,16 @@ MAX_WAIT_S = 3600.0
 
 
 async def start_process(
-    session: Session, request: pb.StartProcessRequest, identity: Identity | None
+    session: Session,
+    request: pb.StartProcessRequest,
+    identity: Identity | None,
+    allowed: frozenset[str] | None,
 ) -> pb.ProcessInfo:
-    """StartProcess: exactly one of command and argv, in the session's workspace."""
+    """StartProcess: exactly one of command and argv, in the session's workspace,
+    within the commands allow-list in force (`allowed`; None: none)."""
     check_file_rpc(identity, "StartProcess", "start_process")
+    if request.command or request.argv:  # (neither: refused below, as a bad request)
+        check_command(request.command or None, tuple(request.argv) or None, allowed)
     session.touch()
     info = await session.processes.start_command(
         request.command,

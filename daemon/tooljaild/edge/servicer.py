@@ -402,7 +402,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         self, request: pb.StartProcessRequest, context: grpc.aio.ServicerContext
     ) -> pb.ProcessInfo:
         session = self._own_session(request.session_id, context)
-        return await processes.start_process(session, request, self._identity(context))
+        identity = self._identity(context)
+        allowed = self._manager.commands_allowed("start_process", identity)
+        return await processes.start_process(session, request, identity, allowed)
 
     async def ListProcesses(
         self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext

@@ -157,15 +157,15 @@ def check_command(
         command: A shell command line (as ``bash -c`` runs it); or None.
         argv: A plain argv (no shell); or None. Exactly one of the two is used
             (`command` when both are given).
-        allowed: The allow-list in force (`narrow`); None or empty: none, every
-            command passes.
+        allowed: The allow-list in force (`narrow`); None: none, every command
+            passes. Empty (levels that share no program): no program passes.
 
     Raises:
         PermissionDeniedError: It names a program not in the list, or holds
             what cannot be checked (a substitution, eval...): the message
             names the program (or the construct) and the list.
     """
-    if not allowed:
+    if allowed is None:
         return
     try:
         programs = programs_of(command, argv)

@@ -251,6 +251,8 @@ RUNS: dict[str, BuiltinRun] = {
             output_is_data=False,
             in_daemon=handler,
             needs_session=True,
+            # start_process runs a command line: the allow-list holds for it too.
+            command_of=command_of if name == "start_process" else None,
         )
         for name, handler in PROCESS_TOOL_RUNS.items()
     },
