@@ -48,6 +48,10 @@ pytestmark = pytest.mark.timeout(120)
 
 Opener = Callable[..., Awaitable[SessionSandbox]]
 BACKENDS = ["none", "bwrap", "zygote", pytest.param("docker", marks=pytest.mark.docker)]
+ISOLATED = BACKENDS[1:]
+"""Where a sandbox has a /dev/pts of its own: isolation "none" promises none."""
+LIMITED = BACKENDS[1:] if os.getuid() == 0 else BACKENDS
+"""Where a process limit holds: without namespaces, root's rlimit holds nothing."""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -342,11 +346,8 @@ async def test_a_terminal_resizes(open_session: Opener) -> None:
     assert end.signal == signal.SIGKILL
 
 
-async def test_a_terminal_cannot_be_opened_from_another_sandbox(
-    request: pytest.FixtureRequest, open_session: Opener
-) -> None:
-    if "[none]" in request.node.name:
-        pytest.skip("no isolation: the host's /dev/pts is every sandbox's")
+@pytest.mark.parametrize("open_session", ISOLATED, indirect=True)
+async def test_a_terminal_cannot_be_opened_from_another_sandbox(open_session: Opener) -> None:
     mine, other = await open_session(), await open_session()
     shell = await mine.spawn(Spawn(("sh", "-c", "tty; exec sleep 100"), terminal=(24, 80)))
     name = (await until(b"\n", shell)).strip().decode()
@@ -362,11 +363,10 @@ async def test_a_terminal_cannot_be_opened_from_another_sandbox(
     assert out.startswith(b"refused"), out
 
 
+@pytest.mark.parametrize("open_session", LIMITED, indirect=True)
 async def test_past_the_pids_limit_a_spawn_is_refused_saying_so(
     request: pytest.FixtureRequest, open_session: Opener
 ) -> None:
-    if "[none]" in request.node.name and os.getuid() == 0:
-        pytest.skip("no namespaces and root: no process limit holds")
     # Process backend (no cgroup here): the rlimit; docker: the container's pids
     # limit (its uid's rlimit counts other containers' processes too).
     docker = "[docker]" in request.node.name
