@@ -19,7 +19,9 @@ protobuf and pydantic.
 
 from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client, default_target
+from tooljail._forward import AsyncForward, Forward
 from tooljail._session import Session
+from tooljail._terminal import AsyncTerminal, Terminal
 from tooljail._tooldef import tool
 from tooljail._types import (
     ArtifactInfo,
@@ -79,7 +81,9 @@ __all__ = [
     "ArtifactNotFoundError",
     "ArtifactRef",
     "AsyncClient",
+    "AsyncForward",
     "AsyncSession",
+    "AsyncTerminal",
     "BadTimeoutError",
     "CallIdConflictError",
     "CallInfo",
@@ -92,6 +96,7 @@ __all__ = [
     "Effect",
     "EgressDenial",
     "EgressUnavailableError",
+    "Forward",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidPathError",
@@ -112,6 +117,7 @@ __all__ = [
     "SessionState",
     "ShuttingDownError",
     "StreamKind",
+    "Terminal",
     "ToolError",
     "ToolInfo",
     "ToolNotFoundError",
