@@ -14,7 +14,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 SWEEP_ROUNDS = 2000
 """Passes of the end-of-call sweep before it gives up (a process stuck in the
@@ -24,8 +24,15 @@ Children = Callable[..., list[int]]
 """children(pid, single=False): a process's children (see `children_reader`)."""
 
 
-def sweep(me: int, spare: int | None, children: Children, reap: Callable[[], None]) -> None:
-    """SIGKILL every process below `me` (but `spare`, when given) until none is left.
+def sweep(
+    me: int,
+    spare: int | None,
+    children: Children,
+    reap: Callable[[], None],
+    sessions: Collection[int] = (),
+) -> None:
+    """SIGKILL every process below `me` (but `spare`, when given, and the members
+    of `sessions`) until none is left.
 
     They are found through the kernel's children lists, from `me` down: an
     orphan is re-parented to this subreaper, so nothing the tool started
@@ -39,9 +46,14 @@ def sweep(me: int, spare: int | None, children: Children, reap: Callable[[], Non
         spare: A child to leave alive (the interpreter), None: none.
         children: How to list a process's children (`children_reader`).
         reap: Reaps whatever died (the supervisor's own bookkeeping).
+        sessions: Session ids (field 6 of /proc/PID/stat) whose members are
+            spared: the session's background processes (_streams.py), each
+            the leader of a session of its own. Code cannot join a session
+            it did not create (setsid makes a new one, setpgid stays in its
+            own), so no process of a call can hide in one.
     """
     for round_ in range(SWEEP_ROUNDS):
-        pids = [pid for pid in below(me, spare, children) if alive(pid)]
+        pids = [pid for pid in below(me, spare, children, sessions) if alive(pid)]
         if not pids:
             break
         for sig in (signal.SIGSTOP, signal.SIGKILL):
@@ -54,17 +66,26 @@ def sweep(me: int, spare: int | None, children: Children, reap: Callable[[], Non
     reap()
 
 
-def below(me: int, spare: int | None, children: Children) -> list[int]:
-    """Every process below `me` (a process with one thread), but `spare`."""
+def below(
+    me: int, spare: int | None, children: Children, sessions: Collection[int] = ()
+) -> list[int]:
+    """Every process below `me` (a process with one thread), but `spare` and
+    the members of `sessions` (their children of other sessions are in)."""
     found: list[int] = []
     # The supervisor has one thread: its own children list is all of them.
     stack = children(me, single=True)
     while stack:
         pid = stack.pop()
-        if pid != spare:
+        if pid != spare and not (sessions and session_of(pid) in sessions):
             found.append(pid)
         stack += children(pid)
     return found
+
+
+def session_of(pid: int) -> int:
+    """The session id of `pid` (field 6 of /proc/PID/stat); 0 when it is gone."""
+    fields = _stat(pid)
+    return int(fields[3]) if len(fields) > 3 else 0
 
 
 def children_reader(me: int) -> Children:

@@ -56,6 +56,7 @@ try:  # the daemon's view (mypy): tooljaild.runner._session
         _messages,
         _procs,
         _relay,
+        _streams,
         _usage,
         _workspace,
     )
@@ -66,6 +67,7 @@ except ImportError:  # a sandbox: top-level modules beside _runner.py, on the pa
     import _messages  # type: ignore[import-not-found, no-redef]
     import _procs  # type: ignore[import-not-found, no-redef]
     import _relay  # type: ignore[import-not-found, no-redef]
+    import _streams  # type: ignore[import-not-found, no-redef]
     import _usage  # type: ignore[import-not-found, no-redef]
     import _workspace  # type: ignore[import-not-found, no-redef]
 
@@ -94,6 +96,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
     supervisor.start_interpreter()
     _frames.write_frame({"t": "session", "interpreter": supervisor.interpreter})
     supervisor.serve()
+    supervisor.streams.write = _quiet  # the daemon has gone: nobody reads frames now
     supervisor.sweep(everything=True)
     os._exit(0)
 
@@ -156,6 +159,11 @@ class _Supervisor:
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _procs.children_reader(self.me)
+        self.streams = _streams.Streams(
+            self.poll, self.root, dict(request.get("env") or {}),
+            dict(request.get("limits") or {}), runner,
+        )  # fmt: skip
+        """Background processes, terminals and port connections (_streams.py)."""
         with contextlib.suppress(OSError):
             os.chdir(self.root)
 
@@ -246,8 +254,10 @@ class _Supervisor:
     def serve(self) -> None:
         """Serve until the daemon closes the request pipe (or it breaks)."""
         while True:
-            for fd, _ in self.poll.poll(self.relay.paused_ms()):
-                if fd in self.relay.fds:
+            for fd, event in self.poll.poll(self.relay.paused_ms()):
+                if fd in self.streams.fds:
+                    self.streams.on_event(fd, event)
+                elif fd in self.relay.fds:
                     self.relay.read(fd, running=self.running is not None)
                 elif fd == self.wake_r:
                     with contextlib.suppress(OSError):
@@ -284,12 +294,18 @@ class _Supervisor:
                 return
             if pid == self.interpreter:
                 self.status, self.reaped = status, (pid, rusage)
+            else:
+                self.streams.reaped(pid, status)
 
     def _on_request(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-            op, seq = message["op"], int(message["seq"])
-        except (ValueError, KeyError, TypeError):
+            op = message["op"]
+            if op in _streams.OPS:
+                self.streams.on_op(op, message)
+                return
+            seq = int(message["seq"])
+        except (ValueError, KeyError, TypeError, RecursionError):
             return  # the daemon writes none such
         if op == "call":
             self.tag = (seq, str(message.get("tag") or ""))
@@ -460,7 +476,7 @@ class _Supervisor:
         threads the interpreter counted (its word: see _turn.py), and the output
         dropped since the call before (the relay's count, and the interpreter's)."""
         told = self.told
-        below = _procs.below(self.me, self.interpreter, self.children)
+        below = _procs.below(self.me, self.interpreter, self.children, self.streams.sessions())
         processes = sum(1 for pid in below if _procs.alive(pid))
         return {
             "processes": processes,
@@ -473,8 +489,19 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor, but the interpreter unless `everything`."""
-        _procs.sweep(self.me, None if everything else self.interpreter, self.children, self._reap)
+        """End every process below the supervisor, but the interpreter and the
+        background processes' sessions unless `everything`."""
+        if everything:
+            self.streams.kill_all()
+            _procs.sweep(self.me, None, self.children, self._reap)
+            self.streams.after_sweep()
+        else:
+            spared = self.streams.sessions()
+            _procs.sweep(self.me, self.interpreter, self.children, self._reap, spared)
+
+
+def _quiet(frame: dict[str, Any]) -> None:
+    """A frame nobody will read."""
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:

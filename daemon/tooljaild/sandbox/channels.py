@@ -130,6 +130,9 @@ class FrameChannel(asyncio.Protocol):
         self._skipping = False  # inside an oversized line, until its end
         self._discarding = False
         self._budget: int | None = None
+        self.unbudgeted: frozenset[str] = frozenset()
+        """Frame types ("t") whose lines do not count against `limit`'s budget
+        (a session's streams: bounded by their own credit)."""
 
     def discard(self) -> None:
         """Parse and deliver nothing more (the pipe is still read to its end)."""
@@ -197,6 +200,8 @@ class FrameChannel(asyncio.Protocol):
         if not isinstance(frame, dict):
             self.on_frame(Malformed("a JSON line that is not an object"))
             return
+        if self._budget is not None and frame.get("t") in self.unbudgeted:
+            self._budget += len(line) + 1
         self.on_frame(frame)
 
     def eof_received(self) -> bool:

@@ -368,6 +368,7 @@ RUNNER_MODULES = (
     "_usage.py",
     "_turn.py",
     "_relay.py",
+    "_streams.py",
     "_egress.py",
     # A call's, imported when it needs them:
     "_workspace.py",

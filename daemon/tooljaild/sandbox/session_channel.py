@@ -103,7 +103,7 @@ import asyncio
 import json
 import secrets
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,6 +118,13 @@ from tooljaild.sandbox.frames import (
 )
 from tooljaild.sandbox.outcome import read_usage
 from tooljaild.sandbox.runner_channel import RunnerPipes, RunnerSandbox, runner_line
+from tooljaild.sandbox.session_streams import (
+    STREAM_FRAMES,
+    PortStream,
+    SandboxProcess,
+    Spawn,
+    StreamMux,
+)
 from tooljaild.settings.sandbox import Limits
 
 SESSION_KINDS = frozenset({"code", "file", "user", "workspace", "packages"})
@@ -260,6 +267,10 @@ class SessionSandbox:
         self._started: asyncio.Future[bool] = loop.create_future()
         self._resets = _Waiters()
         self._exit_frame: Frame | None = None
+        self.streams = StreamMux(pipes.send)
+        """Background processes, terminals and port connections (session_streams)."""
+        # Their frames are bounded by their credit, not by a call's frame budget.
+        pipes.frames.unbudgeted = STREAM_FRAMES
 
     @classmethod
     async def open(
@@ -436,6 +447,46 @@ class SessionSandbox:
         await self._sandbox.close()
         self._gone()
 
+    # ------------------------------------------------------------ streams
+
+    async def spawn(self, spec: Spawn) -> SandboxProcess:
+        """Start a background process (or a terminal) in the session, in a new
+        session of its own: the end of a call does not end it; a reset, the
+        session's close or the sandbox's end does (`exited` says killed).
+
+        Raises:
+            SpawnError: The supervisor could not start it (the message says
+                why; ``limit`` when a limit refused it).
+            SandboxError: The session has ended.
+        """
+        if self.ended.done():
+            raise SandboxError(f"session sandbox {self.id} has ended")
+        return await self.streams.spawn(spec)
+
+    async def stats(self, pids: Collection[int]) -> dict[int, tuple[float, int]]:
+        """pid -> (cpu_s, rss_bytes) of that process and its descendants, for
+        processes `spawn` started; a pid that is gone is missing. One round trip.
+
+        Raises:
+            SandboxError: The session has ended.
+        """
+        if self.ended.done():
+            raise SandboxError(f"session sandbox {self.id} has ended")
+        return await self.streams.stats(pids)
+
+    async def connect_port(self, port: int, timeout_s: float = 5.0) -> PortStream:
+        """Open a TCP connection to 127.0.0.1:`port` inside the session.
+
+        Raises:
+            PortError: Nothing listens there, the connection was refused or
+                did not answer within `timeout_s`; `BadPortError` (also a
+                ValueError) for a port outside 1-65535, before anything is sent.
+            SandboxError: The session has ended.
+        """
+        if self.ended.done():
+            raise SandboxError(f"session sandbox {self.id} has ended")
+        return await self.streams.connect_port(port, timeout_s)
+
     # ------------------------------------------------------------ frames
 
     def _on_frame(self, item: FrameItem) -> None:
@@ -449,7 +500,9 @@ class SessionSandbox:
                 self._check(call)
             return
         kind = item.get("t")
-        if kind in _CALL_FRAMES:
+        if kind in STREAM_FRAMES:  # the session's streams: no call's
+            self.streams.on_frame(item)
+        elif kind in _CALL_FRAMES:
             if call is not None and item.get("seq") == call.seq and item.get("tag") == call.tag:
                 self._on_call_frame(call, item)
             else:  # not the running call's (it ended, or it never was): nobody's
@@ -505,6 +558,7 @@ class SessionSandbox:
             self._end_call(self._call, None)
         self._start_failed()
         self._resets.resolve_all(False)
+        self.streams.end()
         if not self.ended.done():
             self.ended.set_result(None)
 
