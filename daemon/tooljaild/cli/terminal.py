@@ -103,7 +103,7 @@ def raw_mode(fd: int) -> Iterator[bool]:
 
     saved = termios.tcgetattr(fd)
     try:
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSANOW)  # keys typed ahead are kept, not flushed
         yield True
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -46,6 +46,8 @@ from tooljaild.calls.output import Event
 from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
 from tooljaild.edge.errors import abort_with
+from tooljaild.edge.forward import serve_forward
+from tooljaild.edge.terminal import serve_terminal
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.policy import (
     DOWNLOAD_TOOL,
@@ -451,6 +453,34 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> pb.DeleteArtifactResponse:
         deleted = self._artifact_store().delete(request.artifact_id, self._owner(context))
         return pb.DeleteArtifactResponse(deleted=deleted)
+
+    # --- a terminal and forwarded ports (issue 24; edge/terminal.py, edge/forward.py) ---
+
+    async def Terminal(
+        self, requests: AsyncIterator[pb.TerminalInput], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TerminalOutput]:
+        sessions = self._session_manager()
+        outputs = serve_terminal(
+            requests,
+            lambda session_id: self._own_session(session_id, context),
+            open_timeout_s=sessions.settings.transfer_idle_timeout_s,
+            # SEAM(cmds): the caller's commands allow-list once `[commands] allow` is merged.
+            commands_allowed=None,
+        )
+        async for output in outputs:
+            yield output
+
+    async def ForwardPort(
+        self, requests: AsyncIterator[pb.PortData], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.PortData]:
+        sessions = self._session_manager()
+        outputs = serve_forward(
+            requests,
+            lambda session_id: self._own_session(session_id, context),
+            open_timeout_s=sessions.settings.transfer_idle_timeout_s,
+        )
+        async for output in outputs:
+            yield output
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:
