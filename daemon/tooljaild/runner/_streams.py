@@ -30,6 +30,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import resource
 import select
 import signal
 import socket
@@ -255,7 +256,7 @@ class Streams:
             _close(opened)
             return self._spawn_failed(sid, f"no descriptors for it: {exc}", limit=True)
         try:
-            pid = os.fork()
+            pid = self._fork()
         except OSError as exc:
             _close(opened)
             if exc.errno in (errno.EAGAIN, errno.ENOMEM):
@@ -288,6 +289,21 @@ class Streams:
             self.fds[stream.infd] = stream
         self._watch_all(stream)
         self.write({"t": "spawned", "id": sid, "pid": pid})
+
+    def _fork(self) -> int:
+        """fork(), under the session's process limit (RLIMIT_NPROC) as the
+        interpreter's forks are: EAGAIN past it. Only for this fork: the
+        supervisor's own (a fresh interpreter) must not fail for it."""
+        nproc = self.limits.get("nproc")
+        if not nproc:
+            return os.fork()
+        before = resource.getrlimit(resource.RLIMIT_NPROC)
+        soft = nproc if before[1] == resource.RLIM_INFINITY else min(nproc, before[1])
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, before[1]))
+        try:
+            return os.fork()
+        finally:  # (the child sets the session's limits again before it execs)
+            resource.setrlimit(resource.RLIMIT_NPROC, before)
 
     def _spawn_failed(self, sid: int, message: str, *, limit: bool) -> None:
         self.write({"t": "spawn_failed", "id": sid, "message": message, "limit": limit})
