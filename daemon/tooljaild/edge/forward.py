@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from tooljail.errors import InvalidRequestError, PortUnreachableError
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljaild.sandbox.base import SandboxError
-from tooljaild.sandbox.session_streams import PortError, PortStream
+from tooljaild.sandbox.session_streams import PortError, PortStream, ProcessGoneError
 from tooljaild.sessions.session import Session, ended_error
 
 __all__ = ["MAX_PORT_DATA_BYTES", "check_port", "serve_forward"]
@@ -71,7 +71,10 @@ async def _pump_in(requests: AsyncIterator[pb.PortData], stream: PortStream) -> 
                 f"send at most {MAX_PORT_DATA_BYTES} per message"
             )
         if message.data:
-            await stream.write(message.data)
+            try:
+                await stream.write(message.data)
+            except ProcessGoneError:
+                return  # the server closed the connection: what it did not take is lost
         if message.eof:
             stream.write_eof()
             return
@@ -114,7 +117,6 @@ async def serve_forward(
         session.check_open()
         raise ended_error(session.id, "sandbox_died") from None
     pump: asyncio.Task[None] | None = None
-    reading: asyncio.Future[bytes] | None = None
     try:
         if first.data:
             await stream.write(first.data)
@@ -123,24 +125,27 @@ async def serve_forward(
         yield pb.PortData(session_id=session.id, port=port)
         if not first.eof:
             pump = asyncio.ensure_future(_pump_in(requests, stream))
-        while True:
-            reading = asyncio.ensure_future(stream.read())
-            if pump is not None and not pump.done():
-                await asyncio.wait((reading, pump), return_when=asyncio.FIRST_COMPLETED)
-                if pump.done() and (error := pump.exception()) is not None:
-                    raise error
-            data = await reading
-            reading = None
-            if not data:
-                break
-            # The next read waits for this write: the sandbox's socket is read
-            # only as fast as the client takes its bytes.
+            # A refused input ends the connection, and so the reads below.
+            pump.add_done_callback(lambda done: _close_on_error(done, stream))
+        # The next read waits for each write: the sandbox's socket is read only
+        # as fast as the client takes its bytes.
+        while data := await stream.read():
+            # What has already come goes in the same message (headers and body
+            # of a reply, say): fewer messages, no wait for more.
+            while stream.buffered and len(data) < MAX_PORT_DATA_BYTES // 2:
+                data += await stream.read()
             yield pb.PortData(data=data)
+        if pump is not None and pump.done() and not pump.cancelled() and pump.exception():
+            raise pump.exception()  # type: ignore[misc]
         yield pb.PortData(eof=True)
         if pump is not None:
             await pump  # the client's side may still be sending
     finally:
-        for task in (pump, reading):
-            if task is not None:
-                task.cancel()
+        if pump is not None:
+            pump.cancel()
+        stream.close()
+
+
+def _close_on_error(pump: asyncio.Task[None], stream: PortStream) -> None:
+    if not pump.cancelled() and pump.exception() is not None:
         stream.close()
