@@ -9,25 +9,30 @@ and the docker backend where an engine is there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.unit.test_docker_sandbox import context, engine  # noqa: F401
 from tests.unit.test_process_sandbox import NAMESPACES, build
 from tooljail import StreamKind
 from tooljaild.sandbox.base import RunRequest, Termination
+from tooljaild.sandbox.channels import FrameChannel, FrameItem, Malformed
 from tooljaild.sandbox.docker import build_docker_sandbox
 from tooljaild.sandbox.isolation import resolve
 from tooljaild.sandbox.process import build_process_sandbox, zygote_for
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sandbox.session_streams import (
     CHUNK,
+    STREAM_FRAMES,
     WINDOW,
     BadPortError,
     PortError,
@@ -35,6 +40,7 @@ from tooljaild.sandbox.session_streams import (
     SandboxProcess,
     Spawn,
     SpawnError,
+    StreamMux,
 )
 from tooljaild.settings.sandbox import DockerSandboxConfig, Limits
 
@@ -227,6 +233,7 @@ async def test_ten_megabytes_through_a_terminal_arrive_whole_and_in_order(
 
 async def test_a_reader_that_stops_stops_the_supervisor_reading(open_session: Opener) -> None:
     session = await open_session()
+    supervisor = int(await call(session, "import os\nprint(os.getppid())"))
     for spec in (
         Spawn(("head", "-c", "8000000", "/dev/zero")),
         Spawn(("head", "-c", "8000000", "/dev/zero"), terminal=(24, 80)),
@@ -234,14 +241,28 @@ async def test_a_reader_that_stops_stops_the_supervisor_reading(open_session: Op
         process = await session.spawn(spec)
         first = await process.output()
         assert first is not None
+        await asyncio.sleep(0.3)
+        cpu_before = await cpu_s(session, supervisor)
         await asyncio.sleep(1.0)
-        # Nobody reads: the daemon holds at most its window, and the writer waits.
+        # Nobody reads: the daemon holds at most its window, and the writer waits
+        # (the supervisor too: it does not spin on a descriptor it may not read).
         assert process.buffered <= WINDOW + CHUNK
         assert session.streams.buffered <= WINDOW + CHUNK
         assert not process.exited.done()
+        assert await cpu_s(session, supervisor) - cpu_before < 0.2
         total = len(first[1]) + sum(len(data) for _, data in await drain(process))
         assert total == 8_000_000
         assert (await process.exited).code == 0
+
+
+async def cpu_s(session: SessionSandbox, pid: int) -> float:
+    """CPU seconds `pid` has used (its /proc stat, read by a call in the session)."""
+    out = await call(
+        session,
+        f"import os\nf = open('/proc/{pid}/stat').read().rsplit(')', 1)[1].split()\n"
+        "print((int(f[11]) + int(f[12])) / os.sysconf('SC_CLK_TCK'))",
+    )
+    return float(out)
 
 
 async def test_stdin_to_cat_then_its_end(open_session: Opener) -> None:
@@ -286,6 +307,8 @@ async def test_ctrl_c_on_a_terminal_ends_the_foreground_job_not_the_shell(
         figures = await session.stats([shell.pid])
         if figures and await _has_child(session, shell):
             break
+    else:
+        pytest.fail("the shell never started sleep")
     shell.signal(signal.SIGINT, foreground=True)
     await shell.write(b"echo alive $((6*7))\n")
     await until(b"alive 42", shell)
@@ -295,9 +318,13 @@ async def test_ctrl_c_on_a_terminal_ends_the_foreground_job_not_the_shell(
 
 
 async def _has_child(session: SessionSandbox, shell: SandboxProcess) -> bool:
+    """Whether the shell's child has become `sleep` (then it is the foreground job)."""
     out = await call(
         session,
-        f"print(open('/proc/{shell.pid}/task/{shell.pid}/children').read().strip() != '')",
+        "def comm(pid):\n    try:\n        return open(f'/proc/{pid}/comm').read().strip()\n"
+        "    except OSError:\n        return ''\n"
+        f"kids = open('/proc/{shell.pid}/task/{shell.pid}/children').read().split()\n"
+        "print(any(comm(k) == 'sleep' for k in kids))",
     )
     return out.strip() == b"True"
 
@@ -435,3 +462,190 @@ async def test_stats_of_a_process_and_its_children(open_session: Opener) -> None
     process.signal(signal.SIGKILL)
     await asyncio.wait_for(process.exited, 10)
     assert await session.stats([process.pid]) == {}
+
+
+def host_processes(marker: str) -> list[psutil.Process]:
+    """The host's processes with `marker` in their command line."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if marker in " ".join(process.info["cmdline"] or ()):
+                found.append(process)
+    return found
+
+
+async def test_closing_the_session_leaves_nothing_on_the_host(open_session: Opener) -> None:
+    session = await open_session()
+    marker = f"1000.{secrets.randbelow(10**9)}"  # sleep's argument, unique to this test
+    escaping = (
+        "import subprocess\n"
+        f"subprocess.Popen(['sleep', '{marker}'], start_new_session=True)\n"
+        f"subprocess.run(['sleep', '{marker}'])"
+    )
+    processes = [
+        await session.spawn(Spawn(("sleep", marker))),
+        await session.spawn(Spawn(("sh", "-c", f"sleep {marker}; :"), terminal=(24, 80))),
+        await session.spawn(Spawn(("python3", "-c", escaping), stdin=False)),
+    ]
+    for _ in range(100):
+        if len(host_processes(marker)) >= 4:
+            break
+        await asyncio.sleep(0.05)
+    assert len(host_processes(marker)) >= 4
+    await session.close()
+    for process in processes:
+        end = await asyncio.wait_for(process.exited, 10)
+        assert end.killed
+        await asyncio.wait_for(drain(process), 10)  # what was read, then None
+    for _ in range(100):
+        if not host_processes(marker):
+            break
+        await asyncio.sleep(0.05)
+    assert host_processes(marker) == []
+
+
+async def test_a_reset_kills_the_background_processes(open_session: Opener) -> None:
+    session = await open_session()
+    process = await session.spawn(Spawn(("sh", "-c", "echo before; exec sleep 100")))
+    terminal = await session.spawn(Spawn(("sh",), terminal=(24, 80)))
+    assert b"before" in await until(b"before", process)
+    assert await session.reset(20)
+    for each in (process, terminal):
+        end = await asyncio.wait_for(each.exited, 10)
+        assert end.killed and end.signal == signal.SIGKILL, end
+        await asyncio.wait_for(drain(each), 10)  # its output ends
+    with pytest.raises(ProcessGoneError):
+        await process.write(b"x")
+    assert process.signal(signal.SIGTERM) is None  # ended: a no-op
+    # The session goes on: new processes, new calls.
+    again = await session.spawn(Spawn(("echo", "after")))
+    assert joined(await drain(again), "stdout") == b"after\n"
+    assert (await call(session, "print(6 * 7)")).strip() == b"42"
+
+
+async def test_no_descriptor_of_the_supervisor_reaches_a_process_or_a_new_interpreter(
+    open_session: Opener,
+) -> None:
+    session = await open_session()
+    port = free_port()
+    await session.spawn(
+        Spawn(("python3", "-m", "http.server", str(port), "--bind", "127.0.0.1"), stdin=False)
+    )
+    for _ in range(200):
+        with contextlib.suppress(PortError):
+            stream = await session.connect_port(port)
+            break
+        await asyncio.sleep(0.05)
+    await session.spawn(Spawn(("sh",), terminal=(24, 80)))
+    lister = await session.spawn(
+        Spawn(("python3", "-c", "import os; print(sorted(os.listdir('/proc/self/fd')))"))
+    )
+    assert joined(await drain(lister), "stdout") == b"['0', '1', '2', '3']\n"
+    # A fresh interpreter is forked from the supervisor while it holds a PTY
+    # master and a connection: it must hold neither.
+    await stream.write(b"GET / HTTP/1.0\r\n\r\n")
+    assert await session.reset(20)
+    out = await call(
+        session,
+        "import os\nlinks = []\nfor fd in os.listdir('/proc/self/fd'):\n"
+        "    try:\n        links.append(os.readlink(f'/proc/self/fd/{fd}'))\n"
+        "    except OSError:\n        pass\n"
+        "print(sum(link.startswith('socket:') for link in links), "
+        "any('pt' in link for link in links))",
+    )
+    assert out.split() == [b"1", b"False"]  # its own request socket, no terminal
+
+
+HOSTILE_OPS = [
+    b"not json",
+    b"[1, 2]",
+    b'{"op": "spawn"}',
+    b'{"op": "spawn", "id": "x", "argv": ["true"]}',
+    b'{"op": "spawn", "id": 9001, "argv": [1, 2]}',
+    b'{"op": "spawn", "id": 9002, "argv": []}',
+    b'{"op": "spawn", "id": 9003, "argv": ["true"], "env": {"A=B": "c"}}',
+    b'{"op": "spawn", "id": 9004, "argv": ["true"], "env": [1]}',
+    b'{"op": "spawn", "id": 9005, "argv": ["true"], "terminal": [0, 99999]}',
+    b'{"op": "spawn", "id": 9006, "argv": ["true"], "cwd": 5}',
+    b'{"op": "spawn", "id": 9007, "argv": ["tr\\u0000ue"]}',
+    b'{"op": "connect", "id": 9008, "port": 70000}',
+    b'{"op": "connect", "id": 9009, "port": true}',
+    b'{"op": "stats", "id": 9010, "pids": "all"}',
+    b'{"op": "write", "id": 1, "d": "!!!not base64"}',
+    b'{"op": "write", "id": 1, "d": 5}',
+    b'{"op": "credit", "id": 1, "n": -5}',
+    b'{"op": "credit", "id": 1, "n": 99999999999999999999}',
+    b'{"op": "signal", "id": 1, "sig": 0}',
+    b'{"op": "signal", "id": 1, "sig": "KILL"}',
+    b'{"op": "resize", "id": 1, "rows": -1, "cols": 1e9}',
+    b'{"op": "eof", "id": 123456789}',
+    b'{"op": "close", "id": 1.5}',
+    b'{"op": "spawn", "id": 9011, "argv": ["true"]' + b"[" * 100000 + b"}",
+]
+
+
+async def test_malformed_ops_never_end_the_supervisor(open_session: Opener) -> None:
+    session = await open_session()
+    cat = await session.spawn(Spawn(("cat",)))  # id 1: the ops above aim at it too
+    for line in HOSTILE_OPS:
+        session._pipes.send(line + b"\n")
+    await cat.write(b"still here\n")
+    assert b"still here" in await until(b"still here", cat)
+    process = await session.spawn(Spawn(("echo", "alive")))
+    assert joined(await drain(process), "stdout") == b"alive\n"
+    assert (await call(session, "print('and calls run')")).strip() == b"and calls run"
+
+
+def test_malformed_frames_are_dropped_by_the_daemon() -> None:
+    sent: list[bytes] = []
+    mux = StreamMux(sent.append)
+    for frame in (
+        {"t": "out"},
+        {"t": "out", "id": "x"},
+        {"t": "out", "id": 7, "s": "stdout", "d": "!!"},
+        {"t": "spawned", "id": 3, "pid": -1},
+        {"t": "room", "id": 7, "n": True},
+        {"t": "exited", "id": 7, "code": "zero"},
+        {"t": "stats", "id": 99, "v": {"x": [1]}},
+    ):
+        mux.on_frame(frame)
+    assert mux.bad_frames >= 2
+    assert mux.buffered == 0
+
+
+async def test_stream_frames_do_not_count_against_a_calls_frame_budget() -> None:
+    frames: list[FrameItem] = []
+    channel = FrameChannel(frames.append, max_bytes=1 << 20, max_containers=1000)
+    channel.unbudgeted = STREAM_FRAMES
+    channel.limit(10_000)
+    out = b'{"t": "out", "id": 1, "s": "stdout", "d": "' + b"A" * 8000 + b'"}\n'
+    for _ in range(10):  # 80 kB of output: eight times the call's budget
+        channel.data_received(out)
+    assert all(isinstance(frame, dict) for frame in frames) and len(frames) == 10
+    channel.data_received(b'{"t": "yield", "v": "' + b"x" * 20_000 + b'"}\n')
+    assert isinstance(frames[-1], Malformed) and frames[-1].fatal  # a call's frames still do
+
+
+async def test_a_write_waits_while_the_process_reads_nothing(open_session: Opener) -> None:
+    session = await open_session()
+    process = await session.spawn(Spawn(("sleep", "100")))  # never reads its stdin
+    writing = asyncio.ensure_future(process.write(b"x" * 4_000_000))
+    await asyncio.sleep(1.0)
+    # The pipe and the supervisor's window are full: the rest waits here, unsent.
+    assert not writing.done()
+    assert process._out.credit < CHUNK
+    process.signal(signal.SIGKILL)
+    with pytest.raises(ProcessGoneError):
+        await asyncio.wait_for(writing, 10)
+    assert (await process.exited).signal == signal.SIGKILL
+
+
+async def test_the_interpreters_death_ends_the_background_processes(open_session: Opener) -> None:
+    session = await open_session()
+    process = await session.spawn(Spawn(("sleep", "100")))
+    end = await session.begin(
+        RunRequest("code", {"code": "import os\nos._exit(3)"}, Limits()), lambda *_: None
+    )
+    assert end.reset
+    assert (await asyncio.wait_for(process.exited, 10)).killed
+    assert (await call(session, "print('a fresh one')")).strip() == b"a fresh one"

@@ -63,3 +63,8 @@ def artifact_fields(message: dict[str, Any]) -> dict[str, Any] | None:
 def _count(value: Any) -> int:
     """A count the interpreter told: a non-negative int, else 0."""
     return min(value, 1 << 62) if type(value) is int and value > 0 else 0
+
+
+def failed(error: dict[str, str]) -> dict[str, Any]:
+    """A failed call's result frame for `error` ({"type", "message"}), with no traceback."""
+    return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}

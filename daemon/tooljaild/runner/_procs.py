@@ -3,7 +3,10 @@
 The supervisor is a child subreaper: whatever a call's code starts, and
 orphans, is re-parented to it. It finds them all through the kernel's
 children lists, from itself down (`below`), and ends them (`sweep`) before it
-reports a call's end; it counts those a call left (`alive`).
+reports a call's end; it counts those a call left (`alive`). The session's
+background processes (_streams.py) each lead a session of their own, and the
+end-of-call sweep spares those sessions' members (`session_of`); what they
+use is `tree_usage`.
 
 stdlib only, as _runner.py: it runs in whatever interpreter the sandbox has.
 """
@@ -151,3 +154,22 @@ def _stat(pid: int) -> list[bytes]:
 def alive(pid: int) -> bool:
     """Whether `pid` is a process not yet dead (zombies are)."""
     return _stat(pid)[:1] not in ([], [b"Z"], [b"X"])
+
+
+def tree_usage(pid: int) -> tuple[float, int] | None:
+    """(cpu_s, rss_bytes) of `pid` and its descendants (with the children they
+    waited for); None when it is gone."""
+    ticks, page = os.sysconf("SC_CLK_TCK"), os.sysconf("SC_PAGE_SIZE")
+    stack, cpu, rss, seen = [pid], 0, 0, False
+    while stack:
+        current = stack.pop()
+        fields = _stat(current)
+        if len(fields) < 22:
+            continue
+        seen = True
+        # After the name: state(0) ppid pgrp session ... utime(11) stime(12)
+        # cutime(13) cstime(14) ... rss(21), in pages.
+        cpu += sum(int(fields[i]) for i in (11, 12, 13, 14))
+        rss += int(fields[21]) * page
+        stack += _children(current)
+    return (cpu / ticks, rss) if seen else None

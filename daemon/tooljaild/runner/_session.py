@@ -96,7 +96,7 @@ def serve(request: dict[str, Any], runner: types.ModuleType) -> None:
     supervisor.start_interpreter()
     _frames.write_frame({"t": "session", "interpreter": supervisor.interpreter})
     supervisor.serve()
-    supervisor.streams.write = _quiet  # the daemon has gone: nobody reads frames now
+    supervisor.streams.write = _streams.quiet  # the daemon is gone: nobody reads frames
     supervisor.sweep(everything=True)
     os._exit(0)
 
@@ -159,11 +159,7 @@ class _Supervisor:
         self.to_sock: socket.socket | None = None
         """The interpreter's request socket (its pipes come over it, with each call)."""
         self.children = _procs.children_reader(self.me)
-        self.streams = _streams.Streams(
-            self.poll, self.root, dict(request.get("env") or {}),
-            dict(request.get("limits") or {}), runner,
-        )  # fmt: skip
-        """Background processes, terminals and port connections (_streams.py)."""
+        self.streams = _streams.Streams(self.poll, self.root, request, runner)  # (no tool's)
         with contextlib.suppress(OSError):
             os.chdir(self.root)
 
@@ -294,17 +290,14 @@ class _Supervisor:
                 return
             if pid == self.interpreter:
                 self.status, self.reaped = status, (pid, rusage)
-            else:
-                self.streams.reaped(pid, status)
+            self.streams.reaped(pid, status)  # (a pid not of its processes: nothing)
 
     def _on_request(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-            op = message["op"]
-            if op in _streams.OPS:
-                self.streams.on_op(op, message)
-                return
-            seq = int(message["seq"])
+            if message["op"] in _streams.OPS:
+                return self.streams.on_op(message["op"], message)
+            op, seq = message["op"], int(message["seq"])
         except (ValueError, KeyError, TypeError, RecursionError):
             return  # the daemon writes none such
         if op == "call":
@@ -357,7 +350,7 @@ class _Supervisor:
             self._send(tagged if tagged.endswith(b"\n") else tagged + b"\n")
         else:
             error = {"type": "InvalidRequest", "message": f"no {kind!r} calls in a session"}
-            self._write(seq, _failed(error), reset=False)
+            self._write(seq, _messages.failed(error), reset=False)
 
     def _workspace(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run a workspace operation here, where no tool code runs."""
@@ -366,8 +359,8 @@ class _Supervisor:
         try:
             value = _workspace.run(op, request.get("args") or {}, self.root, quota)
         except _workspace.WorkspaceError as exc:
-            type_, message = _workspace_error(exc)
-            return _failed({"type": type_, "message": message})
+            type_, message = _workspace.error_of(exc)
+            return _messages.failed({"type": type_, "message": message})
         except Exception as exc:
             return {"t": "result", "ok": False, "exit_code": 1, "error": _frames.error(exc)}
         return {"t": "result", "ok": True, "kind": "json", "value": value, "exit_code": 0}
@@ -489,36 +482,10 @@ class _Supervisor:
         }
 
     def sweep(self, *, everything: bool) -> None:
-        """End every process below the supervisor, but the interpreter and the
-        background processes' sessions unless `everything`."""
-        if everything:
-            self.streams.kill_all()
-            _procs.sweep(self.me, None, self.children, self._reap)
-            self.streams.after_sweep()
-        else:
-            spared = self.streams.sessions()
-            _procs.sweep(self.me, self.interpreter, self.children, self._reap, spared)
-
-
-def _quiet(frame: dict[str, Any]) -> None:
-    """A frame nobody will read."""
+        """End every process below the supervisor (unless `everything`, not the
+        interpreter nor the background processes: _streams.Streams.sweep)."""
+        self.streams.sweep(self.me, self.interpreter, self.children, self._reap, everything)
 
 
 def _ignore(signum: int, frame: types.FrameType | None) -> None:
     """SIGCHLD's handler: its wakeup byte is all that matters."""
-
-
-def _failed(error: dict[str, str]) -> dict[str, Any]:
-    return {"t": "result", "ok": False, "exit_code": 1, "error": {**error, "traceback": ""}}
-
-
-def _workspace_error(exc: BaseException) -> tuple[str, str]:
-    """(type, message) of a `_workspace.WorkspaceError(type_, message)`."""
-    args = [str(arg) for arg in exc.args]
-    type_ = getattr(exc, "type_", None) or getattr(exc, "type", None)
-    message = getattr(exc, "message", None)
-    if not isinstance(type_, str):
-        type_ = args[0] if len(args) > 1 else "WorkspaceError"
-    if not isinstance(message, str):
-        message = args[-1] if args else ""
-    return type_, message

@@ -30,21 +30,19 @@ import contextlib
 import errno
 import fcntl
 import os
-import resource
 import select
-import signal
 import socket
-import struct
 import termios
 import types
 from collections.abc import Callable
 from typing import Any
 
 try:  # the daemon's view (mypy): tooljaild.runner._streams
-    from . import _frames, _procs
+    from . import _frames, _procs, _spawn
 except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
     import _frames  # type: ignore[import-not-found, no-redef]
     import _procs  # type: ignore[import-not-found, no-redef]
+    import _spawn  # type: ignore[import-not-found, no-redef]
 
 CHUNK = 64 * 1024
 """The most raw bytes in one frame's or op's payload (base64 in the JSON line)."""
@@ -52,10 +50,6 @@ WINDOW = 256 * 1024
 """Credit per stream, each way: bytes sent the other side has not yet consumed
 (output) or the supervisor has not yet written (input). The daemon's side
 holds the same constant (sandbox/session_streams.py)."""
-MAX_ARGV = 4096
-"""The most arguments of a spawned program."""
-MAX_ENV = 4096
-"""The most variables a spawn adds."""
 MAX_STREAMS = 4096
 """Processes and connections tracked at once; past it a spawn or connect is refused."""
 OPS = frozenset(
@@ -102,8 +96,8 @@ class Streams:
     Args:
         poll: The supervisor's poll object; every descriptor here is watched there.
         root: The session's workspace (cwd of a spawn is relative to it).
-        env: The session's environment (a spawn's own is added on top).
-        limits: The session's rlimits (a spawned process gets them, but cpu_s).
+        session: The "session" request: its env (a spawn's own is added on
+            top) and limits (a spawned process gets them, but cpu_s).
         runner: The _runner module (its limits and prctl, as they are).
         write: Writes one frame to the daemon.
     """
@@ -112,14 +106,14 @@ class Streams:
         self,
         poll: Any,
         root: str,
-        env: dict[str, str],
-        limits: dict[str, int],
+        session: dict[str, Any],
         runner: types.ModuleType,
         write: Write = _frames.write_frame,
     ) -> None:
         self.poll = poll
         self.root = os.path.realpath(root)
-        self.env = {str(k): str(v) for k, v in env.items()}
+        self.env = {str(k): str(v) for k, v in dict(session.get("env") or {}).items()}
+        limits = dict(session.get("limits") or {})
         self.limits = {k: v for k, v in limits.items() if k != "cpu_s"}
         self.runner = runner
         self.write = write
@@ -183,12 +177,12 @@ class Streams:
         elif op == "resize":
             rows, cols = message.get("rows"), message.get("cols")
             if stream.master >= 0 and isinstance(rows, int) and isinstance(cols, int):
-                if not _dims(rows, cols):
+                if not _spawn.dims(rows, cols):
                     return
                 with contextlib.suppress(OSError):
                     # The kernel sends SIGWINCH to the terminal's foreground group.
-                    fcntl.ioctl(stream.master, termios.TIOCSWINSZ, _winsize(rows, cols))
-        elif op == "close":
+                    fcntl.ioctl(stream.master, termios.TIOCSWINSZ, _spawn.winsize(rows, cols))
+        elif op == "close" and stream.sock is not None:  # (a process is not closed)
             self._forget(stream)
 
     # ------------------------------------------------------------ spawn
@@ -196,129 +190,24 @@ class Streams:
     def _spawn(self, sid: int, message: dict[str, Any]) -> None:
         if sid in self.streams:
             return
-        argv = message.get("argv")
-        if (
-            not isinstance(argv, list)
-            or not argv
-            or len(argv) > MAX_ARGV
-            or not all(isinstance(a, str) and "\0" not in a for a in argv)
-            or not argv[0]
-        ):
-            raise ValueError("argv must be a non-empty list of strings")
-        env_add = message.get("env") or {}
-        if not isinstance(env_add, dict) or len(env_add) > MAX_ENV:
-            raise ValueError("env must be an object of strings")
-        for key, value in env_add.items():
-            if not isinstance(value, str) or not key or "=" in key or "\0" in key + value:
-                raise ValueError(f"env {key[:40]!r} is not a variable")
-        terminal = message.get("terminal")
-        if terminal is not None and not (
-            isinstance(terminal, list) and len(terminal) == 2 and _dims(*terminal)
-        ):
-            raise ValueError("terminal must be [rows, cols], each 1..65535")
-        if len(self.streams) >= MAX_STREAMS:
-            return self._spawn_failed(sid, f"more than {MAX_STREAMS} processes", limit=True)
-        cwd = self._cwd(message.get("cwd"))
-        if isinstance(cwd, tuple):
-            return self._spawn_failed(sid, cwd[0], limit=False)
-        env = {**self.env, **env_add}
+        try:
+            if len(self.streams) >= MAX_STREAMS:
+                raise _spawn.Refused(f"more than {MAX_STREAMS} processes", limit=True)
+            spec = _spawn.read_spec(message, self.root, self.env)
+            started = _spawn.start(spec, self.limits, self.runner)
+        except _spawn.Refused as exc:
+            self.write({"t": "spawn_failed", "id": sid, "message": exc.why, "limit": exc.limit})
+            return
         stream = _Stream(sid)
-        opened: list[int] = []  # every descriptor made here, until it is handed on
-        child_ends: list[int] = []
-        try:
-            if terminal is not None:
-                master, slave = os.openpty()  # both close-on-exec
-                opened += [master, slave]
-                child_ends.append(slave)
-                fcntl.ioctl(slave, termios.TIOCSWINSZ, _winsize(*terminal))
-                stdio = (slave, slave, slave)
-                stream.master = stream.infd = master
-                stream.out = {master: "pty"}
-            else:
-                out_r, out_w = os.pipe2(os.O_CLOEXEC)
-                err_r, err_w = os.pipe2(os.O_CLOEXEC)
-                opened += [out_r, out_w, err_r, err_w]
-                child_ends += [out_w, err_w]
-                if message.get("stdin") is False:
-                    in_r = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-                    opened.append(in_r)
-                    in_w = -1
-                else:
-                    in_r, in_w = os.pipe2(os.O_CLOEXEC)
-                    opened += [in_r, in_w]
-                child_ends.append(in_r)
-                stdio = (in_r, out_w, err_w)
-                stream.infd = in_w
-                stream.out = {out_r: "stdout", err_r: "stderr"}
-            report_r, report_w = os.pipe2(os.O_CLOEXEC)
-            opened += [report_r, report_w]
-        except OSError as exc:
-            _close(opened)
-            return self._spawn_failed(sid, f"no descriptors for it: {exc}", limit=True)
-        try:
-            pid = self._fork()
-        except OSError as exc:
-            _close(opened)
-            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
-                return self._spawn_failed(
-                    sid,
-                    "the sandbox's process limit (pids) refused a new process "
-                    f"(fork: {os.strerror(exc.errno)})",
-                    limit=True,
-                )
-            return self._spawn_failed(sid, f"fork failed: {exc}", limit=False)
-        if pid == 0:  # the child: never returns
-            _child(argv, env, cwd, stdio, terminal is not None, report_w, self.limits, self)
-        os.close(report_w)
-        _close(child_ends)
-        why = _read_all(report_r)
-        os.close(report_r)
-        if why:  # it could not exec: reaped at once, nothing registered
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            _close([fd for fd in opened if fd not in child_ends and fd not in (report_r, report_w)])
-            return self._spawn_failed(sid, why.decode("utf-8", "replace"), limit=False)
-        stream.pid = pid
+        stream.pid, stream.out, stream.infd = started.pid, started.out, started.infd
+        stream.master = started.master
         self.streams[sid] = stream
-        self.by_pid[pid] = stream
-        for fd in stream.out:
+        self.by_pid[stream.pid] = stream
+        for fd in {*stream.out, stream.infd} - {-1}:
             os.set_blocking(fd, False)
             self.fds[fd] = stream
-        if stream.infd >= 0:
-            os.set_blocking(stream.infd, False)
-            self.fds[stream.infd] = stream
         self._watch_all(stream)
-        self.write({"t": "spawned", "id": sid, "pid": pid})
-
-    def _fork(self) -> int:
-        """fork(), under the session's process limit (RLIMIT_NPROC) as the
-        interpreter's forks are: EAGAIN past it. Only for this fork: the
-        supervisor's own (a fresh interpreter) must not fail for it."""
-        nproc = self.limits.get("nproc")
-        if not nproc:
-            return os.fork()
-        before = resource.getrlimit(resource.RLIMIT_NPROC)
-        soft = nproc if before[1] == resource.RLIM_INFINITY else min(nproc, before[1])
-        resource.setrlimit(resource.RLIMIT_NPROC, (soft, before[1]))
-        try:
-            return os.fork()
-        finally:  # (the child sets the session's limits again before it execs)
-            resource.setrlimit(resource.RLIMIT_NPROC, before)
-
-    def _spawn_failed(self, sid: int, message: str, *, limit: bool) -> None:
-        self.write({"t": "spawn_failed", "id": sid, "message": message, "limit": limit})
-
-    def _cwd(self, given: Any) -> str | tuple[str]:
-        """The spawn's directory, absolute; (why,) when it is refused."""
-        rel = "" if given is None else given
-        if not isinstance(rel, str) or "\0" in rel:
-            return ("cwd must be a path relative to the workspace",)
-        path = os.path.realpath(os.path.join(self.root, rel))
-        if path != self.root and not path.startswith(self.root + os.sep):
-            return (f"cwd {rel!r} leaves the workspace",)
-        if not os.path.isdir(path):
-            return (f"cwd {rel!r} is not a directory in the workspace",)
-        return path
+        self.write({"t": "spawned", "id": sid, "pid": stream.pid})
 
     # ------------------------------------------------------------ connect
 
@@ -377,7 +266,7 @@ class Streams:
                 stream = self.by_pid.get(pid) if isinstance(pid, int) else None
                 if stream is None or stream.status is not None:
                     continue
-                figures = _tree_usage(pid)
+                figures = _procs.tree_usage(pid)
                 if figures is not None:
                     values[str(pid)] = list(figures)
         self.write({"t": "stats", "id": sid, "v": values})
@@ -407,7 +296,9 @@ class Streams:
             if event & (select.POLLOUT | select.POLLERR | select.POLLHUP):
                 self._connected(stream)
             return
-        if fd == stream.infd and event & (select.POLLOUT | select.POLLERR):
+        # POLLHUP too: poll reports it whatever the mask, and a flush is what
+        # settles a hung-up input (written, or EPIPE/EIO: closed), so no spin.
+        if fd == stream.infd and event & (select.POLLOUT | select.POLLERR | select.POLLHUP):
             self._flush(stream)
         if fd in stream.out and event & (select.POLLIN | select.POLLHUP | select.POLLERR):
             self._read(stream, fd)
@@ -499,15 +390,19 @@ class Streams:
         stream.status = status
         self._maybe_done(stream)
 
-    def kill_all(self) -> None:
-        """Before the supervisor sweeps everything (reset, close): what dies now
-        was killed. (Connections stay: their server's end tells them.)"""
+    def sweep(self, me: int, interpreter: int, children: Any, reap: Any, everything: bool) -> None:
+        """The supervisor's sweep (_procs.sweep): of a call's processes, sparing
+        the background processes' sessions; or of everything (reset, the
+        interpreter's death, the end), after which each background process is
+        told ended as killed. (Connections stay: their server's end tells them.)"""
+        if not everything:
+            _procs.sweep(me, interpreter, children, reap, self.sessions())
+            return
         for stream in self.streams.values():
             if stream.pid and stream.status is None:
                 stream.killed = True
-
-    def after_sweep(self) -> None:
-        """After a sweep of everything: what is dead is told; its output is read to its end."""
+        _procs.sweep(me, None, children, reap)
+        # What they wrote before they died is read (within credit), then their end told.
         for stream in list(self.streams.values()):
             for fd in list(stream.out):
                 # Whatever it wrote before it died, up to its credit; the rest is dropped.
@@ -587,91 +482,6 @@ class Streams:
         with contextlib.suppress(OSError):
             os.close(fd)
 
-    def child_fds(self) -> list[int]:
-        """Every descriptor held here: a process forked from the supervisor closes them."""
-        return list(self.fds)
-
-
-def _child(
-    argv: list[str],
-    env: dict[str, str],
-    cwd: str,
-    stdio: tuple[int, int, int],
-    terminal: bool,
-    report: int,
-    limits: dict[str, int],
-    streams: Streams,
-) -> None:
-    """In the forked child: become the leader of a new session and exec. Never returns."""
-    try:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGINT, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        # A session of its own: the end-of-call sweep spares it by its session id,
-        # and its signals go to its group (its pid).
-        os.setsid()
-        if terminal:
-            fcntl.ioctl(stdio[0], termios.TIOCSCTTY, 0)
-        for target, fd in enumerate(stdio):
-            os.dup2(fd, target)  # (dup2 leaves 0..2 inheritable)
-        # Nothing of the supervisor's may reach it: the daemon's pipes, other
-        # processes' PTY masters and sockets. Close-on-exec alone would do for
-        # most, but not for descriptors inherited without it.
-        keep = {0, 1, 2, report}
-        for fd in _open_fds():
-            if fd not in keep:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        os.chdir(cwd)
-        runner = streams.runner
-        with contextlib.suppress(ValueError, OSError):
-            runner._apply_limits(limits)
-        # SIGKILL when the supervisor dies (with no pid namespace nothing else would).
-        runner._prctl(runner.PR_SET_PDEATHSIG, int(signal.SIGKILL))
-        os.execvpe(argv[0], argv, env)
-    except BaseException as exc:
-        why = f"{argv[0]}: {exc.strerror if isinstance(exc, OSError) else exc}"
-        with contextlib.suppress(BaseException):
-            os.write(report, why.encode("utf-8", "replace")[:4000])
-    finally:
-        os._exit(127)
-
-
-def _open_fds() -> list[int]:
-    try:
-        return [int(fd) for fd in os.listdir("/proc/self/fd")]
-    except OSError:
-        return list(range(3, 1 << 16))
-
-
-def _read_all(fd: int) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        try:
-            data = os.read(fd, 4096)
-        except InterruptedError:
-            continue
-        if not data:
-            return b"".join(chunks)
-        chunks.append(data)
-
-
-def _close(fds: list[int]) -> None:
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _dims(rows: Any, cols: Any) -> bool:
-    return all(
-        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 65535 for v in (rows, cols)
-    )
-
-
-def _winsize(rows: int, cols: int) -> bytes:
-    return struct.pack("HHHH", rows, cols, 0, 0)
-
 
 def _refused(port: int, code: int) -> str:
     if code == errno.ECONNREFUSED:
@@ -679,22 +489,5 @@ def _refused(port: int, code: int) -> str:
     return f"port {port} in the session: {os.strerror(code)}"
 
 
-def _tree_usage(pid: int) -> tuple[float, int] | None:
-    """(cpu_s, rss_bytes) of `pid` and its descendants; None when it is gone."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    page = os.sysconf("SC_PAGE_SIZE")
-    stack, cpu, rss, seen = [pid], 0, 0, False
-    while stack:
-        p = stack.pop()
-        fields = _procs._stat(p)
-        if len(fields) < 22:
-            continue
-        seen = True
-        # After the name: state ppid pgrp session tty tpgid flags minflt cminflt
-        # majflt cmajflt utime(11) stime(12) cutime(13) cstime(14) ... rss(21)
-        cpu += sum(int(fields[i]) for i in (11, 12, 13, 14))
-        rss += int(fields[21]) * page
-        stack += _procs._children(p)
-    if not seen:
-        return None
-    return cpu / ticks, rss
+def quiet(frame: dict[str, Any]) -> None:
+    """Writes no frame: once the daemon is gone, nobody reads them."""

@@ -113,3 +113,15 @@ def run(op: str, args: dict[str, Any], root: str, quota_bytes: int) -> Any:
         return function(paths.Workspace(root, int(quota_bytes or 0)), args)
     except OSError as exc:
         raise paths.os_error(exc, str(args.get("path", "."))) from None
+
+
+def error_of(exc: BaseException) -> tuple[str, str]:
+    """(type, message) of a `WorkspaceError(type_, message)`, for a result frame."""
+    args = [str(arg) for arg in exc.args]
+    type_ = getattr(exc, "type_", None) or getattr(exc, "type", None)
+    message = getattr(exc, "message", None)
+    if not isinstance(type_, str):
+        type_ = args[0] if len(args) > 1 else "WorkspaceError"
+    if not isinstance(message, str):
+        message = args[-1] if args else ""
+    return type_, message

@@ -46,6 +46,7 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _devices  # type: ignore[import-not-found]  # beside this file; path set above
 import _egress  # type: ignore[import-not-found]  # beside this file; path set above
 import _keeper  # type: ignore[import-not-found]  # beside this file; path set above
 import _runner  # type: ignore[import-not-found]  # beside this file; path set above
@@ -139,7 +140,6 @@ def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
     """In the worker, before anything else: mounts, hostname, capabilities, seccomp."""
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    _private_devpts()
     for path, size in (
         ("/tmp", params["tmp_bytes"]),
         ("/dev/shm", params["tmp_bytes"]),
@@ -158,34 +158,11 @@ def _setup_sandbox(params: dict[str, Any], seccomp: _Seccomp) -> None:
             )
     if params.get("egress_view"):
         _egress.enter(params["egress_view"], params.get("egress"))
-    # The sandbox's own loopback, as bubblewrap's --unshare-net gives it: a
-    # session's servers listen there, and its forwarded ports reach them
-    # (runner/_streams.py). A new network namespace starts with it down.
-    _egress.loopback_up()
+    _devices.own_devices()  # a devpts instance, the loopback up
     os.chdir("/workspace")
     _check(libc.sethostname(b"tooljail", 8), "sethostname")
     _drop_capabilities()
     _apply_seccomp(seccomp)
-
-
-def _private_devpts() -> None:
-    """A devpts instance of the sandbox's own on /dev/pts, /dev/ptmx opening it.
-
-    Every worker of this zygote shares bubblewrap's /dev, and so one devpts
-    instance: a terminal of one sandbox's session (/dev/pts/N, the uid's own)
-    could be opened from another sandbox. A new instance shows only the PTYs
-    made in it. Where the kernel refuses one, an empty tmpfs hides the shared
-    instance instead (the sandbox then has no terminals at all).
-    """
-    flags = MS_NOSUID | MS_NOEXEC
-    options = b"newinstance,ptmxmode=0666,mode=0620"
-    if libc.mount(b"devpts", b"/dev/pts", b"devpts", flags, options):
-        _mount("tmpfs", "/dev/pts", "tmpfs", flags | MS_NODEV, "size=4k,mode=0755")
-        return
-    # bubblewrap's /dev/ptmx is a link to pts/ptmx; a device node (the host's)
-    # would open the instance beside it, so it is bound over to be sure.
-    if not os.path.islink("/dev/ptmx"):
-        _mount("/dev/pts/ptmx", "/dev/ptmx", None, MS_BIND, None)
 
 
 def _own_user_namespace() -> None:

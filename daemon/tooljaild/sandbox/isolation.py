@@ -369,7 +369,9 @@ RUNNER_MODULES = (
     "_turn.py",
     "_relay.py",
     "_streams.py",
+    "_spawn.py",
     "_egress.py",
+    "_devices.py",
     # A call's, imported when it needs them:
     "_workspace.py",
     "_workspace_paths.py",

@@ -29,7 +29,15 @@ The daemon's lines (request pipe), one JSON object each:
     {"op": "reset", "seq": n}
         kill the interpreter and every process of the session, fork a fresh
         one (workspace kept, cwd back to it); the running call, if any, ends
-        with a result that says so; then {"t": "reset"}.
+        with a result that says so; then {"t": "reset"}. A reset kills the
+        session's background processes too (their "exited" frames say killed).
+    {"op": "spawn"|"connect"|"stats"|"write"|"eof"|"credit"|"signal"|"resize"|"close", "id", ...}
+        the session's background processes, terminals and connections to its
+        own loopback, which the supervisor runs (runner/_streams.py): the ops
+        and their frames ("spawned", "out", "exited", ...) are described in
+        session_streams. Their frames belong to no call: they are routed
+        before any call's, and stay out of a call's frame budget (their
+        credit bounds them).
 
 The supervisor's frames (frame pipe), each on a line of its own:
 

@@ -52,24 +52,29 @@ import base64
 import binascii
 import contextlib
 import json
-from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, TypeGuard
 
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.stream_flow import CHUNK, WINDOW, Inbound, Outbound
 
-CHUNK = 64 * 1024
-"""The most raw bytes in one frame's or op's payload (base64 in its JSON line)."""
-WINDOW = 256 * 1024
-"""Credit per stream, each way, in bytes: output the supervisor sent that the
-reader has not consumed, and input the daemon sent that the supervisor has
-not yet written. The runner holds the same constant (runner/_streams.py). The
-bytes held in the daemon per stream stay under WINDOW + CHUNK."""
-_GRANT_AT = WINDOW // 4
-"""Consumed bytes are granted back in batches of at least this much (or all at
-once when the reader has emptied the queue)."""
+__all__ = [
+    "CHUNK",
+    "STREAM_FRAMES",
+    "WINDOW",
+    "BadPortError",
+    "PortError",
+    "PortStream",
+    "ProcessExit",
+    "ProcessGoneError",
+    "SandboxProcess",
+    "Spawn",
+    "SpawnError",
+    "StreamMux",
+]
+
 STREAM_FRAMES = frozenset(
     {"spawned", "spawn_failed", "connected", "connect_failed", "out", "eof", "room"}
     | {"in_closed", "exited", "stats"}
@@ -138,90 +143,6 @@ class ProcessExit:
 _KILLED = ProcessExit(None, None, True)
 
 
-class _Inbound:
-    """Bytes coming from the supervisor for one stream, with the credit they use."""
-
-    def __init__(self, mux: StreamMux, sid: int, names: Collection[str]) -> None:
-        self._mux = mux
-        self._sid = sid
-        self.chunks: deque[tuple[str, bytes]] = deque()
-        self.open: set[str] = set(names)
-        """Output streams not yet at their end."""
-        self.buffered = 0
-        """Bytes held here, not yet consumed."""
-        self.overrun = 0
-        """Bytes dropped because the supervisor sent past its credit (never, from ours)."""
-        self._consumed = 0  # consumed since the last grant
-        self.changed = asyncio.Event()
-
-    def add(self, name: str, data: bytes) -> None:
-        if name not in self.open:
-            return
-        if self.buffered + len(data) > WINDOW + CHUNK:
-            self.overrun += len(data)
-            return
-        self.chunks.append((name, data))
-        self.buffered += len(data)
-        self.changed.set()
-
-    def eof(self, name: str) -> None:
-        self.open.discard(name)
-        self.changed.set()
-
-    def end(self) -> None:
-        self.open.clear()
-        self.changed.set()
-
-    async def next(self) -> tuple[str, bytes] | None:
-        while not self.chunks:
-            if not self.open:
-                return None
-            self.changed.clear()
-            await self.changed.wait()
-        name, data = self.chunks.popleft()
-        self.buffered -= len(data)
-        self._consumed += len(data)
-        if self._consumed >= _GRANT_AT or (not self.chunks and self._consumed):
-            self._mux.send({"op": "credit", "id": self._sid, "n": self._consumed})
-            self._consumed = 0
-        return name, data
-
-
-class _Outbound:
-    """Bytes going to the supervisor for one stream, within the credit."""
-
-    def __init__(self, mux: StreamMux, sid: int, is_open: bool) -> None:
-        self._mux = mux
-        self._sid = sid
-        self.credit = WINDOW
-        self.closed = not is_open
-        self.room = asyncio.Event()
-        self._lock = asyncio.Lock()
-
-    def add_room(self, n: int) -> None:
-        self.credit = min(self.credit + n, WINDOW)
-        self.room.set()
-
-    def close(self) -> None:
-        self.closed = True
-        self.room.set()
-
-    async def write(self, data: bytes, what: str) -> None:
-        async with self._lock:  # one writer at a time: its chunks stay in order
-            view = memoryview(data)
-            while view:
-                piece = view[:CHUNK]
-                while not self.closed and self.credit < len(piece):
-                    self.room.clear()
-                    await self.room.wait()
-                if self.closed:
-                    raise ProcessGoneError(f"{what} takes no more input")
-                self.credit -= len(piece)
-                payload = base64.b64encode(piece).decode("ascii")
-                self._mux.send({"op": "write", "id": self._sid, "d": payload})
-                view = view[len(piece) :]
-
-
 class SandboxProcess:
     """A process the session's supervisor started (`SessionSandbox.spawn`)."""
 
@@ -233,8 +154,8 @@ class SandboxProcess:
         self.terminal = spec.terminal is not None
         self._mux = mux
         self._sid = sid
-        self._in = _Inbound(mux, sid, ("pty",) if self.terminal else ("stdout", "stderr"))
-        self._out = _Outbound(mux, sid, spec.stdin or self.terminal)
+        self._in = Inbound(mux.send, sid, ("pty",) if self.terminal else ("stdout", "stderr"))
+        self._out = Outbound(mux.send, sid, spec.stdin or self.terminal)
 
     @property
     def buffered(self) -> int:
@@ -260,7 +181,8 @@ class SandboxProcess:
         """
         if self.exited.done():
             raise ProcessGoneError(f"process {self.pid} has ended")
-        await self._out.write(bytes(data), f"process {self.pid}")
+        if not await self._out.write(bytes(data)):
+            raise ProcessGoneError(f"process {self.pid} takes no more input")
 
     def close_stdin(self) -> None:
         """End-of-file to its stdin, once what was written is in (a terminal: no-op)."""
@@ -311,8 +233,8 @@ class PortStream:
         self.port = port
         self._mux = mux
         self._sid = sid
-        self._in = _Inbound(mux, sid, ("sock",))
-        self._out = _Outbound(mux, sid, True)
+        self._in = Inbound(mux.send, sid, ("sock",))
+        self._out = Outbound(mux.send, sid, True)
         self._closed = False
 
     @property
@@ -333,7 +255,8 @@ class PortStream:
         Raises:
             ProcessGoneError: The connection is closed, or its writing side is.
         """
-        await self._out.write(bytes(data), f"the connection to port {self.port}")
+        if not await self._out.write(bytes(data)):
+            raise ProcessGoneError(f"the connection to port {self.port} takes no more input")
 
     def write_eof(self) -> None:
         """shutdown(SHUT_WR) in the sandbox, once what was written is sent."""
