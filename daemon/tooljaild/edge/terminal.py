@@ -144,7 +144,7 @@ async def _start_shell(
     processes = getattr(session, "processes", None)
     if processes is not None:
         info = await processes.start(spec, name="terminal", command=command, terminal=True)
-        process = processes.get(info.process_id).sandbox_process
+        process = processes.get(info.process_id).process  # `ManagedProcess.process`
         return process, info
     try:
         process = await session.channel.spawn(spec)
