@@ -17,9 +17,11 @@ the daemon (`tooljaild`) nor docker or psutil: an agent host needs only grpcio,
 protobuf and pydantic.
 """
 
+from tooljail._async_processes import AsyncProcesses
 from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client, default_target
 from tooljail._forward import AsyncForward, Forward
+from tooljail._processes import Processes
 from tooljail._session import Session
 from tooljail._terminal import AsyncTerminal, Terminal
 from tooljail._tooldef import tool
@@ -82,6 +84,7 @@ __all__ = [
     "ArtifactRef",
     "AsyncClient",
     "AsyncForward",
+    "AsyncProcesses",
     "AsyncSession",
     "AsyncTerminal",
     "BadTimeoutError",
@@ -109,6 +112,7 @@ __all__ = [
     "PortUnreachableError",
     "ProcessLimitError",
     "ProcessNotFoundError",
+    "Processes",
     "Session",
     "SessionEndedError",
     "SessionInfo",

@@ -10,6 +10,8 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+import grpc
+
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_plans import _ClientPlans
@@ -233,6 +235,26 @@ class AsyncClient(_ClientPlans):
             return await AsyncForward.open(stub, metadata, map_error, session_id, port, local_port)
 
         return Opening(opening)
+
+    # --- processes of a session (see `tooljail._async_processes`) ---
+
+    async def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any:
+        return await self._router.run(self._plan_process(method, request, deadline=deadline))
+
+    async def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> AsyncGenerator[pb.ProcessOutput, None]:
+        """A process's output stream, read here (closing it cancels the RPC)."""
+        daemon = await self._router.run(self._plan_process_daemon(request))
+        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
+        call = rpc.start(daemon.stub)
+        try:
+            async for message in call:
+                yield message
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
 
     # --- artifacts ---
 

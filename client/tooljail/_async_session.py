@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from tooljail._async_processes import AsyncProcesses
 from tooljail._forward import AsyncForward
 from tooljail._session_base import _SessionBase
 from tooljail._session_host import AsyncSessionHost
@@ -35,6 +36,11 @@ class AsyncSession(_SessionBase):
     """
 
     _client: AsyncSessionHost
+
+    @property
+    def processes(self) -> AsyncProcesses:
+        """Its background processes: start, list, read, follow, write, signal, stop, wait."""
+        return AsyncProcesses(self._client, self.id)
 
     async def __aenter__(self) -> Self:
         return self

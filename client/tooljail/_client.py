@@ -23,6 +23,8 @@ from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
+import grpc
+
 from tooljail._async_client import AsyncClient
 from tooljail._client_base import (
     CLIENT_KEY,
@@ -47,6 +49,7 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
 )
+from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = [
     "CLIENT_KEY",
@@ -542,6 +545,25 @@ class Client(_ClientPlans):
         session_id, port, local_port = check_ports(session_id, port, local_port)
         stub, metadata, map_error = session_stream_target(self, session_id)
         return Forward(stub, metadata, map_error, session_id, port, local_port)
+
+    # --- processes of a session (see `tooljail._processes`) ---
+
+    def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any:
+        return self._router.run(self._plan_process(method, request, deadline=deadline))
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> Generator[pb.ProcessOutput, None, None]:
+        """A process's output stream, read here (closing it cancels the RPC)."""
+        daemon = self._router.run(self._plan_process_daemon(request))
+        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
+        call = rpc.start(daemon.stub)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
 
     # --- artifacts ---
 

@@ -183,6 +183,20 @@ class _ClientPlans(_BaseClient):
         flow = self._router.unary(self._session_route(request), download)
         return then(flow, lambda answer: b"".join(chunk.data for chunk in answer[1]))
 
+    # --- processes of a session (`session.processes`) ---
+
+    def _plan_process(self, method: str, request: Any, *, deadline: bool = True) -> Flow[Any]:
+        """Unary process `method` at the session's daemon; not retried (a start or a
+        signal twice is not the same as once). Without `deadline`: WaitProcess
+        and a stop, which the daemon bounds itself."""
+        rpc = self._link.rpc(method, request, deadline=deadline)
+        flow = self._router.unary(self._session_route(request), rpc, retry=False)
+        return then(flow, lambda answer: answer[1])
+
+    def _plan_process_daemon(self, request: Any) -> Flow[Daemon]:
+        """The daemon of the session a process's output stream is read from."""
+        return self._router.stream_daemon(self._session_route(request))
+
     # --- artifacts ---
 
     def _plan_get_artifact(self, artifact_id: str) -> Flow[bytes]:

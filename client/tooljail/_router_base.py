@@ -106,7 +106,7 @@ class RouterBase:
         for address in self.table.relist(addresses):
             self._add(address)
 
-    def _map(self, daemon: Daemon, e: grpc.RpcError) -> TooljailError:
+    def map_error(self, daemon: Daemon, e: grpc.RpcError) -> TooljailError:
         if not self.routed:
             return self._link.map_error(e)
         return map_rpc_error(e, daemon.address)
@@ -258,7 +258,7 @@ class RouterBase:
                     return (yield Try(daemon, send))
                 return (yield from send(daemon))
             except grpc.RpcError as e:
-                error = self._map(daemon, e)
+                error = self.map_error(daemon, e)
                 verdict = self._verdict(daemon, error, attempt, retry=retry, fresh=fresh)
                 if verdict == "skip":
                     raise Skip() from e
@@ -393,7 +393,7 @@ class RouterBase:
                 # reading the final status changes nothing for the caller.
                 if progress.result is not None:
                     break
-                error = self._map(daemon, e)
+                error = self.map_error(daemon, e)
                 fresh = unsent and progress.fresh
                 verdict = self._verdict(daemon, error, attempt, retry=True, fresh=fresh)
                 if verdict == "gone":
@@ -415,6 +415,10 @@ class RouterBase:
             call = progress.resume(daemon.stub)
         if progress.result is None:
             raise no_result_error()
+
+    def stream_daemon(self, route: Route) -> Flow[Daemon]:
+        """The daemon of a stream its caller reads itself (a process's output)."""
+        return self._stream_daemon(route)
 
     def _stream_daemon(self, route: Route, *, fresh_only: bool = False) -> Flow[Daemon]:
         """The daemon a stream goes to, pinned before its first byte is sent."""

@@ -12,6 +12,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from tooljail._forward import Forward
+from tooljail._processes import Processes
 from tooljail._session_base import _SessionBase
 from tooljail._session_host import SessionHost
 from tooljail._terminal import Terminal
@@ -43,6 +44,11 @@ class Session(_SessionBase):
     """
 
     _client: SessionHost
+
+    @property
+    def processes(self) -> Processes:
+        """Its background processes: start, list, read, follow, write, signal, stop, wait."""
+        return Processes(self._client, self.id)
 
     def __enter__(self) -> Self:
         return self

@@ -73,6 +73,12 @@ class SessionHost(Protocol):
 
     def forward(self, session_id: str, port: int, *, local_port: int = 0) -> Forward: ...
 
+    def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> Generator[pb.ProcessOutput, None, None]: ...
+
 
 class AsyncSessionHost(Protocol):
     """The asyncio client's methods an `AsyncSession` calls (as `AsyncClient`'s)."""
@@ -126,5 +132,11 @@ class AsyncSessionHost(Protocol):
     def forward(
         self, session_id: str, port: int, *, local_port: int = 0
     ) -> Opening[AsyncForward]: ...
+
+    async def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
+
+    def _process_output(
+        self, request: pb.ReadProcessOutputRequest
+    ) -> AsyncGenerator[pb.ProcessOutput, None]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...

@@ -121,7 +121,7 @@ def session_stream_target(client: Any, session_id: str) -> tuple[Any, Any, MapEr
 
     router = client._router
     daemon = router.run(router._stream_daemon(Route(RouteKind.SESSION, session_id)))
-    return daemon.stub, client._link.metadata, lambda e: router._map(daemon, e)
+    return daemon.stub, client._link.metadata, lambda e: router.map_error(daemon, e)
 
 
 async def session_stream_target_async(client: Any, session_id: str) -> tuple[Any, Any, MapError]:
@@ -130,7 +130,7 @@ async def session_stream_target_async(client: Any, session_id: str) -> tuple[Any
 
     router = client._router
     daemon = await router.run(router._stream_daemon(Route(RouteKind.SESSION, session_id)))
-    return daemon.stub, client._link.metadata, lambda e: router._map(daemon, e)
+    return daemon.stub, client._link.metadata, lambda e: router.map_error(daemon, e)
 
 
 def _exit_code(info: ProcessInfo | None) -> int | None:

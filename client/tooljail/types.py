@@ -4,6 +4,7 @@ The daemon builds these same types (its calls' results, infos and diagnostics)
 and imports them from here, never from the private module they live in.
 """
 
+from tooljail._process_types import ProcessChunk, ProcessOutputPage
 from tooljail._types import (
     TIMEOUT_MESSAGE,
     ArtifactInfo,
@@ -37,7 +38,9 @@ __all__ = [
     "Effect",
     "EgressDenial",
     "Output",
+    "ProcessChunk",
     "ProcessInfo",
+    "ProcessOutputPage",
     "ProcessState",
     "SessionInfo",
     "SessionState",

@@ -61,6 +61,9 @@ def test_a_shell_answers_and_its_exit_ends_the_terminal(served: ServedDaemon) ->
         s.terminal(rows=30, cols=100) as term,
     ):
         assert term.process.terminal and term.process.pid > 0, term.process
+        # The shell is one of the session's processes.
+        listed = {p.process_id: p for p in s.processes.list()}
+        assert listed[term.process.process_id].terminal, listed
         term.write(b"echo $((6*7))\n")
         read_until(term, rb"[\r\n]42\r\n")
         term.write(b"stty size\n")

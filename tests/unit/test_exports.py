@@ -73,6 +73,8 @@ EXPECTED_ALL = {
     "AsyncTerminal",
     "Forward",
     "AsyncForward",
+    "Processes",
+    "AsyncProcesses",
 }
 
 

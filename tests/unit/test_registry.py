@@ -101,6 +101,11 @@ def test_builtins_are_served_with_closed_schemas() -> None:
         "list_artifacts",
         "upload_file",
         "install_packages",  # served by daemons with [egress] only (builtin_tools(packages=))
+        "start_process",
+        "list_processes",
+        "read_process_output",
+        "write_process_input",
+        "stop_process",
     ]
     for builtin in BUILTIN_TOOLS:
         assert builtin.source == "builtin"

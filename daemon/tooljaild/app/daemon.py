@@ -315,6 +315,7 @@ class Daemon:
             open_timeout_s=s.sandbox.start_timeout_s,
             spool_dir=s.state_dir / "spool",
             egress=None if self.egress is None else self.egress.service,
+            artifacts=self.artifacts,
         )
         self.sessions.start()
         cache = None if self.egress is None else self.egress.cache  # install_packages's

@@ -89,6 +89,11 @@ class ArtifactWriter:
             self.size += len(data)
         return not self.truncated
 
+    def flush(self) -> None:
+        """Hand what was written to the file (a reader of `part` sees it: a process's
+        output spill is read back while it is still being written)."""
+        self._file.flush()
+
     def commit(self) -> ArtifactRef:
         """Make the artifact exist (it was counted in its owner's bounds all along).
 

@@ -86,6 +86,10 @@ async def run_in_session(
         if session.channel.ended.done():  # its sandbox is gone: so is the session, now
             await sessions.end(session, session.end_reason or "sandbox_died")
         result = results.in_session(call, end, call.stop_reason, session)
+        if end.reset and session.open:
+            # A reset kills the session's background processes too: this result names them.
+            ended = await session.processes.end_all("reset")
+            result = results.with_processes_ended(result, ended)
         return result if call.gate is None else egress.with_net(call, result)
     finally:
         egress.leave_session(call, session)

@@ -16,6 +16,7 @@ vanished has `effect=unknown`. A call that never reached a sandbox has
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from tooljail.types import (
@@ -23,6 +24,7 @@ from tooljail.types import (
     CallState,
     CallStatus,
     Effect,
+    ProcessInfo,
     ToolError,
     ToolResult,
     Usage,
@@ -482,3 +484,17 @@ def envelope_of(value: Any) -> dict[str, Any] | None:
         "message": "" if message is None else str(message),
         "error": error,
     }
+
+
+def with_processes_ended(result: ToolResult, ended: Sequence[ProcessInfo]) -> ToolResult:
+    """`result`, naming the session's background processes its reset ended."""
+    if not ended:
+        return result
+    names = ", ".join(p.process_id + (f" ({p.name})" if p.name else "") for p in ended[:10])
+    more = f" and {len(ended) - 10} more" if len(ended) > 10 else ""
+    message = (
+        f"{result.message} The reset also killed the session's background processes "
+        f"{names}{more}: start them again if you need them (their output so far stays "
+        "readable with read_process_output)."
+    )
+    return result.model_copy(update={"message": message.strip(), "processes_ended": tuple(ended)})

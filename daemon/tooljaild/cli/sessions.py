@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import terminal
+from tooljaild.cli import processes, terminal
 from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, egress_arguments, with_client
 
 if TYPE_CHECKING:
@@ -152,6 +152,9 @@ def add_parser(
     # A terminal and forwarded ports (issue 24): shell, port-forward.
     terminal.add_parsers(actions, target)
 
+    # Background processes (issue 24): ps, logs, kill.
+    processes.add_parsers(actions, target)
+
 
 def run(args: argparse.Namespace) -> int:
     """Runs a `tooljail sessions` action; returns the exit status."""
@@ -162,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         "upload": _upload,
         "download": _download,
         **terminal.ACTIONS,
+        **processes.ACTIONS,
     }[args.sessions_command]
     return with_client(args, action)
 

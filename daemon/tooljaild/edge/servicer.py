@@ -43,6 +43,7 @@ from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.calls.intake import CallRequest, owned_by
 from tooljaild.calls.output import Event
+from tooljaild.edge import processes
 from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
 from tooljaild.edge.errors import abort_with
@@ -396,6 +397,47 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         return
         yield  # an async generator (the error edge wraps one), which writes its own chunks
 
+    # The process methods (issue 24): each a delegate to `edge.processes`, on the
+    # caller's own session (another client's is NOT_FOUND).
+
+    async def StartProcess(
+        self, request: pb.StartProcessRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProcessInfo:
+        session = self._own_session(request.session_id, context)
+        return await processes.start_process(session, request, self._identity(context))
+
+    async def ListProcesses(
+        self, request: pb.ListProcessesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListProcessesResponse:
+        session = self._own_session(request.session_id, context)
+        return await processes.list_processes(session, self._identity(context))
+
+    async def ReadProcessOutput(
+        self, request: pb.ReadProcessOutputRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ProcessOutput]:
+        session = self._own_session(request.session_id, context)
+        identity = self._identity(context)
+        async for message in processes.read_process_output(session, request, identity):
+            yield message
+
+    async def WriteProcessInput(
+        self, request: pb.WriteProcessInputRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProcessInfo:
+        session = self._own_session(request.session_id, context)
+        return await processes.write_process_input(session, request, self._identity(context))
+
+    async def SignalProcess(
+        self, request: pb.SignalProcessRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProcessInfo:
+        session = self._own_session(request.session_id, context)
+        return await processes.signal_process(session, request, self._identity(context))
+
+    async def WaitProcess(
+        self, request: pb.WaitProcessRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ProcessInfo:
+        session = self._own_session(request.session_id, context)
+        return await processes.wait_process(session, request, self._identity(context))
+
     # The artifact methods answer for the caller's own artifacts only (`client_of`):
     # another client's id is "not found", exactly as an id never made.
 
@@ -516,8 +558,9 @@ async def _next_chunk(
 
 
 def _runs_in_a_sandbox(tool: Tool) -> bool:
-    """Whether `tool` runs in a sandbox (so in a session), not in the daemon."""
-    return not tool.runs_in_daemon
+    """Whether `tool` runs in a sandbox (so in a session), not in the daemon; or works
+    on a session from the daemon (install_packages, the process tools)."""
+    return not tool.runs_in_daemon or (tool.run is not None and tool.run.needs_session)
 
 
 def _started(call: Call) -> pb.Started:

@@ -29,7 +29,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable
 
-from tooljail.errors import InvalidRequestError, PermissionDeniedError, ProcessLimitError
+from tooljail.errors import InvalidRequestError, PermissionDeniedError
 from tooljail.types import ProcessInfo, ProcessState
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.wire import process_info_to_proto
@@ -39,7 +39,6 @@ from tooljaild.sandbox.session_streams import (
     ProcessGoneError,
     SandboxProcess,
     Spawn,
-    SpawnError,
 )
 from tooljaild.sessions.session import Session, ended_error
 
@@ -138,35 +137,16 @@ async def _start_shell(
     env = {"TERM": "xterm-256color", **dict(opened.env)}
     spec = Spawn(argv=argv, env=env, terminal=(rows, cols))
     command = "bash -l" if not opened.argv else shlex.join(argv)
-    # SEAM(procs): once `session.processes` exists, the shell is started through
-    # it (`start(spec, name="terminal", command=..., terminal=True)`) so that it
-    # is listed with the session's processes; its bytes are still this stream's.
-    processes = getattr(session, "processes", None)
-    if processes is not None:
-        info = await processes.start(spec, name="terminal", command=command, terminal=True)
-        process = processes.get(info.process_id).process  # `ManagedProcess.process`
-        return process, info
+    # The shell is one of the session's processes (listed, counted against
+    # `max_processes`, ended with the session); its bytes are this stream's alone.
     try:
-        process = await session.channel.spawn(spec)
-    except SpawnError as exc:
-        if exc.limit:
-            raise ProcessLimitError(
-                f"session {session.id!r} cannot start a terminal: {exc}. Stop one of its "
-                "processes (or a terminal) first"
-            ) from None
-        raise InvalidRequestError(f"the terminal's program cannot start: {exc}") from None
-    except SandboxError:
+        info = await session.processes.start(spec, name="terminal", command=command, terminal=True)
+    except SandboxError:  # its sandbox has ended (a refusal is a TooljailError)
         session.check_open()
         raise ended_error(session.id, "sandbox_died") from None
-    info = ProcessInfo(
-        process_id="",
-        session_id=session.id,
-        name="terminal",
-        command=command,
-        pid=process.pid,
-        started_unix=time.time(),
-        terminal=True,
-    )
+    process = session.processes.get(info.process_id).process
+    if not isinstance(process, SandboxProcess):  # the table holds the sandbox's own
+        raise TypeError(f"a terminal needs a SandboxProcess, got {type(process).__name__}")
     return process, info
 
 

@@ -44,6 +44,7 @@ from tooljail.errors import (
     WorkspaceFullError,
 )
 from tooljail.types import SessionInfo, SessionState
+from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.policy import Identity
 from tooljaild.egress.service import EgressService
 from tooljaild.journal.store import Journal, JournalError
@@ -89,6 +90,8 @@ class SessionManager:
             fresh private directory under the system's temporary one.
         egress: The daemon's egress (`[egress]`); None: sessions have no network,
             and asking for egress or secrets is refused.
+        artifacts: Where the output of sessions' background processes goes past
+            their rings (owned by each session's client); None: it is dropped.
     """
 
     def __init__(
@@ -101,8 +104,10 @@ class SessionManager:
         open_timeout_s: float = 30.0,
         spool_dir: Path | None = None,
         egress: EgressService | None = None,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.egress = egress
+        self.artifacts = artifacts
         self._settings = settings
         self._limits = limits
         self._sandbox_for = sandbox_for
@@ -235,7 +240,7 @@ class SessionManager:
             self._opening[client] -= 1
             if not self._opening[client]:
                 del self._opening[client]
-        session = Session(session_id, client, terms, channel, s)
+        session = Session(session_id, client, terms, channel, s, self.artifacts)
         session.egress_rules, session.egress_policy = tuple(egress), policy
         session.egress_dir = sandbox.egress_dir
         if not policy.empty:
@@ -419,6 +424,9 @@ class SessionManager:
         if session.egress_gate is not None:
             session.egress_gate.close()
         await session.channel.close()
+        # Its sandbox is gone, and every process in it: mark them killed, keep
+        # their spilled output (the close does not wait on a sandbox that hangs).
+        await session.processes.end_all(reason)
 
     # ------------------------------------------------------------------ files
 

@@ -20,9 +20,11 @@ from pathlib import Path
 
 from tooljail.errors import InvalidRequestError, OverloadedError, SessionEndedError
 from tooljail.types import SessionInfo, SessionState
+from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.egress.gate import EgressGate
 from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.sessions.processes import ProcessTable
 from tooljaild.settings.sandbox import Limits
 from tooljaild.settings.sessions import SessionSettings
 
@@ -139,7 +141,8 @@ class Session:
         client: Who opened it (the bounds per client count it there).
         terms: What it may hold.
         channel: Its sandbox, opened as a session.
-        settings: The daemon's session settings (queue bound).
+        settings: The daemon's session settings (queue bound, processes).
+        artifacts: Where its processes' output goes past their rings (None: nowhere).
     """
 
     def __init__(
@@ -149,6 +152,7 @@ class Session:
         terms: SessionTerms,
         channel: SessionSandbox,
         settings: SessionSettings,
+        artifacts: ArtifactStore | None = None,
     ) -> None:
         self.id = session_id
         self.client = client
@@ -173,6 +177,16 @@ class Session:
         """Its gate at the egress proxy, from the first time it had egress to its end."""
         self.egress_dir: Path | None = None
         """Its sandbox's egress directory (None: the daemon has no `[egress]`)."""
+        self.processes = ProcessTable(
+            session_id,
+            client,
+            channel.spawn,  # type: ignore[arg-type]  # a SandboxProcess is SandboxProcessLike
+            channel.stats,
+            max_processes=settings.max_processes,
+            ring_bytes=settings.process_output_ring_bytes,
+            artifacts=artifacts,
+        )
+        """Its background processes (`sessions.processes`), which end with it."""
 
     @property
     def open(self) -> bool:
@@ -186,6 +200,11 @@ class Session:
     @property
     def resets(self) -> int:
         return self.channel.resets
+
+    def touch(self) -> None:
+        """Count as a use for its idle TTL: its background processes' RPCs and tools
+        take no turn, yet a client reading a server's log is using the session."""
+        self.last_used = time.monotonic()
 
     def options_json(self) -> str:
         """Its terms, for the journal."""

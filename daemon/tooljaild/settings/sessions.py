@@ -61,6 +61,15 @@ class SessionSettings(BaseModel):
     many bytes (each chunk costs the daemon CPU of its own, whatever its size);
     0: no bound."""
 
+    max_processes: int = Field(default=32, ge=0, le=4096)
+    """Background processes (`StartProcess`, `start_process`) one session may run at
+    once; past it starting one gets RESOURCE_EXHAUSTED. As many ended ones are
+    kept for reading their output, the oldest forgotten first. 0: none."""
+    process_output_ring_bytes: int = Field(default=1024 * 1024, ge=4096, le=256 * 1024**2)
+    """Output of one background process kept in the daemon's memory (the newest
+    bytes). Past it the whole output is written to an artifact of the session's
+    client (within `[artifacts]` quotas), so every offset stays readable."""
+
     @model_validator(mode="after")
     def _bounds(self) -> SessionSettings:
         if self.max_sessions and self.max_sessions_per_client > self.max_sessions:

@@ -46,8 +46,8 @@ class BuiltinRun:
 
 def session_required(tool: str) -> TooljailError:
     """What a call of a `BuiltinRun.needs_session` tool without a session is refused with."""
+    egress = ", with egress allowing the package index" if tool == "install_packages" else ""
     return SessionRequiredError(
         f"{tool} works on a session and this call names none: call it with the "
-        "session_id of an open session (create one with CreateSession, with egress "
-        "allowing the package index)"
+        f"session_id of an open session (create one with CreateSession{egress})"
     )

@@ -29,6 +29,11 @@ from tooljaild.tools.builtin.packages import (
     check_install_arguments,
     install_packages,
 )
+from tooljaild.tools.builtin.processes import (
+    PROCESS_TOOL_RUNS,
+    PROCESS_TOOLS,
+    check_stop_arguments,
+)
 from tooljaild.tools.builtin.upload import UPLOAD_FILE_TOOL, check_upload_arguments, upload_file
 from tooljaild.tools.builtin.workspace import (
     WORKSPACE_TOOL_NAMES,
@@ -162,6 +167,7 @@ def builtin_tools(
         *ARTIFACT_TOOLS,
         UPLOAD_FILE_TOOL,
         *((INSTALL_PACKAGES_TOOL,) if packages else ()),
+        *PROCESS_TOOLS,
     )
     return tuple(_with_run(tool) for tool in tools)
 
@@ -227,6 +233,17 @@ RUNS: dict[str, BuiltinRun] = {
         in_daemon=install_packages,
         needs_session=True,
     ),
+    **{
+        name: BuiltinRun(
+            "daemon",
+            lambda a: {},
+            prepare=check_stop_arguments if name == "stop_process" else None,
+            output_is_data=False,
+            in_daemon=handler,
+            needs_session=True,
+        )
+        for name, handler in PROCESS_TOOL_RUNS.items()
+    },
 }
 """Each built-in's implementation, by the `builtin` name its `Tool` carries."""
 
