@@ -29,9 +29,10 @@ import pytest
 
 from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import Client, Terminal
-from tooljail.errors import InvalidRequestError, SessionNotFoundError
+from tooljail.errors import InvalidRequestError, PermissionDeniedError, SessionNotFoundError
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
+from tooljaild.calls import CallManager
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -121,6 +122,20 @@ def test_another_clients_session_is_not_found(
     a, b = Client(served.target, token="term-token-a"), Client(served.target, token="term-token-b")
     with a, b, a.session() as session, pytest.raises(SessionNotFoundError):
         b.terminal(session.id)
+
+
+@pytest.mark.skipif(
+    not hasattr(CallManager, "commands_allowed"),
+    reason="the commands allow-list ([commands] allow) is not merged into this tree yet",
+)
+def test_a_terminal_is_refused_under_a_commands_allow_list(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    served = serve(commands={"allow": ["git", "echo"]})
+    with Client(served.target) as client, client.session() as s:
+        with pytest.raises(PermissionDeniedError, match="interactive shell cannot be checked"):
+            s.terminal()
+        assert not [p for p in s.processes.list() if p.terminal]
 
 
 def test_bad_input_is_refused_clearly(served: ServedDaemon) -> None:
