@@ -21,6 +21,7 @@ from typing import Any, Generic, Protocol, Self, TypeVar
 
 import grpc
 
+from tooljail._session_base import check_session_id
 from tooljail._types import ProcessInfo
 from tooljail._wire import process_info_from_proto
 from tooljail.errors import InvalidRequestError, TooljailError, TransportError
@@ -75,8 +76,6 @@ def open_request(
         TypeError: When an argument has the wrong type.
         InvalidRequestError: When the session id is empty or a size is out of range.
     """
-    from tooljail._session_base import check_session_id
-
     if argv is not None and (isinstance(argv, str) or not all(isinstance(a, str) for a in argv)):
         raise TypeError("argv must be a sequence of str (the program and its arguments)")
     if env is not None and not all(
@@ -166,13 +165,17 @@ class Terminal:
         self._exited: ProcessInfo | None = None
         try:
             opened = next(self._call)
-        except grpc.RpcError as e:
-            raise self._map_error(e) from e
-        except StopIteration:
-            raise TransportError("the terminal's stream ended before it opened") from None
-        if opened.WhichOneof("kind") != "opened":
+            if opened.WhichOneof("kind") != "opened":
+                raise TransportError("the daemon answered a terminal with no `opened` first")
+        except BaseException as e:
+            self._closed = True
             self._call.cancel()
-            raise TransportError("the daemon answered a terminal with no `opened` first")
+            self._end_requests()  # gRPC's thread reading them ends too
+            if isinstance(e, grpc.RpcError):
+                raise self._map_error(e) from e
+            if isinstance(e, StopIteration):
+                raise TransportError("the terminal's stream ended before it opened") from None
+            raise
         self.process: ProcessInfo = process_info_from_proto(opened.opened)
         """The shell as a process of the session; once it exited, how it ended."""
         self._output: queue.Queue[bytes | BaseException | StreamEnd] = queue.Queue(READ_AHEAD)
@@ -180,6 +183,14 @@ class Terminal:
             target=self._read_stream, name="tooljail-terminal", daemon=True
         )
         self._reader.start()
+
+    def _end_requests(self) -> None:
+        """Ends the request iterator, whatever it still held (the stream is over)."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._requests.get_nowait()
+        with contextlib.suppress(queue.Full):
+            self._requests.put_nowait(_END)
 
     def _request_iterator(self) -> Iterator[pb.TerminalInput]:
         while not isinstance(item := self._requests.get(), StreamEnd):
@@ -244,9 +255,16 @@ class Terminal:
         return item
 
     def _send(self, message: pb.TerminalInput) -> None:
-        if self._closed:
-            raise InvalidRequestError("this terminal is closed")
-        self._requests.put(message)
+        # Waits while gRPC has not taken the previous messages (the PTY is full),
+        # but not for a stream that has ended: nothing would take it any more.
+        while True:
+            if self._closed or self._call.done():
+                raise InvalidRequestError("this terminal has ended (or was closed)")
+            try:
+                self._requests.put(message, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         """Types `data` into the terminal (waits while the PTY has no room)."""
@@ -270,8 +288,7 @@ class Terminal:
             return
         self._closed = True
         self._call.cancel()
-        with contextlib.suppress(queue.Full):
-            self._requests.put_nowait(_END)
+        self._end_requests()
 
     def __enter__(self) -> Self:
         return self
