@@ -241,3 +241,19 @@ def test_a_slow_side_does_not_grow_the_daemon(
 def _host_port(address: str) -> tuple[str, int]:
     host, port = address.split(":")
     return host, int(port)
+
+
+def test_the_sessions_end_ends_its_tunnels(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        s = client.session()
+        with _serve(s), s.forward(8000) as fwd:
+            conn = socket.create_connection(_host_port(fwd.address), timeout=10)
+            time.sleep(0.3)  # the stream is open, the connection idle
+            s.close()
+            started = time.monotonic()
+            assert _recv_all(conn) == b""  # the end, not a hang
+            # The stream itself ends, though this client never closes its side.
+            while fwd._connections:
+                assert time.monotonic() - started < 5, "the tunnel outlived its session"
+                time.sleep(0.05)
+            conn.close()

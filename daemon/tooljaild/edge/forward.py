@@ -139,7 +139,9 @@ async def serve_forward(
             raise pump.exception()  # type: ignore[misc]
         yield pb.PortData(eof=True)
         if pump is not None:
-            await pump  # the client's side may still be sending
+            # The client's side may still be sending; not once the sandbox is gone.
+            ended = session.channel.ended
+            await asyncio.wait((pump, ended), return_when=asyncio.FIRST_COMPLETED)
     finally:
         if pump is not None:
             pump.cancel()
