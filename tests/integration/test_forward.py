@@ -257,3 +257,25 @@ def test_the_sessions_end_ends_its_tunnels(served: ServedDaemon) -> None:
                 assert time.monotonic() - started < 5, "the tunnel outlived its session"
                 time.sleep(0.05)
             conn.close()
+
+
+def test_a_tunnel_in_use_keeps_its_session_from_idling_out(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        s = client.session(idle_ttl_s=1)
+        s.upload("hello.txt", b"still here\n")
+        # A background process (not a terminal, whose output would count as use).
+        s.processes.start(argv=SERVER, name="http")
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                probe = s.forward(8000)
+                break
+            except PortUnreachableError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with probe as fwd:
+            for _ in range(6):  # 3 s of requests, three times the idle TTL
+                assert _get(fwd.address, "/hello.txt") == b"still here\n"
+                time.sleep(0.5)
+        assert s.call("execute_python_code", {"code": "print(1)"}).ok
+        s.close()

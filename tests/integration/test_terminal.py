@@ -309,3 +309,15 @@ def _tokens(directory: Path) -> Path:
     path.write_text("\n".join(lines))
     path.chmod(0o600)
     return path
+
+
+def test_a_terminal_in_use_keeps_its_session_from_idling_out(served: ServedDaemon) -> None:
+    with Client(served.target) as client:
+        s = client.session(idle_ttl_s=1)
+        with s.terminal() as term:
+            for i in range(6):  # 3 s of typing, three times the idle TTL
+                term.write(f"echo tick-{i}\n".encode())
+                read_until(term, f"tick-{i}\r\n".encode())
+                time.sleep(0.5)
+        assert s.call("execute_python_code", {"code": "print(1)"}).ok
+        s.close()

@@ -62,9 +62,12 @@ async def _first(requests: AsyncIterator[pb.PortData], timeout_s: float) -> pb.P
     return first
 
 
-async def _pump_in(requests: AsyncIterator[pb.PortData], stream: PortStream) -> None:
+async def _pump_in(
+    requests: AsyncIterator[pb.PortData], stream: PortStream, session: Session
+) -> None:
     """The client's bytes into the sandbox's connection, until its half close."""
     async for message in requests:
+        session.touch()  # a tunnel in use is the session in use (its idle TTL)
         if len(message.data) > MAX_PORT_DATA_BYTES:
             raise InvalidRequestError(
                 f"a forwarded port's message of {len(message.data)} bytes is too large: "
@@ -124,7 +127,7 @@ async def serve_forward(
             stream.write_eof()
         yield pb.PortData(session_id=session.id, port=port)
         if not first.eof:
-            pump = asyncio.ensure_future(_pump_in(requests, stream))
+            pump = asyncio.ensure_future(_pump_in(requests, stream, session))
             # A refused input ends the connection, and so the reads below.
             pump.add_done_callback(lambda done: _close_on_error(done, stream))
         # The next read waits for each write: the sandbox's socket is read only
@@ -134,6 +137,7 @@ async def serve_forward(
             # of a reply, say): fewer messages, no wait for more.
             while stream.buffered and len(data) < MAX_PORT_DATA_BYTES // 2:
                 data += await stream.read()
+            session.touch()
             yield pb.PortData(data=data)
         if pump is not None and pump.done() and not pump.cancelled() and pump.exception():
             raise pump.exception()  # type: ignore[misc]

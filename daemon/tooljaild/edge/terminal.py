@@ -163,9 +163,12 @@ def _ended(info: ProcessInfo, end: ProcessExit) -> ProcessInfo:
     )
 
 
-async def _pump_input(requests: AsyncIterator[pb.TerminalInput], process: SandboxProcess) -> None:
+async def _pump_input(
+    requests: AsyncIterator[pb.TerminalInput], process: SandboxProcess, session: Session
+) -> None:
     """The client's keys, resizes and signals to the terminal, one at a time."""
     async for message in requests:
+        session.touch()  # a terminal in use is the session in use (its idle TTL)
         kind = message.WhichOneof("kind")
         if kind == "data":
             if len(message.data) > MAX_INPUT_BYTES:
@@ -229,7 +232,7 @@ async def serve_terminal(
     session = own_session(opened.session_id)
     check_terminal_allowed(commands_allowed)
     process, info = await _start_shell(session, opened)
-    pump = asyncio.ensure_future(_pump_input(requests, process))
+    pump = asyncio.ensure_future(_pump_input(requests, process, session))
     waiting: asyncio.Future[tuple[str, bytes] | None] | None = None
     exited = False
     try:
@@ -246,6 +249,7 @@ async def serve_terminal(
                 break
             # The next read waits for this write: the PTY is read only as fast
             # as the client takes its bytes.
+            session.touch()
             yield pb.TerminalOutput(data=chunk[1])
         end = await process.exited
         exited = True
