@@ -20,8 +20,10 @@ protobuf and pydantic.
 from tooljail._async_processes import AsyncProcesses
 from tooljail._async_session import AsyncSession
 from tooljail._client import AsyncClient, Client, default_target
+from tooljail._forward import AsyncForward, Forward
 from tooljail._processes import Processes
 from tooljail._session import Session
+from tooljail._terminal import AsyncTerminal, Terminal
 from tooljail._tooldef import tool
 from tooljail._types import (
     ArtifactInfo,
@@ -81,8 +83,10 @@ __all__ = [
     "ArtifactNotFoundError",
     "ArtifactRef",
     "AsyncClient",
+    "AsyncForward",
     "AsyncProcesses",
     "AsyncSession",
+    "AsyncTerminal",
     "BadTimeoutError",
     "CallIdConflictError",
     "CallInfo",
@@ -95,6 +99,7 @@ __all__ = [
     "Effect",
     "EgressDenial",
     "EgressUnavailableError",
+    "Forward",
     "InternalError",
     "InvalidArgumentsError",
     "InvalidPathError",
@@ -116,6 +121,7 @@ __all__ = [
     "SessionState",
     "ShuttingDownError",
     "StreamKind",
+    "Terminal",
     "ToolError",
     "ToolInfo",
     "ToolNotFoundError",

@@ -6,7 +6,7 @@ same flow with blocking calls); the contract of each is in `Client`'s docstrings
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -15,7 +15,9 @@ import grpc
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
 from tooljail._client_plans import _ClientPlans
+from tooljail._forward import AsyncForward, check_ports
 from tooljail._session_base import SessionOptions, create_session_request
+from tooljail._terminal import AsyncTerminal, Opening, open_request, session_stream_target_async
 from tooljail._types import (
     ArtifactInfo,
     CallInfo,
@@ -198,6 +200,41 @@ class AsyncClient(_ClientPlans):
     async def download_file(self, session_id: str, path: str) -> bytes:
         """The content of `path` in a session's workspace. See `Client.download_file`."""
         return await self._router.run(self._plan_download_file(session_id, path))
+
+    # --- a terminal and forwarded ports (issue 24; tooljail._terminal, tooljail._forward) ---
+
+    def terminal(
+        self,
+        session_id: str,
+        *,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Opening[AsyncTerminal]:
+        """Opens a shell on a PTY in a session: `await` it or `async with` it.
+
+        See `Client.terminal`; the arguments are checked at once.
+        """
+        first = open_request(session_id, rows, cols, argv, env)
+
+        async def opening() -> AsyncTerminal:
+            stub, metadata, map_error = await session_stream_target_async(self, session_id)
+            return await AsyncTerminal.open(stub, metadata, map_error, first)
+
+        return Opening(opening)
+
+    def forward(self, session_id: str, port: int, *, local_port: int = 0) -> Opening[AsyncForward]:
+        """Tunnels a local port to `port` on a session's loopback: `await` it or
+        `async with` it. See `Client.forward`; the listener is an asyncio server
+        on this loop."""
+        session_id, port, local_port = check_ports(session_id, port, local_port)
+
+        async def opening() -> AsyncForward:
+            stub, metadata, map_error = await session_stream_target_async(self, session_id)
+            return await AsyncForward.open(stub, metadata, map_error, session_id, port, local_port)
+
+        return Opening(opening)
 
     # --- processes of a session (see `tooljail._async_processes`) ---
 

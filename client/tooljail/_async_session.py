@@ -10,13 +10,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
 from tooljail._async_processes import AsyncProcesses
+from tooljail._forward import AsyncForward
 from tooljail._session_base import _SessionBase
 from tooljail._session_host import AsyncSessionHost
+from tooljail._terminal import AsyncTerminal, Opening
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
 from tooljail.v1 import tooljail_pb2 as pb
 
@@ -100,6 +102,24 @@ class AsyncSession(_SessionBase):
     async def download(self, path: str) -> bytes:
         """The content of `path` in the workspace. See `Session.download`."""
         return await self._client.download_file(self.id, path)
+
+    # --- a terminal and forwarded ports (issue 24) ---
+
+    def terminal(
+        self,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Opening[AsyncTerminal]:
+        """Opens a shell on a PTY in this session: `await` it or `async with` it.
+        See `Session.terminal`."""
+        return self._client.terminal(self.id, rows=rows, cols=cols, argv=argv, env=env)
+
+    def forward(self, port: int, *, local_port: int = 0) -> Opening[AsyncForward]:
+        """Tunnels a local port to `port` on this session's loopback: `await` it or
+        `async with` it. See `Session.forward`."""
+        return self._client.forward(self.id, port, local_port=local_port)
 
     async def close(self) -> SessionInfo:
         """Ends the session. See `Session.close`."""

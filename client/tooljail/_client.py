@@ -19,7 +19,7 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -34,9 +34,11 @@ from tooljail._client_base import (
     default_target,
 )
 from tooljail._client_plans import _ClientPlans
+from tooljail._forward import Forward, check_ports
 from tooljail._router import Router
 from tooljail._session import Session
 from tooljail._session_base import SessionOptions, create_session_request
+from tooljail._terminal import Terminal, open_request, session_stream_target
 from tooljail._types import (
     ArtifactInfo,
     CallInfo,
@@ -489,6 +491,60 @@ class Client(_ClientPlans):
             TransportError: When the RPC fails.
         """
         return self._router.run(self._plan_download_file(session_id, path))
+
+    # --- a terminal and forwarded ports (issue 24; tooljail._terminal, tooljail._forward) ---
+
+    def terminal(
+        self,
+        session_id: str,
+        *,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal:
+        """Opens a shell on a PTY in a session: a `Terminal` (a context manager).
+
+        Args:
+            session_id: The session.
+            rows: The window's rows; None: 24.
+            cols: The window's columns; None: 80.
+            argv: The program; None: `bash -l` (`sh -l` where there is no bash).
+            env: Added to the session's environment; TERM defaults to xterm-256color.
+
+        Raises:
+            TypeError: When an argument has the wrong type.
+            InvalidRequestError: When the session id is empty or a size is out of range.
+            PermissionDeniedError: When this identity's commands are allow-listed
+                (a shell cannot be checked).
+            SessionNotFoundError, SessionEndedError: As for `call`.
+            TransportError: When the RPC fails.
+        """
+        first = open_request(session_id, rows, cols, argv, env)
+        stub, metadata, map_error = session_stream_target(self, session_id)
+        return Terminal(stub, metadata, map_error, first)
+
+    def forward(self, session_id: str, port: int, *, local_port: int = 0) -> Forward:
+        """Tunnels a local port to `port` on a session's loopback: a `Forward`.
+
+        Each TCP connection to `Forward.address` ("127.0.0.1:PORT") reaches
+        127.0.0.1:`port` inside the session. Close it (or leave its `with`
+        block) to close the listener and its connections.
+
+        Args:
+            session_id: The session.
+            port: The port a server listens on in the session (1-65535).
+            local_port: The local port; 0 picks a free one.
+
+        Raises:
+            PortUnreachableError: When nothing listens on `port` in the session
+                (checked once at opening), or it is outside 1-65535.
+            SessionNotFoundError, SessionEndedError: As for `call`.
+            OSError: When `local_port` cannot be bound.
+        """
+        session_id, port, local_port = check_ports(session_id, port, local_port)
+        stub, metadata, map_error = session_stream_target(self, session_id)
+        return Forward(stub, metadata, map_error, session_id, port, local_port)
 
     # --- processes of a session (see `tooljail._processes`) ---
 

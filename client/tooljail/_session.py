@@ -7,13 +7,15 @@ behaves exactly as its id does in any other client, even in another process.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
+from tooljail._forward import Forward
 from tooljail._processes import Processes
 from tooljail._session_base import _SessionBase
 from tooljail._session_host import SessionHost
+from tooljail._terminal import Terminal
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
 
 __all__ = ["Session"]
@@ -128,6 +130,33 @@ class Session(_SessionBase):
     def download(self, path: str) -> bytes:
         """The content of `path` in the workspace. As `Client.download_file`."""
         return self._client.download_file(self.id, path)
+
+    # --- a terminal and forwarded ports (issue 24) ---
+
+    def terminal(
+        self,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal:
+        """Opens a shell on a PTY in this session. As `Client.terminal`.
+
+        Example:
+            with session.terminal() as term:
+                term.write(b"ls\n")
+                print(term.read(timeout=5))
+        """
+        return self._client.terminal(self.id, rows=rows, cols=cols, argv=argv, env=env)
+
+    def forward(self, port: int, *, local_port: int = 0) -> Forward:
+        """Tunnels a local port to `port` on this session's loopback. As `Client.forward`.
+
+        Example:
+            with session.forward(8000) as fwd:
+                urllib.request.urlopen(f"http://{fwd.address}/")
+        """
+        return self._client.forward(self.id, port, local_port=local_port)
 
     def close(self) -> SessionInfo:
         """Ends the session: its sandbox, interpreter and workspace are destroyed.

@@ -9,11 +9,15 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Sequence
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
 from tooljail.v1 import tooljail_pb2 as pb
+
+if TYPE_CHECKING:
+    from tooljail._forward import AsyncForward, Forward
+    from tooljail._terminal import AsyncTerminal, Opening, Terminal
 
 __all__ = ["AsyncSessionHost", "SessionHost"]
 
@@ -56,6 +60,18 @@ class SessionHost(Protocol):
     ) -> int: ...
 
     def download_file(self, session_id: str, path: str) -> bytes: ...
+
+    def terminal(
+        self,
+        session_id: str,
+        *,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Terminal: ...
+
+    def forward(self, session_id: str, port: int, *, local_port: int = 0) -> Forward: ...
 
     def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
 
@@ -102,6 +118,20 @@ class AsyncSessionHost(Protocol):
     ) -> int: ...
 
     async def download_file(self, session_id: str, path: str) -> bytes: ...
+
+    def terminal(
+        self,
+        session_id: str,
+        *,
+        rows: int | None = None,
+        cols: int | None = None,
+        argv: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Opening[AsyncTerminal]: ...
+
+    def forward(
+        self, session_id: str, port: int, *, local_port: int = 0
+    ) -> Opening[AsyncForward]: ...
 
     async def _process_rpc(self, method: str, request: Any, *, deadline: bool = True) -> Any: ...
 

@@ -68,6 +68,11 @@ EXPECTED_ALL = {
     "ProcessNotFoundError",
     "ProcessLimitError",
     "PortUnreachableError",
+    # A terminal and forwarded ports (issue 24).
+    "Terminal",
+    "AsyncTerminal",
+    "Forward",
+    "AsyncForward",
     "Processes",
     "AsyncProcesses",
 }

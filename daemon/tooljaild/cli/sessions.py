@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooljaild.cli import processes
+from tooljaild.cli import processes, terminal
 from tooljaild.cli.common import EXIT_OK, EXIT_USAGE, egress_arguments, with_client
 
 if TYPE_CHECKING:
@@ -149,6 +149,9 @@ def add_parser(
         "-o", "--output", metavar="LOCAL_FILE", help="write it here (default: stdout)"
     )
 
+    # A terminal and forwarded ports (issue 24): shell, port-forward.
+    terminal.add_parsers(actions, target)
+
     # Background processes (issue 24): ps, logs, kill.
     processes.add_parsers(actions, target)
 
@@ -161,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "close": _close,
         "upload": _upload,
         "download": _download,
+        **terminal.ACTIONS,
         **processes.ACTIONS,
     }[args.sessions_command]
     return with_client(args, action)

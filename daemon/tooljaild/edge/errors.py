@@ -231,6 +231,31 @@ def _guard_stream_unary(
     return guarded
 
 
+def _guard_stream_stream(
+    behaviour: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Any]],
+) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    # Bidirectional (Terminal, ForwardPort): requests checked as a request
+    # stream's, failures mapped as a response stream's.
+    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                raise request.error
+            yield request
+
+    async def guarded(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        try:
+            async for response in behaviour(checked(requests), context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _end(context, exc)
+
+    return guarded
+
+
 class ErrorEdge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Maps every failure of the service's methods through `STATUS_BY_ERROR`.
 
@@ -263,7 +288,7 @@ class ErrorEdge(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
         if handler.request_streaming:
             if handler.response_streaming:
-                return handler  # ToolRunner has no bidirectional method
+                return guarded._replace(stream_stream=_guard_stream_stream(handler.stream_stream))
             return guarded._replace(stream_unary=_guard_stream_unary(handler.stream_unary))
         if handler.response_streaming:
             guarded = guarded._replace(unary_stream=_guard_stream(handler.unary_stream))

@@ -47,6 +47,8 @@ from tooljaild.edge import processes
 from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
 from tooljaild.edge.errors import abort_with
+from tooljaild.edge.forward import serve_forward
+from tooljaild.edge.terminal import serve_terminal
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.policy import (
     DOWNLOAD_TOOL,
@@ -495,6 +497,48 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> pb.DeleteArtifactResponse:
         deleted = self._artifact_store().delete(request.artifact_id, self._owner(context))
         return pb.DeleteArtifactResponse(deleted=deleted)
+
+    # --- a terminal and forwarded ports (issue 24; edge/terminal.py, edge/forward.py) ---
+
+    async def Terminal(
+        self, requests: AsyncIterator[pb.TerminalInput], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.TerminalOutput]:
+        sessions = self._session_manager()
+        outputs = serve_terminal(
+            requests,
+            lambda session_id: self._own_session(session_id, context),
+            open_timeout_s=sessions.settings.transfer_idle_timeout_s,
+            commands_allowed=self._terminal_commands_allowed(context),
+        )
+        async for output in outputs:
+            yield output
+
+    def _terminal_commands_allowed(
+        self, context: grpc.aio.ServicerContext
+    ) -> frozenset[str] | None:
+        """The caller's commands allow-list, under which a terminal is refused.
+
+        SEAM(cmds): `CallManager.commands_allowed` comes with the commands work
+        (`[commands] allow`); until it is merged there is no allow-list here. A
+        terminal is a process the caller starts, as `start_process` is.
+        """
+        allowed_of = getattr(self._manager, "commands_allowed", None)
+        if allowed_of is None:
+            return None
+        allowed: frozenset[str] | None = allowed_of("start_process", self._identity(context))
+        return allowed
+
+    async def ForwardPort(
+        self, requests: AsyncIterator[pb.PortData], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.PortData]:
+        sessions = self._session_manager()
+        outputs = serve_forward(
+            requests,
+            lambda session_id: self._own_session(session_id, context),
+            open_timeout_s=sessions.settings.transfer_idle_timeout_s,
+        )
+        async for output in outputs:
+            yield output
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:

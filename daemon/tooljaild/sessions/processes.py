@@ -279,7 +279,7 @@ class ProcessTable:
         self._forget_ended()
         log.info(
             "process started",
-            extra={"session": self.session_id, "process": process_id, "pid": process.pid},
+            extra={"session": self.session_id, "process_id": process_id, "pid": process.pid},
         )
         return managed.info()
 
