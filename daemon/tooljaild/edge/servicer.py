@@ -508,25 +508,13 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             requests,
             lambda session_id: self._own_session(session_id, context),
             open_timeout_s=sessions.settings.transfer_idle_timeout_s,
-            commands_allowed=self._terminal_commands_allowed(context),
+            # A terminal is a process the caller starts, as start_process's are.
+            commands_allowed=self._manager.commands_allowed(
+                "start_process", self._identity(context)
+            ),
         )
         async for output in outputs:
             yield output
-
-    def _terminal_commands_allowed(
-        self, context: grpc.aio.ServicerContext
-    ) -> frozenset[str] | None:
-        """The caller's commands allow-list, under which a terminal is refused.
-
-        SEAM(cmds): `CallManager.commands_allowed` comes with the commands work
-        (`[commands] allow`); until it is merged there is no allow-list here. A
-        terminal is a process the caller starts, as `start_process` is.
-        """
-        allowed_of = getattr(self._manager, "commands_allowed", None)
-        if allowed_of is None:
-            return None
-        allowed: frozenset[str] | None = allowed_of("start_process", self._identity(context))
-        return allowed
 
     async def ForwardPort(
         self, requests: AsyncIterator[pb.PortData], context: grpc.aio.ServicerContext
