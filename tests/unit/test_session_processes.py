@@ -21,6 +21,7 @@ from tooljail.types import ProcessState
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.session_streams import SpawnError
+from tooljaild.sessions.process_output import MIN_RING_BYTES, RingBudget
 from tooljaild.sessions.processes import (
     OutputLog,
     ProcessTable,
@@ -100,6 +101,7 @@ def _table(
     max_processes: int = 32,
     ring: int = 4096,
     store: ArtifactStore | None = None,
+    budget: RingBudget | None = None,
 ) -> ProcessTable:
     return ProcessTable(
         "s1",
@@ -109,6 +111,7 @@ def _table(
         max_processes=max_processes,
         ring_bytes=ring,
         artifacts=store,
+        budget=budget,
     )
 
 
@@ -325,3 +328,27 @@ async def test_cwd_outside_the_workspace_is_refused() -> None:
     for bad in ("/etc", "../x", "a/../../b"):
         with pytest.raises(InvalidPathError):
             await table.start_command("ls", cwd=bad)
+
+
+async def test_every_ring_together_stays_within_the_daemons_budget(tmp_path: Path) -> None:
+    """Many sessions x processes x rings cannot hold more than the budget (plus
+    a small ring each): the process writing past it lets go of its oldest bytes,
+    which its artifact keeps readable."""
+    store = ArtifactStore.open(tmp_path / "a", ArtifactSettings())
+    budget = RingBudget(256 * 1024)
+    sb = FakeSandbox()
+    tables = [_table(sb, ring=128 * 1024, store=store, budget=budget) for _ in range(4)]
+    infos = [await t.start_command("yes", name="y") for t in tables]
+    whole = bytes(range(256)) * 512  # 128 KiB each
+    for p in sb.processes:
+        p.emit("stdout", whole)
+        await _settle()
+    assert budget.held <= budget.limit + MIN_RING_BYTES * len(tables)
+    # Every offset of every process is still readable, from its artifact.
+    for table, info in zip(tables, infos, strict=True):
+        chunks, nxt, skipped = table.read(info.process_id, 0)
+        assert (_whole(chunks), nxt, skipped) == (whole, len(whole), 0)
+    # Processes forgotten or sessions ended give their bytes back.
+    for table in tables:
+        await table.end_all("closed")
+    assert budget.held == 0

@@ -51,6 +51,7 @@ from tooljaild.journal.store import Journal, JournalError
 from tooljaild.sandbox.base import RunRequest, Sandbox, SandboxError, Termination
 from tooljaild.sandbox.session_channel import SessionSandbox
 from tooljaild.sessions import egress as session_egress
+from tooljaild.sessions.process_output import RingBudget
 from tooljaild.sessions.session import Session, SessionOptions, SessionTerms, ended_error
 from tooljaild.sessions.transfers import Spool, Transfers
 from tooljaild.settings.sandbox import Limits
@@ -109,6 +110,8 @@ class SessionManager:
         self.egress = egress
         self.artifacts = artifacts
         self._settings = settings
+        self.ring_budget = RingBudget(settings.process_output_memory_bytes)
+        """Every session's process output rings together (`process_output_memory_bytes`)."""
         self._limits = limits
         self._sandbox_for = sandbox_for
         self._journal = journal
@@ -240,7 +243,7 @@ class SessionManager:
             self._opening[client] -= 1
             if not self._opening[client]:
                 del self._opening[client]
-        session = Session(session_id, client, terms, channel, s, self.artifacts)
+        session = Session(session_id, client, terms, channel, s, self.artifacts, self.ring_budget)
         session.egress_rules, session.egress_policy = tuple(egress), policy
         session.egress_dir = sandbox.egress_dir
         if not policy.empty:

@@ -64,6 +64,25 @@ class Chunk:
         return self.offset + len(self.data)
 
 
+MIN_RING_BYTES = 16 * 1024
+"""What a process's ring keeps while the daemon-wide budget is spent."""
+
+
+class RingBudget:
+    """The bytes every ring of the daemon holds together, against one bound
+    (`[sessions] process_output_memory_bytes`). Past it, the ring that is
+    written to lets go of its oldest bytes down to `MIN_RING_BYTES`: the
+    process writing now pays, and what it lets go is in its artifact."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.held > self.limit
+
+
 class OutputLog:
     """A process's output: a ring of the newest bytes, the whole spilled past it.
 
@@ -71,11 +90,18 @@ class OutputLog:
         ring_bytes: The most the ring keeps.
         spill: Opens the artifact the whole output goes to once the ring drops
             bytes (None: no store; what the ring drops is gone).
+        budget: The daemon's bound on every ring together (None: none).
     """
 
-    def __init__(self, ring_bytes: int, spill: Callable[[], ArtifactWriter] | None) -> None:
+    def __init__(
+        self,
+        ring_bytes: int,
+        spill: Callable[[], ArtifactWriter] | None,
+        budget: RingBudget | None = None,
+    ) -> None:
         self._ring_bytes = max(1, ring_bytes)
         self._spill = spill
+        self._budget = budget or RingBudget(1 << 62)
         self._records: deque[Chunk] = deque()
         self._held = 0
         self.end = 0
@@ -111,22 +137,28 @@ class OutputLog:
             self._spill_chunk(chunk)
         self._records.append(chunk)
         self._held += len(data)
-        while self._held > self._ring_bytes:
-            self._drop_first()
+        self._budget.held += len(data)
+        bound = self._ring_bytes
+        if self._budget.spent and self._spill is not None:
+            bound = min(bound, MIN_RING_BYTES)
+        while self._held > bound:
+            self._drop_first(bound)
         self._wake()
 
-    def _drop_first(self) -> None:
+    def _drop_first(self, bound: int) -> None:
         if not self._spilling:
             self._start_spill()
         first = self._records[0]
-        over = self._held - self._ring_bytes
+        over = self._held - bound
         if len(first.data) > over:
             # Keep the record's tail: the ring holds exactly its bound.
             self._records[0] = Chunk(first.offset + over, first.stream, first.data[over:])
-            self._held -= over
+            dropped = over
         else:
             self._records.popleft()
-            self._held -= len(first.data)
+            dropped = len(first.data)
+        self._held -= dropped
+        self._budget.held -= dropped
         self.ring_start = self._records[0].offset if self._records else self.end
 
     def _start_spill(self) -> None:
@@ -210,8 +242,16 @@ class OutputLog:
             self._commit(writer)
         if self.artifact_id and self.spilled == self.end:
             self._records.clear()
+            self._budget.held -= self._held
             self._held, self.ring_start = 0, self.end
         self._wake()
+
+    def release(self) -> None:
+        """Let go of the ring (the process is forgotten, or its session ended):
+        its bytes leave the daemon's budget. Reads of it find nothing after."""
+        self._records.clear()
+        self._budget.held -= self._held
+        self._held, self.ring_start = 0, self.end
 
     def _wake(self) -> None:
         self._changed.set()

@@ -24,6 +24,7 @@ from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.egress.gate import EgressGate
 from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
 from tooljaild.sandbox.session_channel import SessionSandbox
+from tooljaild.sessions.process_output import RingBudget
 from tooljaild.sessions.processes import ProcessTable
 from tooljaild.settings.sandbox import Limits
 from tooljaild.settings.sessions import SessionSettings
@@ -143,6 +144,7 @@ class Session:
         channel: Its sandbox, opened as a session.
         settings: The daemon's session settings (queue bound, processes).
         artifacts: Where its processes' output goes past their rings (None: nowhere).
+        budget: The daemon's bound on every process output ring (None: none).
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class Session:
         channel: SessionSandbox,
         settings: SessionSettings,
         artifacts: ArtifactStore | None = None,
+        budget: RingBudget | None = None,
     ) -> None:
         self.id = session_id
         self.client = client
@@ -185,6 +188,7 @@ class Session:
             max_processes=settings.max_processes,
             ring_bytes=settings.process_output_ring_bytes,
             artifacts=artifacts,
+            budget=budget,
         )
         """Its background processes (`sessions.processes`), which end with it."""
 

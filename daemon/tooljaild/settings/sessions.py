@@ -70,6 +70,11 @@ class SessionSettings(BaseModel):
     """Output of one background process kept in the daemon's memory (the newest
     bytes). Past it the whole output is written to an artifact of the session's
     client (within `[artifacts]` quotas), so every offset stays readable."""
+    process_output_memory_bytes: int = Field(default=256 * 1024**2, ge=1024**2)
+    """Output of every background process of the daemon kept in memory, together.
+    Past it, a process that writes keeps only the newest
+    `MIN_RING_BYTES` (16 KiB) in memory; what its ring lets go is read from its
+    artifact. Bounds what sessions x processes x rings could otherwise hold."""
 
     @model_validator(mode="after")
     def _bounds(self) -> SessionSettings:
