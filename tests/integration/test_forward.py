@@ -279,3 +279,25 @@ def test_a_tunnel_in_use_keeps_its_session_from_idling_out(served: ServedDaemon)
                 time.sleep(0.5)
         assert s.call("execute_python_code", {"code": "print(1)"}).ok
         s.close()
+
+
+@pytest.mark.docker
+def test_a_terminal_and_a_forwarded_port_on_docker(serve: Callable[..., ServedDaemon]) -> None:
+    """The same streams on the docker backend: a shell on a PTY in the container,
+    and a server on the container's own loopback reached through the tunnel."""
+    served = serve(backend="docker")
+    with Client(served.target) as client, client.session() as s:
+        s.upload("hello.txt", b"hello from a container\n")
+        with s.terminal(rows=30, cols=100) as term:
+            term.write(b"test -e /.dockerenv && echo in-docker-$((6*7))\n")
+            read_until(term, rb"in-docker-42")
+            term.write(b"stty size\n")
+            read_until(term, rb"30 100")
+            term.write(b"exit 3\n")
+            while term.read(timeout=15):
+                pass
+            assert term.exit_code == 3
+        with _serve(s) as server, s.forward(8000) as fwd:
+            with urllib.request.urlopen(f"http://{fwd.address}/hello.txt", timeout=10) as r:
+                assert r.read() == b"hello from a container\n"
+            read_until(server, rb"GET /hello.txt")
