@@ -38,7 +38,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from tooljail.errors import PermissionDeniedError
+from tooljail.errors import PermissionDeniedError, TooljailError
 
 __all__ = [
     "ALWAYS_ALLOWED",
@@ -144,8 +144,12 @@ class _Expanded(str):
     __slots__ = ()
 
 
-class Uncheckable(ValueError):
-    """The command line holds something whose programs cannot be named."""
+class Uncheckable(TooljailError, ValueError):
+    """The command line holds something whose programs cannot be named.
+
+    Control flow of `programs_of`: `check_command` turns it into a
+    `PermissionDeniedError`; in the daemon's error tree like every exception
+    the daemon defines."""
 
 
 def check_command(

@@ -125,8 +125,16 @@ PROCESS_TOOLS: tuple[Tool, ...] = (
             "type": "object",
             "properties": {
                 "process_id": _PROCESS_ID,
-                "data": {"type": "string", "maxLength": MAX_READ_LIMIT_BYTES},
-                "eof": {"type": "boolean", "default": False},
+                "data": {
+                    "type": "string",
+                    "maxLength": MAX_READ_LIMIT_BYTES,
+                    "description": "The text to write (a line needs its newline).",
+                },
+                "eof": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": "Close the process's stdin after the data.",
+                },
             },
             "required": ["process_id", "data"],
             "additionalProperties": False,
