@@ -256,6 +256,20 @@ class AsyncClient(_ClientPlans):
         finally:
             call.cancel()
 
+    async def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> AsyncGenerator[pb.WorkspaceEvent, None]:
+        """A session's workspace events, read here (closing it cancels the RPC)."""
+        daemon = await self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+        try:
+            async for message in call:
+                yield message
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
+
     # --- artifacts ---
 
     async def get_artifact(self, artifact_id: str) -> bytes:

@@ -565,6 +565,19 @@ class Client(_ClientPlans):
         finally:
             call.cancel()
 
+    def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> Generator[pb.WorkspaceEvent, None, None]:
+        """A session's workspace events, read here (closing it cancels the RPC)."""
+        daemon = self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+        try:
+            yield from call
+        except grpc.RpcError as e:
+            raise self._router.map_error(daemon, e) from e
+        finally:
+            call.cancel()
+
     # --- artifacts ---
 
     def get_artifact(self, artifact_id: str) -> bytes:

@@ -79,6 +79,10 @@ class SessionHost(Protocol):
         self, request: pb.ReadProcessOutputRequest
     ) -> Generator[pb.ProcessOutput, None, None]: ...
 
+    def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> Generator[pb.WorkspaceEvent, None, None]: ...
+
 
 class AsyncSessionHost(Protocol):
     """The asyncio client's methods an `AsyncSession` calls (as `AsyncClient`'s)."""
@@ -138,5 +142,9 @@ class AsyncSessionHost(Protocol):
     def _process_output(
         self, request: pb.ReadProcessOutputRequest
     ) -> AsyncGenerator[pb.ProcessOutput, None]: ...
+
+    def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> AsyncGenerator[pb.WorkspaceEvent, None]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...
