@@ -43,16 +43,16 @@ class AsyncSession(_SessionBase):
         """Its background processes: start, list, read, follow, write, signal, stop, wait."""
         return AsyncProcesses(self._client, self.id)
 
-    def watch(self, path: str = "", recursive: bool = True) -> AsyncWatch:
-        """The changes of a workspace directory, as they happen: an async iterator of
-        `WorkspaceEvent` (and an async context manager that stops the watch). See
-        `Session.watch`.
+    def watch(self, path: str = "", recursive: bool = True) -> Opening[AsyncWatch]:
+        """The changes of a workspace directory, as they happen: `await` it (or
+        `async with` it) for an async iterator of `WorkspaceEvent`, in place once
+        the await ends; `close()` stops it. See `Session.watch`.
 
         Raises:
             TypeError: `path` is no str.
         """
         request = watch_request(self.id, path, recursive)
-        return AsyncWatch(self._client._watch_events(request))
+        return Opening(lambda: AsyncWatch.open(self._client._watch_events(request)))
 
     async def __aenter__(self) -> Self:
         return self

@@ -60,10 +60,12 @@ class Session(_SessionBase):
         `WorkspaceEvent` (created, modified, deleted, moved; in order), and a
         context manager that stops the watch.
 
-        The RPC starts with the first `next()`. Errors then: `InvalidPathError`
-        (absolute, outside the workspace, no directory), `OverloadedError` (the
-        session's bound of watches or of watched directories), and
-        `SessionNotFoundError`/`SessionEndedError`. Iteration ends when the
+        It returns once the watch is in place: a change made after is reported.
+
+        Raises (besides TypeError): `InvalidPathError` (absolute, outside the
+        workspace, no directory), `OverloadedError` (the session's bound of
+        watches or of watched directories), `SessionNotFoundError` /
+        `SessionEndedError`. Iteration ends when the
         session ends or the directory goes. An event with `dropped=True` says
         events were lost (the reader fell behind): list the directory again.
 
@@ -75,7 +77,7 @@ class Session(_SessionBase):
             TypeError: `path` is no str.
         """
         request = watch_request(self.id, path, recursive)
-        return Watch(self._client._watch_events(request))
+        return Watch(*self._client._watch_events(request))
 
     def __enter__(self) -> Self:
         return self

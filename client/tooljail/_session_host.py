@@ -9,7 +9,7 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
@@ -81,7 +81,7 @@ class SessionHost(Protocol):
 
     def _watch_events(
         self, request: pb.WatchWorkspaceRequest
-    ) -> Generator[pb.WorkspaceEvent, None, None]: ...
+    ) -> tuple[Generator[pb.WorkspaceEvent, None, None], Callable[[], object]]: ...
 
 
 class AsyncSessionHost(Protocol):
@@ -143,8 +143,8 @@ class AsyncSessionHost(Protocol):
         self, request: pb.ReadProcessOutputRequest
     ) -> AsyncGenerator[pb.ProcessOutput, None]: ...
 
-    def _watch_events(
+    async def _watch_events(
         self, request: pb.WatchWorkspaceRequest
-    ) -> AsyncGenerator[pb.WorkspaceEvent, None]: ...
+    ) -> tuple[AsyncGenerator[pb.WorkspaceEvent, None], Callable[[], object]]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...

@@ -71,6 +71,7 @@ class WorkspaceEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WORKSPACE_EVENT_KIND_DELETED: _ClassVar[WorkspaceEventKind]
     WORKSPACE_EVENT_KIND_MOVED: _ClassVar[WorkspaceEventKind]
     WORKSPACE_EVENT_KIND_DROPPED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_WATCHING: _ClassVar[WorkspaceEventKind]
 
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -141,6 +142,7 @@ WORKSPACE_EVENT_KIND_MODIFIED: WorkspaceEventKind
 WORKSPACE_EVENT_KIND_DELETED: WorkspaceEventKind
 WORKSPACE_EVENT_KIND_MOVED: WorkspaceEventKind
 WORKSPACE_EVENT_KIND_DROPPED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_WATCHING: WorkspaceEventKind
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_TOOL_NOT_FOUND: ErrorCode
 ERROR_CODE_CALL_NOT_FOUND: ErrorCode

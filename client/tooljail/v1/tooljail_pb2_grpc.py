@@ -382,8 +382,8 @@ class ToolRunnerServicer:
         """Changes in a workspace directory of a session, as they happen, from its
         sandbox's supervisor (inotify): created, modified, deleted and moved
         entries, in order, and an explicit `dropped` event where events were lost
-        (a reader that fell behind). Ends when the session ends, or the directory
-        goes.
+        (a reader that fell behind). The first message (kind WATCHING) says the
+        watch is in place. Ends when the session ends, or the directory goes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -70,6 +70,10 @@ async def watch_workspace(
         raise ended_error(session.id, "sandbox_died") from None
     session.touch()
     try:
+        # The watch is in place: a client may now make the changes it waits for.
+        yield pb.WorkspaceEvent(
+            kind=pb.WORKSPACE_EVENT_KIND_WATCHING, path=request.path, is_dir=True
+        )
         async for event in watch.events():
             yield _message(event)
     finally:
