@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -22,7 +23,12 @@ import pytest
 
 from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import AsyncClient, Client, Session
-from tooljail.errors import InvalidPathError, OverloadedError, SessionNotFoundError
+from tooljail.errors import (
+    InvalidPathError,
+    OverloadedError,
+    PermissionDeniedError,
+    SessionNotFoundError,
+)
 from tooljail.types import WorkspaceEvent, WorkspaceEventKind
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,6 +190,25 @@ def test_another_clients_session_is_not_found(
         theirs = Session(b, session.info)  # b names a's session by its id
         with pytest.raises(SessionNotFoundError):
             theirs.watch()
+
+
+def test_an_identity_that_may_not_ls_may_not_watch(
+    serve: Callable[..., ServedDaemon], tmp_path: Path
+) -> None:
+    """A watch tells the workspace's names, as `ls` does: the same policy holds."""
+    path = tmp_path / "tokens.toml"
+    digest = hashlib.sha256(b"no-ls-token").hexdigest()
+    path.write_text(
+        f'[identities.no-ls]\ntoken_sha256 = "{digest}"\ntools = ["execute_python_code"]\n'
+    )
+    path.chmod(0o600)
+    served = serve(auth={"tokens_file": str(path)})
+    with (
+        Client(served.target, token="no-ls-token") as client,
+        client.session() as s,
+        pytest.raises(PermissionDeniedError, match="'ls'"),
+    ):
+        s.watch()
 
 
 def test_the_bounds_of_watches_and_directories(serve: Callable[..., ServedDaemon]) -> None:

@@ -539,6 +539,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         events = watch_workspace(
             session,
             request,
+            self._identity(context),
             max_watches=settings.max_watches,
             max_dirs=settings.watch_max_dirs,
         )

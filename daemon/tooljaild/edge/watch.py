@@ -1,7 +1,8 @@
 """rpc WatchWorkspace: a session's workspace changes, as its supervisor sees them.
 
 The servicer finds the caller's own session (another client's is NOT_FOUND)
-and hands it here. The watch runs in the session's supervisor
+and hands it here; an identity whose policy refuses `ls` may not watch (a
+watch tells the workspace's names, as `ls` does). The watch runs in the session's supervisor
 (`SessionSandbox.watch`, runner/_watch.py): trusted, so no tool code can
 forge an event. Backpressure end to end: the next event is read from the
 sandbox only once the previous one went to gRPC, so a client that stops
@@ -18,8 +19,10 @@ from collections.abc import AsyncIterator
 
 from tooljail.errors import InvalidPathError, OverloadedError
 from tooljail.v1 import tooljail_pb2 as pb
+from tooljaild.auth.policy import Identity
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.session_streams import WatchError, WatchEvent
+from tooljaild.sessions.policy import check_file_rpc
 from tooljaild.sessions.session import Session, ended_error
 
 __all__ = ["watch_workspace"]
@@ -36,6 +39,7 @@ _KIND = {
 async def watch_workspace(
     session: Session,
     request: pb.WatchWorkspaceRequest,
+    identity: Identity | None,
     *,
     max_watches: int,
     max_dirs: int,
@@ -48,7 +52,10 @@ async def watch_workspace(
         OverloadedError: The session holds `max_watches` watches, or the
             tree passes `max_dirs` directories (RESOURCE_EXHAUSTED).
         SessionEndedError: The session ended.
+        PermissionDeniedError: The identity may not call `ls` (a watch tells
+            the workspace's names, as `ls` does: the same policy).
     """
+    check_file_rpc(identity, "WatchWorkspace", "ls")
     session.check_open()
     if max_watches <= 0:
         raise OverloadedError("this daemon allows no workspace watches ([sessions] max_watches)")
