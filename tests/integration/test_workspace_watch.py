@@ -273,3 +273,22 @@ def test_a_calls_changes_on_docker(serve: Callable[..., ServedDaemon]) -> None:
         _run(s, CHANGES)
         got = collect(events, lambda e: e.kind == D and e.path == "b.txt", timeout_s=60)
     assert squeezed(got) == EXPECTED
+
+
+def test_a_tree_moved_in_is_watched_and_its_entries_told_within_a_bound(
+    served: ServedDaemon,
+) -> None:
+    """A directory moved into the watch is watched from then on; the entries it
+    already held are reported as created, at most SCAN_LINES of them (then a
+    dropped marker), so the supervisor holds no more than that."""
+    with Client(served.target) as client, client.session() as s:
+        _run(s, "import os\nos.makedirs('outside/big'); os.mkdir('in')\n"
+                "for i in range(1500): open(f'outside/big/{i}', 'w').close()")  # fmt: skip
+        with s.watch("in") as events:  # outside/ is not watched: big comes from nowhere
+            _run(s, "import os; os.rename('outside/big', 'in/big')")
+            got = collect(events, lambda e: e.dropped)
+            assert got[-1].dropped and "1024 entries" in got[-1].dropped_hint
+            created = {e.path for e in got if e.kind == C}
+            assert len(created & {f"in/big/{i}" for i in range(1500)}) == 1024
+            _run(s, "open('in/big/new', 'w').close()")
+            assert collect(events, lambda e: e.path == "in/big/new")[-1].kind == C

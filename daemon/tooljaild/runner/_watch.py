@@ -63,6 +63,9 @@ _MASK = (
 _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len
 READ_BYTES = 16 * 1024
 """One read of the inotify descriptor: the most events held here at once."""
+SCAN_LINES = 1024
+"""The most entries a new directory's scan reports (a tree moved in may hold
+millions); past it, one "dropped" line says so."""
 
 Write = Callable[[dict[str, Any]], None]
 
@@ -155,8 +158,10 @@ class Watch:
 
     def _below(self, top: str, *, strict: bool, announce: bool) -> None:
         """Watch every directory below `top` (no symlink followed); with `announce`,
-        report each entry found (made before its directory's watch was there)."""
+        report each entry found (made before its directory's watch was there),
+        at most `SCAN_LINES` of them."""
         pending = [top]
+        told = 0
         while pending:
             here = pending.pop()
             try:
@@ -168,8 +173,14 @@ class Watch:
                     is_dir = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     continue
-                if announce:
+                if announce and told < SCAN_LINES:
                     self._line({"k": "c", "p": self._rel(entry.path), "d": int(is_dir)})
+                    told += 1
+                    if told == SCAN_LINES:
+                        self._dropped(
+                            f"{self._rel(top)!r} holds more than {SCAN_LINES} entries made "
+                            "before its watch: the rest are not reported (list it)"
+                        )
                 if is_dir:
                     if not self._add(entry.path, strict=strict):
                         self._dropped(
