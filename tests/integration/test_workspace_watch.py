@@ -22,6 +22,8 @@ import psutil
 import pytest
 
 from tests.conftest import RunningDaemon, ServedDaemon
+from tests.integration.test_session_streams import Opener, call, drain, open_session  # noqa: F401
+from tests.unit.test_docker_sandbox import context, engine  # noqa: F401
 from tooljail import AsyncClient, Client, Session
 from tooljail.errors import (
     InvalidPathError,
@@ -30,6 +32,7 @@ from tooljail.errors import (
     SessionNotFoundError,
 )
 from tooljail.types import WorkspaceEvent, WorkspaceEventKind
+from tooljaild.sandbox.session_streams import Spawn, WatchError
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -292,3 +295,45 @@ def test_a_tree_moved_in_is_watched_and_its_entries_told_within_a_bound(
             assert len(created & {f"in/big/{i}" for i in range(1500)}) == 1024
             _run(s, "open('in/big/new', 'w').close()")
             assert collect(events, lambda e: e.path == "in/big/new")[-1].kind == C
+
+
+HOSTILE_WATCH_OPS = [
+    b'{"op": "watch"}',
+    b'{"op": "watch", "id": "x"}',
+    b'{"op": "watch", "id": 900, "path": 5}',
+    b'{"op": "watch", "id": 901, "path": "../.."}',
+    b'{"op": "watch", "id": 902, "path": "\\u0000"}',
+    b'{"op": "watch", "id": 903, "path": "", "recursive": "yes", "max_dirs": -1,'
+    b' "max_watches": true}',
+    b'{"op": "credit", "id": 903, "n": 1e9}',
+    b'{"op": "credit", "id": 903, "n": -5}',
+    b'{"op": "close", "id": 903}',
+    b'{"op": "close", "id": 903}',
+    b'{"op": "credit", "id": 903, "n": 10}',
+]
+
+
+async def test_hostile_watch_ops_never_end_the_supervisor(open_session: Opener) -> None:  # noqa: F811
+    """At the sandbox floor, on each backend: malformed watch ops are refused or
+    dropped; the supervisor still watches, and calls still run."""
+    session = await open_session()
+    for line in HOSTILE_WATCH_OPS:
+        session._pipes.send(line + b"\n")
+    watch = await session.watch("", recursive=True)
+    process = await session.spawn(Spawn(("sh", "-c", "mkdir d && mv d e && touch e/f")))
+    await drain(process)
+    got: list[tuple[str, str, str]] = []
+
+    async def read() -> None:
+        async for event in watch.events():
+            got.append((event.kind, event.path, event.old_path))
+            if event.path == "e/f":
+                return
+
+    await asyncio.wait_for(read(), 10)
+    assert got[:2] == [("created", "d", ""), ("moved", "e", "d")]
+    assert (await call(session, "print('and calls run')")).strip() == b"and calls run"
+    watch.close()
+    with pytest.raises(WatchError) as refused:
+        await session.watch("../..", recursive=False)
+    assert refused.value.bad_path and "leaves the workspace" in str(refused.value)

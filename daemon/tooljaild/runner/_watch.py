@@ -251,8 +251,12 @@ class Watch:
                         {"k": "v", "p": self._rel(path), "o": self._rel(moved[0]),
                          "d": int(is_dir)}
                     )  # fmt: skip
-                    if is_dir:
+                    if is_dir and moved[0] in self.dirs.values():
                         self._renamed(moved[0], path)
+                    elif is_dir and self.recursive:
+                        # Renamed before its watch was added (made and moved at
+                        # once): watched now, under its new name.
+                        self._new_dir(path)
                 else:
                     self._line({"k": "c", "p": self._rel(path), "d": int(is_dir)})
                     if is_dir and self.recursive:
