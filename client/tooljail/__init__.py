@@ -43,6 +43,7 @@ from tooljail._types import (
     ToolResult,
     Usage,
 )
+from tooljail._watch import AsyncWatch, Watch
 from tooljail.errors import (
     ArtifactGoneError,
     ArtifactNotFoundError,
@@ -87,6 +88,7 @@ __all__ = [
     "AsyncProcesses",
     "AsyncSession",
     "AsyncTerminal",
+    "AsyncWatch",
     "BadTimeoutError",
     "CallIdConflictError",
     "CallInfo",
@@ -131,6 +133,7 @@ __all__ = [
     "UnauthenticatedError",
     "UnknownError",
     "Usage",
+    "Watch",
     "WorkspaceFileNotFoundError",
     "WorkspaceFullError",
     "__version__",

@@ -6,7 +6,7 @@ same flow with blocking calls); the contract of each is in `Client`'s docstrings
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -255,6 +255,25 @@ class AsyncClient(_ClientPlans):
             raise self._router.map_error(daemon, e) from e
         finally:
             call.cancel()
+
+    async def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> tuple[AsyncGenerator[pb.WorkspaceEvent, None], Callable[[], object]]:
+        """A session's workspace events, read here, and what cancels the RPC (from
+        another task too; closing the generator cancels it as well)."""
+        daemon = await self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+
+        async def messages() -> AsyncGenerator[pb.WorkspaceEvent, None]:
+            try:
+                async for message in call:
+                    yield message
+            except grpc.RpcError as e:
+                raise self._router.map_error(daemon, e) from e
+            finally:
+                call.cancel()
+
+        return messages(), call.cancel
 
     # --- artifacts ---
 

@@ -20,6 +20,7 @@ from tooljail._session_base import _SessionBase
 from tooljail._session_host import AsyncSessionHost
 from tooljail._terminal import AsyncTerminal, Opening
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
+from tooljail._watch import AsyncWatch, watch_request
 from tooljail.v1 import tooljail_pb2 as pb
 
 __all__ = ["AsyncSession"]
@@ -41,6 +42,17 @@ class AsyncSession(_SessionBase):
     def processes(self) -> AsyncProcesses:
         """Its background processes: start, list, read, follow, write, signal, stop, wait."""
         return AsyncProcesses(self._client, self.id)
+
+    def watch(self, path: str = "", recursive: bool = True) -> Opening[AsyncWatch]:
+        """The changes of a workspace directory, as they happen: `await` it (or
+        `async with` it) for an async iterator of `WorkspaceEvent`, in place once
+        the await ends; `close()` stops it. See `Session.watch`.
+
+        Raises:
+            TypeError: `path` is no str.
+        """
+        request = watch_request(self.id, path, recursive)
+        return Opening(lambda: AsyncWatch.open(self._client._watch_events(request)))
 
     async def __aenter__(self) -> Self:
         return self

@@ -19,7 +19,7 @@ request was refused (`ToolNotFoundError`, `InvalidArgumentsError`,
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -564,6 +564,24 @@ class Client(_ClientPlans):
             raise self._router.map_error(daemon, e) from e
         finally:
             call.cancel()
+
+    def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> tuple[Generator[pb.WorkspaceEvent, None, None], Callable[[], object]]:
+        """A session's workspace events, read here, and what cancels the RPC (from
+        any thread; closing the generator cancels it too)."""
+        daemon = self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+
+        def messages() -> Generator[pb.WorkspaceEvent, None, None]:
+            try:
+                yield from call
+            except grpc.RpcError as e:
+                raise self._router.map_error(daemon, e) from e
+            finally:
+                call.cancel()
+
+        return messages(), call.cancel
 
     # --- artifacts ---
 

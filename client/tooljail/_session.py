@@ -17,6 +17,7 @@ from tooljail._session_base import _SessionBase
 from tooljail._session_host import SessionHost
 from tooljail._terminal import Terminal
 from tooljail._types import Output, SessionInfo, SessionState, ToolResult
+from tooljail._watch import Watch, watch_request
 
 __all__ = ["Session"]
 
@@ -53,6 +54,30 @@ class Session(_SessionBase):
     def processes(self) -> Processes:
         """Its background processes: start, list, read, follow, write, signal, stop, wait."""
         return Processes(self._client, self.id)
+
+    def watch(self, path: str = "", recursive: bool = True) -> Watch:
+        """The changes of a workspace directory, as they happen: an iterator of
+        `WorkspaceEvent` (created, modified, deleted, moved; in order), and a
+        context manager that stops the watch.
+
+        It returns once the watch is in place: a change made after is reported.
+
+        Raises (besides TypeError): `InvalidPathError` (absolute, outside the
+        workspace, no directory), `OverloadedError` (the session's bound of
+        watches or of watched directories), `SessionNotFoundError` /
+        `SessionEndedError`. Iteration ends when the
+        session ends or the directory goes. An event with `dropped=True` says
+        events were lost (the reader fell behind): list the directory again.
+
+        Args:
+            path: A directory of the workspace, relative to it; "" is the workspace.
+            recursive: Watch every directory below too (and those made later).
+
+        Raises:
+            TypeError: `path` is no str.
+        """
+        request = watch_request(self.id, path, recursive)
+        return Watch(*self._client._watch_events(request))
 
     def __enter__(self) -> Self:
         return self

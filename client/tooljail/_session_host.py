@@ -9,7 +9,7 @@ themselves to a session).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tooljail._types import Output, SessionInfo, ToolResult
@@ -79,6 +79,10 @@ class SessionHost(Protocol):
         self, request: pb.ReadProcessOutputRequest
     ) -> Generator[pb.ProcessOutput, None, None]: ...
 
+    def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> tuple[Generator[pb.WorkspaceEvent, None, None], Callable[[], object]]: ...
+
 
 class AsyncSessionHost(Protocol):
     """The asyncio client's methods an `AsyncSession` calls (as `AsyncClient`'s)."""
@@ -138,5 +142,9 @@ class AsyncSessionHost(Protocol):
     def _process_output(
         self, request: pb.ReadProcessOutputRequest
     ) -> AsyncGenerator[pb.ProcessOutput, None]: ...
+
+    async def _watch_events(
+        self, request: pb.WatchWorkspaceRequest
+    ) -> tuple[AsyncGenerator[pb.WorkspaceEvent, None], Callable[[], object]]: ...
 
     async def _create_session(self, request: pb.CreateSessionRequest) -> SessionInfo: ...

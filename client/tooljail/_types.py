@@ -195,6 +195,37 @@ class ProcessState(enum.StrEnum):
     """Its session ended or was reset (or its sandbox died) while it ran."""
 
 
+class WorkspaceEventKind(enum.StrEnum):
+    """What happened to a workspace entry (`session.watch`)."""
+
+    CREATED = "created"
+    MODIFIED = "modified"
+    """Written to (writes in a row are merged into one event)."""
+    DELETED = "deleted"
+    """Deleted, or moved out of the watched directory."""
+    MOVED = "moved"
+    """Renamed within the watch: `path` is the new path, `old_path` the former."""
+    DROPPED = "dropped"
+    """Events were lost here (`dropped` is True): list the directory again."""
+
+
+class WorkspaceEvent(BaseModel):
+    """One change in a watched workspace directory (`session.watch`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: WorkspaceEventKind
+    path: str = ""
+    """Relative to the workspace."""
+    is_dir: bool = False
+    old_path: str = ""
+    """A move's former path."""
+    dropped: bool = False
+    """Events were lost here (the reader fell behind): what it knows may be stale."""
+    dropped_hint: str = ""
+    """What was lost and why."""
+
+
 class ProcessInfo(BaseModel):
     """A background process of a session (`session.processes`), as the daemon reports it."""
 

@@ -25,6 +25,8 @@ from tooljail._types import (
     ToolInfo,
     ToolResult,
     Usage,
+    WorkspaceEvent,
+    WorkspaceEventKind,
 )
 
 __all__ = [
@@ -49,4 +51,6 @@ __all__ = [
     "ToolInfo",
     "ToolResult",
     "Usage",
+    "WorkspaceEvent",
+    "WorkspaceEventKind",
 ]

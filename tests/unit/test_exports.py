@@ -75,6 +75,9 @@ EXPECTED_ALL = {
     "AsyncForward",
     "Processes",
     "AsyncProcesses",
+    # Workspace change events (issue 24, item 5).
+    "Watch",
+    "AsyncWatch",
 }
 
 

@@ -63,6 +63,16 @@ class OutputSelect(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTPUT_SELECT_STDOUT: _ClassVar[OutputSelect]
     OUTPUT_SELECT_STDERR: _ClassVar[OutputSelect]
 
+class WorkspaceEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKSPACE_EVENT_KIND_UNSPECIFIED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_CREATED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_MODIFIED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_DELETED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_MOVED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_DROPPED: _ClassVar[WorkspaceEventKind]
+    WORKSPACE_EVENT_KIND_WATCHING: _ClassVar[WorkspaceEventKind]
+
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ERROR_CODE_UNSPECIFIED: _ClassVar[ErrorCode]
@@ -126,6 +136,13 @@ PROCESS_STATE_KILLED: ProcessState
 OUTPUT_SELECT_BOTH: OutputSelect
 OUTPUT_SELECT_STDOUT: OutputSelect
 OUTPUT_SELECT_STDERR: OutputSelect
+WORKSPACE_EVENT_KIND_UNSPECIFIED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_CREATED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_MODIFIED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_DELETED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_MOVED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_DROPPED: WorkspaceEventKind
+WORKSPACE_EVENT_KIND_WATCHING: WorkspaceEventKind
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_TOOL_NOT_FOUND: ErrorCode
 ERROR_CODE_CALL_NOT_FOUND: ErrorCode
@@ -682,6 +699,32 @@ class PortData(_message.Message):
     data: bytes
     eof: bool
     def __init__(self, session_id: _Optional[str] = ..., port: _Optional[int] = ..., data: _Optional[bytes] = ..., eof: _Optional[bool] = ...) -> None: ...
+
+class WatchWorkspaceRequest(_message.Message):
+    __slots__ = ("session_id", "path", "recursive")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    RECURSIVE_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    path: str
+    recursive: bool
+    def __init__(self, session_id: _Optional[str] = ..., path: _Optional[str] = ..., recursive: _Optional[bool] = ...) -> None: ...
+
+class WorkspaceEvent(_message.Message):
+    __slots__ = ("kind", "path", "is_dir", "old_path", "dropped", "dropped_hint")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    IS_DIR_FIELD_NUMBER: _ClassVar[int]
+    OLD_PATH_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_HINT_FIELD_NUMBER: _ClassVar[int]
+    kind: WorkspaceEventKind
+    path: str
+    is_dir: bool
+    old_path: str
+    dropped: bool
+    dropped_hint: str
+    def __init__(self, kind: _Optional[_Union[WorkspaceEventKind, str]] = ..., path: _Optional[str] = ..., is_dir: _Optional[bool] = ..., old_path: _Optional[str] = ..., dropped: _Optional[bool] = ..., dropped_hint: _Optional[str] = ...) -> None: ...
 
 class SetSessionEgressRequest(_message.Message):
     __slots__ = ("session_id", "egress")

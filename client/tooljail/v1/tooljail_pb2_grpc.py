@@ -160,6 +160,11 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
                 _registered_method=True)
+        self.WatchWorkspace = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/WatchWorkspace',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -373,6 +378,17 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchWorkspace(self, request, context):
+        """Changes in a workspace directory of a session, as they happen, from its
+        sandbox's supervisor (inotify): created, modified, deleted and moved
+        entries, in order, and an explicit `dropped` event where events were lost
+        (a reader that fell behind). The first message (kind WATCHING) says the
+        watch is in place. Ends when the session ends, or the directory goes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -500,6 +516,11 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.ForwardPort,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
+            ),
+            'WatchWorkspace': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchWorkspace,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1178,6 +1199,33 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/ForwardPort',
             tooljail_dot_v1_dot_tooljail__pb2.PortData.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.PortData.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchWorkspace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/WatchWorkspace',
+            tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.FromString,
             options,
             channel_credentials,
             insecure,

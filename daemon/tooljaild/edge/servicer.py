@@ -49,6 +49,7 @@ from tooljaild.edge.drain import Refusals
 from tooljaild.edge.errors import abort_with
 from tooljaild.edge.forward import serve_forward
 from tooljaild.edge.terminal import serve_terminal
+from tooljaild.edge.watch import watch_workspace
 from tooljaild.sessions.manager import SessionManager
 from tooljaild.sessions.policy import (
     DOWNLOAD_TOOL,
@@ -527,6 +528,23 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         )
         async for output in outputs:
             yield output
+
+    # --- workspace change events (issue 24 item 5; edge/watch.py) ---
+
+    async def WatchWorkspace(
+        self, request: pb.WatchWorkspaceRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WorkspaceEvent]:
+        settings = self._session_manager().settings
+        session = self._own_session(request.session_id, context)
+        events = watch_workspace(
+            session,
+            request,
+            self._identity(context),
+            max_watches=settings.max_watches,
+            max_dirs=settings.watch_max_dirs,
+        )
+        async for event in events:
+            yield event
 
 
 async def _ran(call: Call, until: Once[ToolResult]) -> bool:

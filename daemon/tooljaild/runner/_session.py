@@ -253,7 +253,7 @@ class _Supervisor:
         """Serve until the daemon closes the request pipe (or it breaks)."""
         while True:
             for fd, event in self.poll.poll(self.relay.paused_ms()):
-                if fd in self.streams.fds:
+                if self.streams.owns(fd):
                     self.streams.on_event(fd, event)
                 elif fd in self.relay.fds:
                     self.relay.read(fd, running=self.running is not None)

@@ -38,11 +38,13 @@ from collections.abc import Callable
 from typing import Any
 
 try:  # the daemon's view (mypy): tooljaild.runner._streams
-    from . import _frames, _procs, _spawn
+    from . import _frames, _procs, _spawn, _watch, _workspace_paths
 except ImportError:  # a sandbox: top-level modules beside _runner.py, on the path it set
     import _frames  # type: ignore[import-not-found, no-redef]
     import _procs  # type: ignore[import-not-found, no-redef]
     import _spawn  # type: ignore[import-not-found, no-redef]
+    import _watch  # type: ignore[import-not-found, no-redef]
+    import _workspace_paths  # type: ignore[import-not-found, no-redef]
 
 CHUNK = 64 * 1024
 """The most raw bytes in one frame's or op's payload (base64 in the JSON line)."""
@@ -53,7 +55,7 @@ holds the same constant (sandbox/session_streams.py)."""
 MAX_STREAMS = 4096
 """Processes and connections tracked at once; past it a spawn or connect is refused."""
 OPS = frozenset(
-    {"spawn", "connect", "stats", "write", "credit", "eof", "signal", "resize", "close"}
+    {"spawn", "connect", "stats", "write", "credit", "eof", "signal", "resize", "close"} | {"watch"}
 )
 """The request ops this module serves (they carry an "id", no "seq")."""
 _SIGNALS = range(1, 65)
@@ -122,6 +124,21 @@ class Streams:
         """Every descriptor watched, with its stream."""
         self.by_pid: dict[int, _Stream] = {}
         self._masks: dict[int, int] = {}
+        self.watches = _watch.Watches(
+            self._set_mask, self.root, lambda: self.write, WINDOW, CHUNK, self._resolve
+        )
+        """Workspace watches (_watch.py): streams of their own, with the same credit."""
+
+    def _resolve(self, path: Any) -> str:
+        """A watch's directory, resolved and checked as a workspace tool's path is."""
+        try:
+            return _workspace_paths.Workspace(self.root, 0).resolve(path, "path", allow_root=True)
+        except _workspace_paths.WorkspaceError as exc:
+            raise _watch.Refused(exc.message) from None
+
+    def owns(self, fd: int) -> bool:
+        """Whether `fd` is one of this module's (the loop hands it to `on_event`)."""
+        return fd in self.fds or fd in self.watches.fds
 
     # ------------------------------------------------------------ what the sweep spares
 
@@ -144,11 +161,17 @@ class Streams:
                 self._connect(sid, message)
             elif op == "stats":
                 self._stats(sid, message.get("pids"))
+            elif op == "watch":
+                self.watches.start(sid, message)
+            elif sid in self.watches.watches:
+                self.watches.on_op(sid, op, message)
             else:
                 stream = self.streams.get(sid)
                 if stream is not None:
                     self._on_stream_op(stream, op, message)
         except Exception as exc:  # a malformed op must never end the supervisor
+            if op == "watch" and sid not in self.watches.watches:
+                self.write({"t": "watch_failed", "id": sid, "message": f"bad request: {exc}"})
             if op in ("spawn", "connect") and sid not in self.streams:
                 self.write({"t": f"{op}_failed", "id": sid, "message": f"bad request: {exc}"})
 
@@ -288,7 +311,10 @@ class Streams:
     # ------------------------------------------------------------ the loop's events
 
     def on_event(self, fd: int, event: int) -> None:
-        """`fd` (one of `fds`) is ready."""
+        """`fd` (one of `fds`, or a watch's) is ready."""
+        if fd in self.watches.fds:
+            self.watches.on_event(fd)
+            return
         stream = self.fds.get(fd)
         if stream is None:
             return

@@ -371,6 +371,7 @@ RUNNER_MODULES = (
     "_relay.py",
     "_streams.py",
     "_spawn.py",
+    "_watch.py",
     "_egress.py",
     "_devices.py",
     # A call's, imported when it needs them:

@@ -130,6 +130,7 @@ from tooljaild.sandbox.session_streams import (
     STREAM_FRAMES,
     PortStream,
     SandboxProcess,
+    SandboxWatch,
     Spawn,
     StreamMux,
 )
@@ -494,6 +495,32 @@ class SessionSandbox:
         if self.ended.done():
             raise SandboxError(f"session sandbox {self.id} has ended")
         return await self.streams.connect_port(port, timeout_s)
+
+    async def watch(
+        self, path: str, *, recursive: bool, max_dirs: int = 4096, max_watches: int = 8
+    ) -> SandboxWatch:
+        """Watch a workspace directory from the supervisor (runner/_watch.py):
+        its created, modified, deleted and moved entries, in order, under the
+        same credit as a process's output; a "dropped" event where the kernel
+        lost some. It ends with the session (its `events()` end).
+
+        Args:
+            path: Relative to the workspace; "" is the workspace. Resolved and
+                checked as a workspace tool's path is.
+            recursive: Watch every directory below as well.
+            max_dirs: The session's bound of watched directories (all its watches).
+            max_watches: The session's bound of open watches.
+
+        Raises:
+            WatchError: The path leaves the workspace or is no directory
+                (``bad_path``), or a bound refused it (``limit``).
+            SandboxError: The session has ended.
+        """
+        if self.ended.done():
+            raise SandboxError(f"session sandbox {self.id} has ended")
+        return await self.streams.watch(
+            path, recursive=recursive, max_dirs=max_dirs, max_watches=max_watches
+        )
 
     # ------------------------------------------------------------ frames
 

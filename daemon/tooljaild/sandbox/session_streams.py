@@ -20,7 +20,9 @@ stream's "id" (an int the daemon picks, unique per session):
     {"op": "credit", "id", "n"}                 the reader consumed n more bytes
     {"op": "signal", "id", "sig", "fg": bool}   killpg; fg: the terminal's foreground group
     {"op": "resize", "id", "rows", "cols"}      TIOCSWINSZ (the kernel sends SIGWINCH)
-    {"op": "close", "id"}                       a connection: closed both ways, forgotten
+    {"op": "close", "id"}                       a connection (or a watch): closed, forgotten
+    {"op": "watch", "id", "path", "recursive": bool, "max_dirs", "max_watches"}
+                                                a workspace watch (runner/_watch.py)
 
 The supervisor's frames (frame pipe):
 
@@ -32,6 +34,10 @@ The supervisor's frames (frame pipe):
     {"t": "in_closed", "id"}                    its input is gone (EPIPE): writes fail
     {"t": "exited", "id", "code", "signal", "killed": bool}
     {"t": "stats", "id", "v": {"pid": [cpu_s, rss_bytes]}}
+    {"t": "watching", "id", "dirs"} | {"t": "watch_failed", "id", "message", "limit": bool}
+
+A watch's events come as "out" frames of stream "watch" (JSON lines, one per
+event, runner/_watch.py's docstring), under the same credit; its "eof" ends it.
 
 Flow control, per stream, both ways (`WINDOW`): the supervisor sends output
 only within the credit the daemon granted, and the daemon grants it as
@@ -52,10 +58,10 @@ import base64
 import binascii
 import contextlib
 import json
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.stream_flow import CHUNK, WINDOW, Inbound, Outbound
@@ -70,17 +76,20 @@ __all__ = [
     "ProcessExit",
     "ProcessGoneError",
     "SandboxProcess",
+    "SandboxWatch",
     "Spawn",
     "SpawnError",
     "StreamMux",
+    "WatchError",
+    "WatchEvent",
 ]
 
 STREAM_FRAMES = frozenset(
     {"spawned", "spawn_failed", "connected", "connect_failed", "out", "eof", "room"}
-    | {"in_closed", "exited", "stats"}
+    | {"in_closed", "exited", "stats", "watching", "watch_failed"}
 )
 """The supervisor's frames about streams: they belong to no call."""
-_OUTPUTS = frozenset({"stdout", "stderr", "pty", "sock"})
+_OUTPUTS = frozenset({"stdout", "stderr", "pty", "sock", "watch"})
 
 
 class SpawnError(SandboxError):
@@ -103,6 +112,21 @@ class PortError(SandboxError):
 
 class BadPortError(PortError, ValueError):
     """The port is outside 1-65535 (refused before anything is sent)."""
+
+
+class WatchError(SandboxError):
+    """The supervisor could not watch that directory; the message says why.
+
+    Attributes:
+        limit: A bound refused it (watches or watched directories per session,
+            the host's inotify limits).
+        bad_path: The path is no directory of the workspace (or leaves it).
+    """
+
+    def __init__(self, message: str, *, limit: bool = False, bad_path: bool = False) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.bad_path = bad_path
 
 
 class ProcessGoneError(SandboxError):
@@ -280,6 +304,103 @@ class PortStream:
         self._in.end()
 
 
+WatchKind = Literal["created", "modified", "deleted", "moved", "dropped"]
+_KINDS: dict[str, WatchKind] = {
+    "c": "created",
+    "m": "modified",
+    "r": "deleted",
+    "v": "moved",
+    "x": "dropped",
+}
+MAX_WATCH_LINE = 16 * 1024
+"""The longest event line the daemon keeps (a path is < 4 KiB; longer is no line of ours)."""
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change in a watched directory, as the supervisor saw it."""
+
+    kind: WatchKind
+    path: str = ""
+    """Relative to the workspace ("" for the workspace itself; none when dropped)."""
+    old_path: str = ""
+    """A move's former path."""
+    is_dir: bool = False
+    hint: str = ""
+    """For "dropped": what was lost and why."""
+
+
+class SandboxWatch:
+    """A watch of a workspace directory (`SessionSandbox.watch`)."""
+
+    def __init__(self, mux: StreamMux, sid: int, dirs: int) -> None:
+        self.dirs = dirs
+        """Directories watched at its start."""
+        self._mux = mux
+        self._sid = sid
+        self._in = Inbound(mux.send, sid, ("watch",))
+        self._rest = b""
+        self._closed = False
+
+    @property
+    def buffered(self) -> int:
+        return self._in.buffered + len(self._rest)
+
+    async def events(self) -> AsyncIterator[WatchEvent]:
+        """The events in order, until the watch ends (its directory went, the
+        sandbox ended, `close`). Reading grants the supervisor credit: a reader
+        that stops, stops it reading inotify, and the kernel then drops events
+        (a "dropped" event says so once read again)."""
+        while not self._closed:
+            chunk = await self._in.next()
+            if chunk is None:
+                return
+            lines = (self._rest + chunk[1]).split(b"\n")
+            self._rest = lines.pop()
+            if len(self._rest) > MAX_WATCH_LINE:
+                self._rest = b""
+                yield WatchEvent("dropped", hint="an event line too long was dropped")
+            for line in lines:
+                event = _event(line)
+                if event is not None:
+                    yield event
+
+    def close(self) -> None:
+        """Stop watching (the supervisor closes its inotify instance); idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._in.end()
+        self._mux.forget(self._sid)
+        self._mux.send({"op": "close", "id": self._sid})
+
+    def _gone(self) -> None:
+        self._in.end()
+
+
+def _event(line: bytes) -> WatchEvent | None:
+    with contextlib.suppress(ValueError):
+        value = json.loads(line)
+        kind = _KINDS.get(str(value.get("k"))) if isinstance(value, dict) else None
+        if kind is None:
+            return None
+        return WatchEvent(
+            kind,
+            path=_text(value.get("p")),
+            old_path=_text(value.get("o")),
+            is_dir=value.get("d") == 1,
+            hint=_text(value.get("h")),
+        )
+    return None
+
+
+def _text(value: Any) -> str:
+    """A path as a protobuf string takes it (bytes not UTF-8 shown as U+FFFD)."""
+    if not isinstance(value, str):
+        return ""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 class StreamMux:
     """A session's streams on the daemon's side: ops out, frames in.
 
@@ -293,6 +414,7 @@ class StreamMux:
         self._ended = False
         self._processes: dict[int, SandboxProcess] = {}
         self._ports: dict[int, PortStream] = {}
+        self._watches: dict[int, SandboxWatch] = {}
         self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
         """Answers awaited (spawn, connect, stats), by id, with what they are for."""
         self.bad_frames = 0
@@ -301,8 +423,9 @@ class StreamMux:
     @property
     def buffered(self) -> int:
         """Bytes held in the daemon for every stream, not yet read."""
-        streams: list[SandboxProcess | PortStream] = [*self._processes.values()]
+        streams: list[SandboxProcess | PortStream | SandboxWatch] = [*self._processes.values()]
         streams += self._ports.values()
+        streams += self._watches.values()
         return sum(s.buffered for s in streams)
 
     def send(self, op: dict[str, Any]) -> None:
@@ -311,6 +434,7 @@ class StreamMux:
 
     def forget(self, sid: int) -> None:
         self._ports.pop(sid, None)
+        self._watches.pop(sid, None)
 
     def _ask(self, op: dict[str, Any], about: Any) -> asyncio.Future[Any]:
         if self._ended:
@@ -373,6 +497,26 @@ class StreamMux:
             raise
         return stream
 
+    async def watch(
+        self, path: str, *, recursive: bool, max_dirs: int, max_watches: int
+    ) -> SandboxWatch:
+        """See `SessionSandbox.watch`."""
+        if not isinstance(path, str) or "\0" in path:
+            raise WatchError(f"{path!r} is no path of the workspace", bad_path=True)
+        future = self._ask(
+            {"op": "watch", "path": path, "recursive": bool(recursive), "max_dirs": max_dirs,
+             "max_watches": max_watches},
+            "watch",
+        )  # fmt: skip
+        sid = self._next
+        try:
+            watch: SandboxWatch = await future
+        except asyncio.CancelledError:
+            self._waiting.pop(sid, None)
+            self.send({"op": "close", "id": sid})
+            raise
+        return watch
+
     # ------------------------------------------------------------ frames
 
     def on_frame(self, frame: dict[str, Any]) -> None:
@@ -382,10 +526,10 @@ class StreamMux:
             self.bad_frames += 1
 
     def _on_frame(self, kind: str, sid: int, frame: dict[str, Any]) -> bool:
-        if kind in ("spawned", "spawn_failed", "connected", "connect_failed", "stats"):
+        if kind in _ANSWERS:
             return self._answer(kind, sid, frame)
-        target: SandboxProcess | PortStream | None = self._processes.get(sid) or self._ports.get(
-            sid
+        target: SandboxProcess | PortStream | SandboxWatch | None = (
+            self._processes.get(sid) or self._ports.get(sid) or self._watches.get(sid)
         )
         if target is None:
             return kind in ("out", "eof", "room", "in_closed")  # a closed connection's late ones
@@ -399,6 +543,8 @@ class StreamMux:
             if name not in _OUTPUTS:
                 return False
             target._in.eof(name)
+        elif isinstance(target, SandboxWatch):
+            return False
         elif kind == "room":
             n = frame.get("n")
             if not _is_int(n) or n <= 0:
@@ -420,9 +566,9 @@ class StreamMux:
     def _answer(self, kind: str, sid: int, frame: dict[str, Any]) -> bool:
         waiting = self._waiting.pop(sid, None)
         if waiting is None:
-            if kind == "connected":  # connected after its timeout: close it there
+            if kind in ("connected", "watching"):  # after its asker went: close it there
                 self.send({"op": "close", "id": sid})
-            return kind in ("connected", "connect_failed")
+            return kind in ("connected", "connect_failed", "watching", "watch_failed")
         future, about = waiting
         if future.done():
             return True
@@ -443,6 +589,14 @@ class StreamMux:
             future.set_result(stream)
         elif kind == "connect_failed":
             future.set_exception(PortError(message))
+        elif kind == "watching" and about == "watch":
+            dirs = frame.get("dirs")
+            watch = SandboxWatch(self, sid, dirs if _is_int(dirs) else 0)
+            self._watches[sid] = watch
+            future.set_result(watch)
+        elif kind == "watch_failed":
+            limit = frame.get("limit") is True
+            future.set_exception(WatchError(message, limit=limit, bad_path=not limit))
         elif kind == "stats":
             future.set_result(_figures(frame.get("v")))
         else:
@@ -461,8 +615,16 @@ class StreamMux:
             process._gone()
         for port in self._ports.values():
             port._gone()
+        for watch in self._watches.values():
+            watch._gone()
+        self._watches.clear()
         self._processes.clear()
         self._ports.clear()
+
+
+_ANSWERS = frozenset(
+    {"spawned", "spawn_failed", "connected", "connect_failed", "stats", "watching", "watch_failed"}
+)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

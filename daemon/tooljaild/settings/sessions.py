@@ -66,6 +66,14 @@ class SessionSettings(BaseModel):
     """Background processes (`StartProcess`, `start_process`) one session may run at
     once; past it starting one gets RESOURCE_EXHAUSTED. As many ended ones are
     kept for reading their output, the oldest forgotten first. 0: none."""
+    max_watches: int = Field(default=8, ge=0, le=128)
+    """Workspace watches (`WatchWorkspace`, `session.watch`) one session may hold
+    open at once, each an inotify instance of the sandbox's user; past it a
+    watch gets RESOURCE_EXHAUSTED. 0: no watches."""
+    watch_max_dirs: int = Field(default=4096, ge=1, le=65536)
+    """Directories the watches of one session may watch together (a recursive
+    watch watches each directory below); a watch of a tree past it is refused,
+    and a directory made later past it is not watched (a `dropped` event says so)."""
     process_output_ring_bytes: int = Field(default=1024 * 1024, ge=4096, le=256 * 1024**2)
     """Output of one background process kept in the daemon's memory (the newest
     bytes). Past it the whole output is written to an artifact of the session's
