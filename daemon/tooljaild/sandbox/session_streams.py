@@ -58,13 +58,20 @@ import base64
 import binascii
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Any, Literal, TypeGuard
+from collections.abc import Callable, Collection
+from typing import Any, TypeGuard
 
 from tooljaild.sandbox.base import SandboxError
+from tooljaild.sandbox.session_watch import SandboxWatch, WatchError, WatchEvent
 from tooljaild.sandbox.stream_flow import CHUNK, WINDOW, Inbound, Outbound
+from tooljaild.sandbox.stream_specs import (
+    BadPortError,
+    PortError,
+    ProcessExit,
+    ProcessGoneError,
+    Spawn,
+    SpawnError,
+)
 
 __all__ = [
     "CHUNK",
@@ -90,78 +97,6 @@ STREAM_FRAMES = frozenset(
 )
 """The supervisor's frames about streams: they belong to no call."""
 _OUTPUTS = frozenset({"stdout", "stderr", "pty", "sock", "watch"})
-
-
-class SpawnError(SandboxError):
-    """The supervisor could not start the process; the message says why.
-
-    Attributes:
-        limit: A limit refused it (fork's EAGAIN: the sandbox's pids limit;
-            descriptors; the supervisor's count of streams).
-    """
-
-    def __init__(self, message: str, *, limit: bool = False) -> None:
-        super().__init__(message)
-        self.limit = limit
-
-
-class PortError(SandboxError):
-    """A port of the session cannot be reached: nothing listens, the
-    connection was refused, it did not answer in time, or the port is no port."""
-
-
-class BadPortError(PortError, ValueError):
-    """The port is outside 1-65535 (refused before anything is sent)."""
-
-
-class WatchError(SandboxError):
-    """The supervisor could not watch that directory; the message says why.
-
-    Attributes:
-        limit: A bound refused it (watches or watched directories per session,
-            the host's inotify limits).
-        bad_path: The path is no directory of the workspace (or leaves it).
-    """
-
-    def __init__(self, message: str, *, limit: bool = False, bad_path: bool = False) -> None:
-        super().__init__(message)
-        self.limit = limit
-        self.bad_path = bad_path
-
-
-class ProcessGoneError(SandboxError):
-    """Input to a process that has ended, or whose stdin is closed (or to a
-    connection closed that way)."""
-
-
-@dataclass(frozen=True)
-class Spawn:
-    """What to start in the session (see `SessionSandbox.spawn`)."""
-
-    argv: tuple[str, ...]
-    """The program and its arguments, as execvp takes them."""
-    cwd: str = ""
-    """Relative to the session's workspace; "" is the workspace. The supervisor
-    refuses one that leaves the workspace or does not exist (SpawnError)."""
-    env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    """Added to the session's environment."""
-    terminal: tuple[int, int] | None = None
-    """(rows, cols): run on a new PTY (stdin, stdout and stderr are its slave,
-    its controlling terminal); output comes as stream "pty"."""
-    stdin: bool = True
-    """False: stdin is /dev/null."""
-
-
-@dataclass(frozen=True)
-class ProcessExit:
-    """How a process ended."""
-
-    code: int | None
-    """Its exit status when it exited."""
-    signal: int | None
-    """The signal that ended it."""
-    killed: bool
-    """Ended by the session's reset, close or the sandbox's end, not by itself."""
 
 
 _KILLED = ProcessExit(None, None, True)
@@ -302,103 +237,6 @@ class PortStream:
     def _gone(self) -> None:
         self._out.close()
         self._in.end()
-
-
-WatchKind = Literal["created", "modified", "deleted", "moved", "dropped"]
-_KINDS: dict[str, WatchKind] = {
-    "c": "created",
-    "m": "modified",
-    "r": "deleted",
-    "v": "moved",
-    "x": "dropped",
-}
-MAX_WATCH_LINE = 16 * 1024
-"""The longest event line the daemon keeps (a path is < 4 KiB; longer is no line of ours)."""
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    """One change in a watched directory, as the supervisor saw it."""
-
-    kind: WatchKind
-    path: str = ""
-    """Relative to the workspace ("" for the workspace itself; none when dropped)."""
-    old_path: str = ""
-    """A move's former path."""
-    is_dir: bool = False
-    hint: str = ""
-    """For "dropped": what was lost and why."""
-
-
-class SandboxWatch:
-    """A watch of a workspace directory (`SessionSandbox.watch`)."""
-
-    def __init__(self, mux: StreamMux, sid: int, dirs: int) -> None:
-        self.dirs = dirs
-        """Directories watched at its start."""
-        self._mux = mux
-        self._sid = sid
-        self._in = Inbound(mux.send, sid, ("watch",))
-        self._rest = b""
-        self._closed = False
-
-    @property
-    def buffered(self) -> int:
-        return self._in.buffered + len(self._rest)
-
-    async def events(self) -> AsyncIterator[WatchEvent]:
-        """The events in order, until the watch ends (its directory went, the
-        sandbox ended, `close`). Reading grants the supervisor credit: a reader
-        that stops, stops it reading inotify, and the kernel then drops events
-        (a "dropped" event says so once read again)."""
-        while not self._closed:
-            chunk = await self._in.next()
-            if chunk is None:
-                return
-            lines = (self._rest + chunk[1]).split(b"\n")
-            self._rest = lines.pop()
-            if len(self._rest) > MAX_WATCH_LINE:
-                self._rest = b""
-                yield WatchEvent("dropped", hint="an event line too long was dropped")
-            for line in lines:
-                event = _event(line)
-                if event is not None:
-                    yield event
-
-    def close(self) -> None:
-        """Stop watching (the supervisor closes its inotify instance); idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._in.end()
-        self._mux.forget(self._sid)
-        self._mux.send({"op": "close", "id": self._sid})
-
-    def _gone(self) -> None:
-        self._in.end()
-
-
-def _event(line: bytes) -> WatchEvent | None:
-    with contextlib.suppress(ValueError):
-        value = json.loads(line)
-        kind = _KINDS.get(str(value.get("k"))) if isinstance(value, dict) else None
-        if kind is None:
-            return None
-        return WatchEvent(
-            kind,
-            path=_text(value.get("p")),
-            old_path=_text(value.get("o")),
-            is_dir=value.get("d") == 1,
-            hint=_text(value.get("h")),
-        )
-    return None
-
-
-def _text(value: Any) -> str:
-    """A path as a protobuf string takes it (bytes not UTF-8 shown as U+FFFD)."""
-    if not isinstance(value, str):
-        return ""
-    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 class StreamMux:
