@@ -39,6 +39,12 @@ __all__ = ["AsyncForward", "Forward", "check_ports"]
 
 CHUNK_BYTES = 64 * 1024
 """Bytes read from a local connection per message."""
+FIRST_BYTES_WAIT_S = 0.001
+"""How long a new connection's first message waits for its client's first
+bytes, so they go with it (and the daemon sends them with its connect: one
+round trip less for an HTTP request). A client that waits for the server to
+speak first (SSH, SMTP) is held up at most this long, once per connection,
+while the stream is being set up anyway."""
 
 
 def check_ports(session_id: str, port: int, local_port: int) -> tuple[str, int, int]:
@@ -69,10 +75,34 @@ class _Connection:
         self._stub, self._metadata, self._first = stub, metadata, first
         self.call: Any = None
 
+    def _opening(self) -> pb.PortData:
+        """The first message: the session and the port, with the client's
+        first bytes when they come within `FIRST_BYTES_WAIT_S`."""
+        first = pb.PortData()
+        first.CopyFrom(self._first)
+        try:
+            self.sock.settimeout(FIRST_BYTES_WAIT_S)
+            data = self.sock.recv(CHUNK_BYTES)
+        except TimeoutError:
+            return first  # the server speaks first, or the client is slow: no matter
+        except OSError:
+            data = b""
+        finally:
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(None)
+        if data:
+            first.data = data
+        else:
+            first.eof = True
+        return first
+
     def _requests(self) -> Iterator[pb.PortData]:
         # Run by gRPC's own thread for this call: it asks for the next message
         # only once the previous one was sent, so the socket is read no faster.
-        yield self._first
+        first = self._opening()
+        yield first
+        if first.eof:
+            return
         while True:
             try:
                 data = self.sock.recv(CHUNK_BYTES)

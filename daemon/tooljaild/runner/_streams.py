@@ -217,6 +217,9 @@ class Streams:
         port = message.get("port")
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ValueError("port must be 1..65535")
+        first = base64.b64decode(str(message.get("d") or ""), validate=True)
+        if len(first) > CHUNK:
+            raise ValueError(f"more than {CHUNK} bytes with a connect")
         if len(self.streams) >= MAX_STREAMS:
             self.write({"t": "connect_failed", "id": sid, "message": "too many connections"})
             return
@@ -231,8 +234,17 @@ class Streams:
             sock.close()
             self.write({"t": "connect_failed", "id": sid, "message": _refused(port, code)})
             return
+        # Nagle's wait (with the peer's delayed ACK, 40 ms) would hold back a
+        # small write behind one not yet acknowledged: the daemon's chunks are
+        # already whole messages, so they go at once.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stream = _Stream(sid)
         stream.sock, stream.port = sock, port
+        # The client's first bytes may come with the connect: written the
+        # moment the socket is connected, no round trip to the daemon first.
+        # They count against the input credit as a "write" would.
+        stream.pending = first
         fd = sock.fileno()
         stream.infd = fd
         stream.out = {fd: "sock"}
@@ -253,6 +265,8 @@ class Streams:
             self._forget(stream)
             return
         self.write({"t": "connected", "id": stream.id})
+        if stream.pending:
+            self._flush(stream)  # (watches what it must)
         self._watch_all(stream)
 
     # ------------------------------------------------------------ stats
