@@ -45,8 +45,9 @@ SPARE_IDLE_S = 5.0
 connection does not wait for a stream's set-up (about a millisecond of gRPC
 on both sides); one unused for this long is replaced, well within the daemon's
 wait for a stream's first message ([sessions] transfer_idle_timeout_s, 30 s by
-default). A daemon that waits less only sees more streams end unused: a
-connection given to one that just ended gets a stream of its own."""
+default). Against a daemon that waits less, the first one ends unused and
+the forward opens none ahead from then on (a connection given to it just as
+it ended gets a stream of its own)."""
 FIRST_BYTES_WAIT_S = 0.001
 """How long a new connection's first message waits for its client's first
 bytes, so they go with it (and the daemon sends them with its connect: one
@@ -85,12 +86,15 @@ class _Connection:
     it cancelled).
     """
 
-    def __init__(self, stub: Any, metadata: Any, first: pb.PortData) -> None:
+    def __init__(self, stub: Any, metadata: Any, first: pb.PortData, *, ahead: bool) -> None:
         self._stub, self._metadata, self._first = stub, metadata, first
+        self.ahead = ahead
+        """Opened before its connection came (else: for a connection at hand)."""
         self.sock: socket.socket | None = None
         self.call: Any = None
         self.opened = time.monotonic()
         self._state = _WAITING
+        self._closing = False
         self._ready = threading.Condition()
 
     @property
@@ -101,7 +105,7 @@ class _Connection:
     def give(self, sock: socket.socket) -> bool:
         """Hand over an accepted connection; False when the stream has ended already."""
         with self._ready:
-            if self._state != _WAITING:
+            if self._state != _WAITING or (self.call is not None and self.call.done()):
                 return False
             self.sock, self._state = sock, _GIVEN
             self._ready.notify_all()
@@ -112,8 +116,8 @@ class _Connection:
         with self._ready:
             while self._state == _WAITING:
                 self._ready.wait()
-            if self._state != _GIVEN:
-                return None
+            if self._state != _GIVEN or (self.call is not None and self.call.done()):
+                return None  # (its stream ended: `run` gives the connection another)
             self._state = _TAKEN
             return self.sock
 
@@ -158,13 +162,14 @@ class _Connection:
                 return
             yield pb.PortData(data=data)
 
-    def run(self, orphan: Callable[[socket.socket], None]) -> None:
+    def run(self, unused: Callable[[socket.socket | None], None]) -> None:
         """Relay until the stream ends.
 
         Args:
-            orphan: Where a connection goes that was given just as the stream
-                ended unused (the daemon stopped waiting for its first
-                message): it gets a stream of its own.
+            unused: Told when the stream ended before it was used, not closed
+                here (the daemon stopped waiting for its first message), with
+                the connection given just then, if one was: it needs a stream
+                of its own.
         """
         try:
             self.call = self._stub.ForwardPort(self._requests(), metadata=self._metadata)
@@ -180,18 +185,21 @@ class _Connection:
         finally:
             with self._ready:
                 given = self._state == _GIVEN  # given, but its stream never read it
+                ended_unused = (
+                    self.ahead and self._state in (_WAITING, _GIVEN) and not self._closing
+                )
                 self._state = _ENDED
                 self._ready.notify_all()
-            if given and self.sock is not None:
-                sock, self.sock = self.sock, None
-                if self.call is not None:
-                    self.call.cancel()
-                orphan(sock)
-            else:
-                self.close()
+            sock = self.sock if given else None
+            if sock is not None:
+                self.sock = None
+            self.close()
+            if ended_unused:
+                unused(sock)
 
     def close(self) -> None:
         with self._ready:
+            self._closing = True
             if self._state == _WAITING:
                 self._state = _ENDED
                 self._ready.notify_all()
@@ -241,6 +249,8 @@ class Forward:
         self._connections: set[_Connection] = set()
         self._spare: _Connection | None = None
         """The stream opened for the next connection (the accepting thread's)."""
+        self._ahead = True
+        """Streams are opened ahead (until one ends unused: `_ended_unused`)."""
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -262,7 +272,7 @@ class Forward:
                         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                         self._serve(sock)
                 spare = self._spare
-                if spare is None or not spare.idle or _age(spare) > SPARE_IDLE_S:
+                if self._ahead and (spare is None or not spare.idle or _age(spare) > SPARE_IDLE_S):
                     self._renew_spare()
 
     def _renew_spare(self) -> None:
@@ -270,7 +280,7 @@ class Forward:
         old, self._spare = self._spare, None
         if old is not None:
             old.close()
-        self._spare = self._open()
+        self._spare = self._open(ahead=True) if self._ahead else None
 
     def _serve(self, sock: socket.socket) -> None:
         """Hand `sock` to the stream opened for it, then open the next one."""
@@ -279,11 +289,20 @@ class Forward:
             if spare is not None:
                 spare.close()
             self._orphan(sock)
-        self._spare = self._open()
+        self._spare = self._open(ahead=True) if self._ahead else None
+
+    def _ended_unused(self, sock: socket.socket | None) -> None:
+        """A stream opened ahead ended unused: this daemon waits less than
+        `SPARE_IDLE_S` for a stream's first message, so this forward opens
+        none ahead any more (one could end while its first message is on
+        its way). The connection given to it, if any, gets a stream of its own."""
+        self._ahead = False
+        if sock is not None:
+            self._orphan(sock)
 
     def _orphan(self, sock: socket.socket) -> None:
         """`sock` on a stream opened now (its spare had ended unused)."""
-        connection = self._open()
+        connection = self._open(ahead=False)
         if connection is None or not self._give(connection, sock):
             with contextlib.suppress(OSError):
                 sock.close()
@@ -300,15 +319,15 @@ class Forward:
             self._connections.discard(connection)
         return False
 
-    def _open(self) -> _Connection | None:
+    def _open(self, *, ahead: bool) -> _Connection | None:
         """A stream, opened on a thread of its own, waiting for its connection."""
         if self._closed.is_set():
             return None
-        connection = _Connection(self._stub, self._metadata, self._first)
+        connection = _Connection(self._stub, self._metadata, self._first, ahead=ahead)
 
         def run() -> None:
             try:
-                connection.run(self._orphan)
+                connection.run(self._ended_unused)
             finally:
                 with self._lock:
                     self._connections.discard(connection)
