@@ -369,8 +369,11 @@ class Streams:
                 return
             stream.pending = stream.pending[n:]
         stream.written += before - len(stream.pending)
-        # Room is told in batches (a frame per byte would cost more than the bytes).
-        if stream.written and (stream.written >= CHUNK or not stream.pending):
+        # Room is told in batches of CHUNK, and only then (no frame per write
+        # while the window is far from spent): the daemon waits for room only
+        # with more than WINDOW - CHUNK bytes unacknowledged, so then at least
+        # WINDOW - 2 * CHUNK are still pending here, and writing them tells it.
+        if stream.written >= CHUNK:
             self.write({"t": "room", "id": stream.id, "n": stream.written})
             stream.written = 0
         if not stream.pending and stream.eof_asked:
