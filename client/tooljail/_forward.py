@@ -444,7 +444,17 @@ class AsyncForward:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         async def upstream() -> None:
-            await call.write(self._first)
+            # The client's first bytes, when they come within FIRST_BYTES_WAIT_S,
+            # go with the first message (the daemon sends them with its connect).
+            first = pb.PortData()
+            first.CopyFrom(self._first)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(FIRST_BYTES_WAIT_S):
+                    data = await reader.read(CHUNK_BYTES)  # (cancelled: nothing is lost)
+                    first.data, first.eof = data, not data
+            await call.write(first)
+            if first.eof:
+                return
             while data := await reader.read(CHUNK_BYTES):
                 await call.write(pb.PortData(data=data))
             await call.write(pb.PortData(eof=True))

@@ -10,6 +10,7 @@ first is not held back by the wait for the client's first bytes.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -20,7 +21,7 @@ import pytest
 
 from tests.conftest import ServedDaemon
 from tests.integration.test_terminal import read_until
-from tooljail import Client, Session, Terminal
+from tooljail import AsyncClient, Client, Session, Terminal
 from tooljail._terminal import session_stream_target
 from tooljail.v1 import tooljail_pb2 as pb
 
@@ -152,3 +153,32 @@ def test_closing_a_forward_ends_its_stream_opened_ahead(served: ServedDaemon) ->
             assert time.monotonic() < deadline, "the unused stream outlived its forward"
             time.sleep(0.01)
         assert not fwd._connections
+
+
+def test_the_async_forward_carries_first_bytes_and_lets_a_server_speak_first(
+    served: ServedDaemon,
+) -> None:
+    async def main() -> None:
+        async with AsyncClient(served.target) as client, client.session() as s:
+            term = await s.terminal(argv=["python3", "-c", _ECHO])
+            async with term:
+                seen = b""
+                while b"listening" not in seen:
+                    seen += await term.read(timeout=30)
+                async with s.forward(8200) as fwd:
+                    host, port = fwd.address.split(":")
+                    # The server speaks first: the greeting comes unasked.
+                    reader, writer = await asyncio.open_connection(host, int(port))
+                    assert await asyncio.wait_for(reader.readexactly(6), 10) == b"hello?"
+                    writer.write(b"ping")
+                    assert await asyncio.wait_for(reader.readexactly(4), 10) == b"ping"
+                    writer.close()
+                    # The client speaks first: its bytes go with the connect.
+                    reader, writer = await asyncio.open_connection(host, int(port))
+                    writer.write(b"first words")
+                    writer.write_eof()
+                    got = await asyncio.wait_for(reader.read(), 10)
+                    assert got == b"hello?first words"
+                    writer.close()
+
+    asyncio.run(main())
