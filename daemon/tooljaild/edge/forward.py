@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from tooljail.errors import InvalidRequestError, PortUnreachableError
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljaild.sandbox.base import SandboxError
-from tooljaild.sandbox.session_streams import PortError, PortStream, ProcessGoneError
+from tooljaild.sandbox.session_streams import CHUNK, PortError, PortStream, ProcessGoneError
 from tooljaild.sessions.session import Session, ended_error
 
 __all__ = ["MAX_PORT_DATA_BYTES", "check_port", "serve_forward"]
@@ -50,7 +50,8 @@ def check_port(port: int, session_id: str) -> int:
 
 async def _first(requests: AsyncIterator[pb.PortData], timeout_s: float) -> pb.PortData:
     try:
-        first = await asyncio.wait_for(anext(requests, None), timeout_s)
+        async with asyncio.timeout(timeout_s):  # (no task per stream, as wait_for makes)
+            first = await anext(requests, None)
     except TimeoutError:
         raise InvalidRequestError(
             f"a forwarded port's first message did not come within {timeout_s:g}s"
@@ -109,8 +110,16 @@ async def serve_forward(
     first = await _first(requests, open_timeout_s)
     port = check_port(first.port, first.session_id)
     session = own_session(first.session_id)
+    if len(first.data) > MAX_PORT_DATA_BYTES:
+        raise InvalidRequestError(
+            f"a forwarded port's message of {len(first.data)} bytes is too large: "
+            f"send at most {MAX_PORT_DATA_BYTES} per message"
+        )
+    # The client's first bytes (an HTTP request, say) go with the connect: the
+    # supervisor writes them the moment the socket is connected.
+    carried = first.data if len(first.data) <= CHUNK else b""
     try:
-        stream = await session.channel.connect_port(port)
+        stream = await session.channel.connect_port(port, first=carried)
     except PortError as exc:
         raise PortUnreachableError(
             f"nothing listens on port {port} in session {session.id!r} ({exc}): start "
@@ -121,7 +130,7 @@ async def serve_forward(
         raise ended_error(session.id, "sandbox_died") from None
     pump: asyncio.Task[None] | None = None
     try:
-        if first.data:
+        if first.data and not carried:
             await stream.write(first.data)
         if first.eof:
             stream.write_eof()

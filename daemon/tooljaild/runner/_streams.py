@@ -240,6 +240,9 @@ class Streams:
         port = message.get("port")
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             raise ValueError("port must be 1..65535")
+        first = base64.b64decode(str(message.get("d") or ""), validate=True)
+        if len(first) > CHUNK:
+            raise ValueError(f"more than {CHUNK} bytes with a connect")
         if len(self.streams) >= MAX_STREAMS:
             self.write({"t": "connect_failed", "id": sid, "message": "too many connections"})
             return
@@ -254,8 +257,17 @@ class Streams:
             sock.close()
             self.write({"t": "connect_failed", "id": sid, "message": _refused(port, code)})
             return
+        # Nagle's wait (with the peer's delayed ACK, 40 ms) would hold back a
+        # small write behind one not yet acknowledged: the daemon's chunks are
+        # already whole messages, so they go at once.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         stream = _Stream(sid)
         stream.sock, stream.port = sock, port
+        # The client's first bytes may come with the connect: written the
+        # moment the socket is connected, no round trip to the daemon first.
+        # They count against the input credit as a "write" would.
+        stream.pending = first
         fd = sock.fileno()
         stream.infd = fd
         stream.out = {fd: "sock"}
@@ -276,6 +288,8 @@ class Streams:
             self._forget(stream)
             return
         self.write({"t": "connected", "id": stream.id})
+        if stream.pending:
+            self._flush(stream)  # (watches what it must)
         self._watch_all(stream)
 
     # ------------------------------------------------------------ stats
@@ -381,8 +395,11 @@ class Streams:
                 return
             stream.pending = stream.pending[n:]
         stream.written += before - len(stream.pending)
-        # Room is told in batches (a frame per byte would cost more than the bytes).
-        if stream.written and (stream.written >= CHUNK or not stream.pending):
+        # Room is told in batches of CHUNK, and only then (no frame per write
+        # while the window is far from spent): the daemon waits for room only
+        # with more than WINDOW - CHUNK bytes unacknowledged, so then at least
+        # WINDOW - 2 * CHUNK are still pending here, and writing them tells it.
+        if stream.written >= CHUNK:
             self.write({"t": "room", "id": stream.id, "n": stream.written})
             stream.written = 0
         if not stream.pending and stream.eof_asked:

@@ -483,18 +483,25 @@ class SessionSandbox:
             raise SandboxError(f"session sandbox {self.id} has ended")
         return await self.streams.stats(pids)
 
-    async def connect_port(self, port: int, timeout_s: float = 5.0) -> PortStream:
+    async def connect_port(
+        self, port: int, timeout_s: float = 5.0, *, first: bytes = b""
+    ) -> PortStream:
         """Open a TCP connection to 127.0.0.1:`port` inside the session.
+
+        `first` (at most `CHUNK` bytes) goes with the connect op and is written
+        the moment the socket is connected: no round trip to the daemon between
+        the connect and the client's first bytes (an HTTP request, say).
 
         Raises:
             PortError: Nothing listens there, the connection was refused or
                 did not answer within `timeout_s`; `BadPortError` (also a
                 ValueError) for a port outside 1-65535, before anything is sent.
+            ValueError: `first` is longer than `CHUNK`.
             SandboxError: The session has ended.
         """
         if self.ended.done():
             raise SandboxError(f"session sandbox {self.id} has ended")
-        return await self.streams.connect_port(port, timeout_s)
+        return await self.streams.connect_port(port, timeout_s, first=first)
 
     async def watch(
         self, path: str, *, recursive: bool, max_dirs: int = 4096, max_watches: int = 8

@@ -13,7 +13,10 @@ stream's "id" (an int the daemon picks, unique per session):
 
     {"op": "spawn", "id", "argv": [...], "cwd": "", "env": {}, "terminal": [rows, cols]|null,
      "stdin": bool}
-    {"op": "connect", "id", "port": 1..65535}
+    {"op": "connect", "id", "port": 1..65535, "d": base64}
+                                                "d" (optional, at most `CHUNK` raw bytes): the
+                                                first input, written once connected (as a
+                                                "write" right after it, within the credit)
     {"op": "stats", "id", "pids": [pid, ...]}
     {"op": "write", "id", "d": base64}          at most `CHUNK` raw bytes, within the credit
     {"op": "eof", "id"}                         stdin's end; a socket's shutdown(SHUT_WR)
@@ -315,11 +318,18 @@ class StreamMux:
         )
         return figures
 
-    async def connect_port(self, port: int, timeout_s: float = 5.0) -> PortStream:
+    async def connect_port(
+        self, port: int, timeout_s: float = 5.0, *, first: bytes = b""
+    ) -> PortStream:
         """See `SessionSandbox.connect_port`."""
         if not _is_int(port) or not 1 <= port <= 65535:
             raise BadPortError(f"{port!r} is not a port: a port is 1-65535")
-        future = self._ask({"op": "connect", "port": port}, port)
+        if len(first) > CHUNK:
+            raise ValueError(f"at most {CHUNK} bytes go with a connect, not {len(first)}")
+        op: dict[str, Any] = {"op": "connect", "port": port}
+        if first:
+            op["d"] = base64.b64encode(first).decode("ascii")
+        future = self._ask(op, (port, len(first)))
         sid = self._next
         try:
             stream: PortStream = await asyncio.wait_for(future, timeout_s)
@@ -421,8 +431,10 @@ class StreamMux:
             future.set_result(process)
         elif kind == "spawn_failed":
             future.set_exception(SpawnError(message, limit=frame.get("limit") is True))
-        elif kind == "connected" and _is_int(about):
-            stream = PortStream(self, sid, about)
+        elif kind == "connected" and isinstance(about, tuple):
+            port, carried = about
+            stream = PortStream(self, sid, port)
+            stream._out.credit -= carried  # the bytes that went with the connect
             self._ports[sid] = stream
             future.set_result(stream)
         elif kind == "connect_failed":

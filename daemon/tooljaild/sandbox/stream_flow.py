@@ -24,9 +24,12 @@ reader has not consumed, and input the daemon sent that the supervisor has
 not yet written. The runner holds the same constant (runner/_streams.py). The
 bytes held in the daemon per stream stay under WINDOW + CHUNK."""
 GRANT_AT = WINDOW // 4
-"""Consumed bytes are granted back in batches of at least this much (or all at
-once when the reader has emptied the queue, so a supervisor waiting for credit
-always gets it)."""
+"""Consumed bytes are granted back in batches of at least this much, and only
+then: no op per chunk while the window is far from spent. A supervisor never
+waits for a grant that does not come: it is out of credit only once WINDOW
+bytes are unconsumed or ungranted here, and less than GRANT_AT are ever
+consumed and not yet granted, so the rest are in the queue, and reading them
+sends the grant."""
 
 Send = Callable[[dict[str, Any]], None]
 """Sends one op to the supervisor."""
@@ -84,7 +87,7 @@ class Inbound:
         name, data = self.chunks.popleft()
         self.buffered -= len(data)
         self._consumed += len(data)
-        if self._consumed >= GRANT_AT or (not self.chunks and self._consumed):
+        if self._consumed >= GRANT_AT:
             self._send({"op": "credit", "id": self._sid, "n": self._consumed})
             self._consumed = 0
         return name, data
