@@ -59,6 +59,9 @@ OVER_500: dict[str, str] = {
     "shares (schemas, results, errors for a model)",
     "client/tooljail/integrations/mcp_server.py": "the MCP bridge's server: its tools, "
     "tenants and transport checks read together",
+    "daemon/tooljaild/runner/_streams.py": "the supervisor's table of streams: every op and "
+    "every poll event over one set of descriptors and credits, read together (starting a "
+    "process is _spawn.py, a watch _watch.py; the daemon's side sandbox/session_streams.py)",
 }
 """Modules over `MAX_LINES` on purpose, each with its reason (this list replaces the
 "over 500 lines on purpose" paragraphs the modules carried)."""

@@ -58,15 +58,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
-import contextlib
 import json
 from collections.abc import Callable, Collection
-from typing import Any, TypeGuard
+from typing import Any
 
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.session_watch import SandboxWatch, WatchError, WatchEvent
-from tooljaild.sandbox.stream_flow import CHUNK, WINDOW, Inbound, Outbound
+from tooljaild.sandbox.stream_flow import (
+    CHUNK,
+    WINDOW,
+    Inbound,
+    Outbound,
+    check_signal,
+    figures_of,
+    is_int,
+    payload_of,
+)
 from tooljaild.sandbox.stream_specs import (
     BadPortError,
     PortError,
@@ -160,7 +167,7 @@ class SandboxProcess:
         Raises:
             ValueError: `signum` is no signal number (1..64).
         """
-        _check_signal(signum)
+        check_signal(signum)
         if not self.exited.done():
             self._mux.send({"op": "signal", "id": self._sid, "sig": signum, "fg": foreground})
 
@@ -172,7 +179,7 @@ class SandboxProcess:
         """
         if not self.terminal:
             raise ValueError("the process has no terminal to resize")
-        if not all(_is_int(v) and 0 < v <= 65535 for v in (rows, cols)):
+        if not all(is_int(v) and 0 < v <= 65535 for v in (rows, cols)):
             raise ValueError(f"a terminal of {rows}x{cols} cannot be: each is 1..65535")
         if not self.exited.done():
             self._mux.send({"op": "resize", "id": self._sid, "rows": rows, "cols": cols})
@@ -295,7 +302,7 @@ class StreamMux:
             raise SpawnError("argv must be a program and its arguments (strings without NUL)")
         if spec.terminal is not None:
             rows, cols = spec.terminal
-            if not all(_is_int(v) and 0 < v <= 65535 for v in (rows, cols)):
+            if not all(is_int(v) and 0 < v <= 65535 for v in (rows, cols)):
                 raise SpawnError(f"a terminal of {rows}x{cols} cannot be: each is 1..65535")
         op = {
             "op": "spawn",
@@ -310,7 +317,7 @@ class StreamMux:
 
     async def stats(self, pids: Collection[int]) -> dict[int, tuple[float, int]]:
         """See `SessionSandbox.stats`."""
-        wanted = [pid for pid in pids if _is_int(pid) and pid > 0]
+        wanted = [pid for pid in pids if is_int(pid) and pid > 0]
         if not wanted:
             return {}
         figures: dict[int, tuple[float, int]] = await self._ask(
@@ -322,7 +329,7 @@ class StreamMux:
         self, port: int, timeout_s: float = 5.0, *, first: bytes = b""
     ) -> PortStream:
         """See `SessionSandbox.connect_port`."""
-        if not _is_int(port) or not 1 <= port <= 65535:
+        if not is_int(port) or not 1 <= port <= 65535:
             raise BadPortError(f"{port!r} is not a port: a port is 1-65535")
         if len(first) > CHUNK:
             raise ValueError(f"at most {CHUNK} bytes go with a connect, not {len(first)}")
@@ -370,7 +377,7 @@ class StreamMux:
     def on_frame(self, frame: dict[str, Any]) -> None:
         """One of `STREAM_FRAMES`; anything that makes no sense is dropped, counted."""
         sid = frame.get("id")
-        if not _is_int(sid) or not self._on_frame(frame["t"], sid, frame):
+        if not is_int(sid) or not self._on_frame(frame["t"], sid, frame):
             self.bad_frames += 1
 
     def _on_frame(self, kind: str, sid: int, frame: dict[str, Any]) -> bool:
@@ -383,7 +390,7 @@ class StreamMux:
             return kind in ("out", "eof", "room", "in_closed")  # a closed connection's late ones
         name = frame.get("s")
         if kind == "out":
-            data = _payload(frame.get("d"))
+            data = payload_of(frame.get("d"))
             if data is None or name not in target._in.open:
                 return False
             target._in.add(name, data)
@@ -395,14 +402,14 @@ class StreamMux:
             return False
         elif kind == "room":
             n = frame.get("n")
-            if not _is_int(n) or n <= 0:
+            if not is_int(n) or n <= 0:
                 return False
             target._out.add_room(n)
         elif kind == "in_closed":
             target._out.close()
         elif kind == "exited" and isinstance(target, SandboxProcess):
             code, sig = frame.get("code"), frame.get("signal")
-            if not (code is None or _is_int(code)) or not (sig is None or _is_int(sig)):
+            if not (code is None or is_int(code)) or not (sig is None or is_int(sig)):
                 return False
             target._on_exit(ProcessExit(code, sig, frame.get("killed") is True))
         else:
@@ -423,7 +430,7 @@ class StreamMux:
         message = str(frame.get("message") or "no reason given")[:2000]
         if kind == "spawned" and isinstance(about, Spawn):
             pid = frame.get("pid")
-            if not _is_int(pid) or pid <= 0:
+            if not is_int(pid) or pid <= 0:
                 future.set_exception(SpawnError("the supervisor named no pid"))
                 return False
             process = SandboxProcess(self, sid, pid, about)
@@ -441,14 +448,14 @@ class StreamMux:
             future.set_exception(PortError(message))
         elif kind == "watching" and about == "watch":
             dirs = frame.get("dirs")
-            watch = SandboxWatch(self, sid, dirs if _is_int(dirs) else 0)
+            watch = SandboxWatch(self, sid, dirs if is_int(dirs) else 0)
             self._watches[sid] = watch
             future.set_result(watch)
         elif kind == "watch_failed":
             limit = frame.get("limit") is True
             future.set_exception(WatchError(message, limit=limit, bad_path=not limit))
         elif kind == "stats":
-            future.set_result(_figures(frame.get("v")))
+            future.set_result(figures_of(frame.get("v")))
         else:
             future.set_exception(SandboxError(f"the supervisor answered {kind!r}"))
             return False
@@ -475,32 +482,3 @@ class StreamMux:
 _ANSWERS = frozenset(
     {"spawned", "spawn_failed", "connected", "connect_failed", "stats", "watching", "watch_failed"}
 )
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_signal(signum: int) -> None:
-    if not _is_int(signum) or not 1 <= signum <= 64:
-        raise ValueError(f"{signum!r} is not a signal number (1-64)")
-
-
-def _payload(data: Any) -> bytes | None:
-    if not isinstance(data, str) or len(data) > (CHUNK // 3 + 1) * 4:
-        return None
-    with contextlib.suppress(binascii.Error, ValueError):
-        return base64.b64decode(data, validate=True)
-    return None
-
-
-def _figures(values: Any) -> dict[int, tuple[float, int]]:
-    figures: dict[int, tuple[float, int]] = {}
-    if not isinstance(values, dict):
-        return figures
-    for key, value in values.items():
-        with contextlib.suppress(ValueError, TypeError):
-            cpu, rss = value
-            if isinstance(cpu, int | float) and _is_int(rss):
-                figures[int(key)] = (float(cpu), rss)
-    return figures

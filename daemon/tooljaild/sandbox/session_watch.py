@@ -13,13 +13,19 @@ import contextlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from tooljaild.sandbox.base import SandboxError
 from tooljaild.sandbox.stream_flow import Inbound
 
-if TYPE_CHECKING:
-    from tooljaild.sandbox.session_streams import StreamMux
+
+class StreamMux(Protocol):
+    """What a watch needs of `session_streams.StreamMux` (which imports this module)."""
+
+    def send(self, op: dict[str, Any]) -> None: ...
+
+    def forget(self, sid: int) -> None: ...
+
 
 __all__ = ["MAX_WATCH_LINE", "SandboxWatch", "WatchError", "WatchEvent", "WatchKind"]
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import contextlib
 from collections import deque
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, TypeGuard
 
 CHUNK = 64 * 1024
 """The most raw bytes in one frame's or op's payload (base64 in its JSON line)."""
@@ -139,3 +141,36 @@ class Outbound:
                 self._send({"op": "write", "id": self._sid, "d": payload})
                 view = view[len(piece) :]
         return True
+
+
+def is_int(value: Any) -> TypeGuard[int]:
+    """An int of JSON's, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_signal(signum: int) -> None:
+    """Raise ValueError unless `signum` is a signal number (1-64)."""
+    if not is_int(signum) or not 1 <= signum <= 64:
+        raise ValueError(f"{signum!r} is not a signal number (1-64)")
+
+
+def payload_of(data: Any) -> bytes | None:
+    """A frame's base64 payload of at most `CHUNK` bytes; None: not one."""
+    if not isinstance(data, str) or len(data) > (CHUNK // 3 + 1) * 4:
+        return None
+    with contextlib.suppress(binascii.Error, ValueError):
+        return base64.b64decode(data, validate=True)
+    return None
+
+
+def figures_of(values: Any) -> dict[int, tuple[float, int]]:
+    """A "stats" frame's {pid: [cpu_s, rss_bytes]}, what of it is well formed."""
+    figures: dict[int, tuple[float, int]] = {}
+    if not isinstance(values, dict):
+        return figures
+    for key, value in values.items():
+        with contextlib.suppress(ValueError, TypeError):
+            cpu, rss = value
+            if isinstance(cpu, int | float) and is_int(rss):
+                figures[int(key)] = (float(cpu), rss)
+    return figures
