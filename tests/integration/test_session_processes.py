@@ -438,9 +438,11 @@ def test_the_command_line_ps_logs_follow_and_kill(served: ServedDaemon) -> None:
         assert offset == len(seen)
         rest = _cli("sessions", "logs", s.id, p.process_id, "--offset", str(offset), target=t)
         assert (seen + rest.stdout).startswith(s.processes.read(p.process_id, 0).data[:200])
-        killed = _cli("sessions", "kill", s.id, p.process_id, "--signal", "INT", target=t)
+        # TERM, not INT: bash defers SIGINT while it waits for a child and goes on
+        # when that child exits by itself (a race with the loop's `sleep`).
+        killed = _cli("sessions", "kill", s.id, p.process_id, "--signal", "TERM", target=t)
         assert killed.returncode == 0, killed.stderr
-        assert s.processes.wait(p.process_id, 10).signal == signal.SIGINT
+        assert s.processes.wait(p.process_id, 10).signal == signal.SIGTERM
         unknown = _cli("sessions", "kill", s.id, "p-" + "0" * 12, target=t)
         assert unknown.returncode == 2 and b"no process" in unknown.stderr
 
