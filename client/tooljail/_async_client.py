@@ -245,26 +245,36 @@ class AsyncClient(_ClientPlans):
         self, request: pb.ReadProcessOutputRequest
     ) -> AsyncGenerator[pb.ProcessOutput, None]:
         """A process's output stream, read here (closing it cancels the RPC)."""
-        daemon = await self._router.run(self._plan_process_daemon(request))
-        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
-        call = rpc.start(daemon.stub)
+        messages, _ = await self._server_stream(
+            "ReadProcessOutput", request, deadline=not request.follow
+        )
         try:
-            async for message in call:
+            async for message in messages:
                 yield message
-        except grpc.RpcError as e:
-            raise self._router.map_error(daemon, e) from e
         finally:
-            call.cancel()
+            await messages.aclose()  # closed early: the RPC is cancelled now, not at GC
 
     async def _watch_events(
         self, request: pb.WatchWorkspaceRequest
     ) -> tuple[AsyncGenerator[pb.WorkspaceEvent, None], Callable[[], object]]:
         """A session's workspace events, read here, and what cancels the RPC (from
         another task too; closing the generator cancels it as well)."""
-        daemon = await self._router.run(self._plan_process_daemon(request))
-        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+        return await self._server_stream("WatchWorkspace", request, deadline=False)
 
-        async def messages() -> AsyncGenerator[pb.WorkspaceEvent, None]:
+    async def _server_stream(
+        self,
+        method: str,
+        request: pb.ReadProcessOutputRequest | pb.WatchWorkspaceRequest,
+        *,
+        deadline: bool,
+    ) -> tuple[AsyncGenerator[Any, None], Callable[[], object]]:
+        """A server stream of the session's daemon (pinned as the session is):
+        its messages, errors mapped, the RPC cancelled once they end; and what
+        cancels it."""
+        daemon = await self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc(method, request, deadline=deadline).start(daemon.stub)
+
+        async def messages() -> AsyncGenerator[Any, None]:
             try:
                 async for message in call:
                     yield message

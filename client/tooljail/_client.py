@@ -555,25 +555,30 @@ class Client(_ClientPlans):
         self, request: pb.ReadProcessOutputRequest
     ) -> Generator[pb.ProcessOutput, None, None]:
         """A process's output stream, read here (closing it cancels the RPC)."""
-        daemon = self._router.run(self._plan_process_daemon(request))
-        rpc = self._link.rpc("ReadProcessOutput", request, deadline=not request.follow)
-        call = rpc.start(daemon.stub)
-        try:
-            yield from call
-        except grpc.RpcError as e:
-            raise self._router.map_error(daemon, e) from e
-        finally:
-            call.cancel()
+        messages, _ = self._server_stream("ReadProcessOutput", request, deadline=not request.follow)
+        yield from messages
 
     def _watch_events(
         self, request: pb.WatchWorkspaceRequest
     ) -> tuple[Generator[pb.WorkspaceEvent, None, None], Callable[[], object]]:
         """A session's workspace events, read here, and what cancels the RPC (from
         any thread; closing the generator cancels it too)."""
-        daemon = self._router.run(self._plan_process_daemon(request))
-        call = self._link.rpc("WatchWorkspace", request, deadline=False).start(daemon.stub)
+        return self._server_stream("WatchWorkspace", request, deadline=False)
 
-        def messages() -> Generator[pb.WorkspaceEvent, None, None]:
+    def _server_stream(
+        self,
+        method: str,
+        request: pb.ReadProcessOutputRequest | pb.WatchWorkspaceRequest,
+        *,
+        deadline: bool,
+    ) -> tuple[Generator[Any, None, None], Callable[[], object]]:
+        """A server stream of the session's daemon (pinned as the session is):
+        its messages, errors mapped, the RPC cancelled once they end; and what
+        cancels it."""
+        daemon = self._router.run(self._plan_process_daemon(request))
+        call = self._link.rpc(method, request, deadline=deadline).start(daemon.stub)
+
+        def messages() -> Generator[Any, None, None]:
             try:
                 yield from call
             except grpc.RpcError as e:

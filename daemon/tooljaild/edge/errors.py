@@ -211,18 +211,20 @@ def _guard_stream(
     return guarded
 
 
+async def _checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """A request stream's messages, the first one that could not be decoded raised."""
+    async for request in requests:
+        if isinstance(request, _Undecodable):
+            raise request.error
+        yield request
+
+
 def _guard_stream_unary(
     behaviour: Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]],
 ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]]:
-    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for request in requests:
-            if isinstance(request, _Undecodable):
-                raise request.error
-            yield request
-
     async def guarded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await behaviour(checked(requests), context)
+            return await behaviour(_checked(requests), context)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
@@ -236,17 +238,11 @@ def _guard_stream_stream(
 ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], AsyncIterator[Any]]:
     # Bidirectional (Terminal, ForwardPort): requests checked as a request
     # stream's, failures mapped as a response stream's.
-    async def checked(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        async for request in requests:
-            if isinstance(request, _Undecodable):
-                raise request.error
-            yield request
-
     async def guarded(
         requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
         try:
-            async for response in behaviour(checked(requests), context):
+            async for response in behaviour(_checked(requests), context):
                 yield response
         except grpc.aio.AbortError:
             raise
