@@ -19,6 +19,7 @@ protobuf and pydantic.
 
 from tooljail._async_processes import AsyncProcesses
 from tooljail._async_session import AsyncSession
+from tooljail._call_types import ApprovalEvent, ApprovalEventKind, CallInfo, CallPage
 from tooljail._client import AsyncClient, Client, default_target
 from tooljail._forward import AsyncForward, Forward
 from tooljail._processes import Processes
@@ -28,7 +29,6 @@ from tooljail._tooldef import tool
 from tooljail._types import (
     ArtifactInfo,
     ArtifactRef,
-    CallInfo,
     CallState,
     CallStatus,
     Diagnostic,
@@ -79,6 +79,8 @@ from tooljail.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApprovalEvent",
+    "ApprovalEventKind",
     "ArtifactGoneError",
     "ArtifactInfo",
     "ArtifactNotFoundError",
@@ -93,6 +95,7 @@ __all__ = [
     "CallIdConflictError",
     "CallInfo",
     "CallNotFoundError",
+    "CallPage",
     "CallState",
     "CallStatus",
     "Client",

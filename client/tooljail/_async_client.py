@@ -14,13 +14,13 @@ import grpc
 
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
+from tooljail._call_types import CallInfo
 from tooljail._client_plans import _ClientPlans
 from tooljail._forward import AsyncForward, check_ports
 from tooljail._session_base import SessionOptions, create_session_request
 from tooljail._terminal import AsyncTerminal, Opening, open_request, session_stream_target_async
 from tooljail._types import (
     ArtifactInfo,
-    CallInfo,
     CallState,
     Diagnostic,
     Output,

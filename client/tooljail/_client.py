@@ -26,6 +26,7 @@ from typing import Any, Self, Unpack
 import grpc
 
 from tooljail._async_client import AsyncClient
+from tooljail._call_types import CallInfo
 from tooljail._client_base import (
     CLIENT_KEY,
     MAX_RECEIVE_MESSAGE_BYTES,
@@ -41,7 +42,6 @@ from tooljail._session_base import SessionOptions, create_session_request
 from tooljail._terminal import Terminal, open_request, session_stream_target
 from tooljail._types import (
     ArtifactInfo,
-    CallInfo,
     CallState,
     Diagnostic,
     Output,

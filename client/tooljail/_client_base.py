@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from tooljail._call_types import CallInfo
 from tooljail._credentials import Credentials
 from tooljail._link import (
     ClientLink,
@@ -33,7 +34,7 @@ from tooljail._link import (
 from tooljail._router_base import RouterBase
 from tooljail._routing import Targets, parse_targets
 from tooljail._session_base import check_names, check_session_id
-from tooljail._types import CallInfo, CallState, Diagnostic, ToolInfo
+from tooljail._types import CallState, Diagnostic, ToolInfo
 from tooljail._wire import (
     call_info_from_proto,
     call_state_from_proto,

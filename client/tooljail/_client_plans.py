@@ -23,6 +23,7 @@ from tooljail._artifact_base import (
     merge_artifacts,
     next_page,
 )
+from tooljail._call_types import CallInfo
 from tooljail._client_base import _BaseClient
 from tooljail._routing import ANY, Daemon, Route, RouteKind
 from tooljail._session_base import (
@@ -37,7 +38,7 @@ from tooljail._session_base import (
     upload_messages,
 )
 from tooljail._steps import Flow, Try, then
-from tooljail._types import ArtifactInfo, CallInfo, CallState, SessionInfo, ToolInfo, ToolResult
+from tooljail._types import ArtifactInfo, CallState, SessionInfo, ToolInfo, ToolResult
 from tooljail.errors import SessionEndedError
 from tooljail.v1 import tooljail_pb2 as pb
 

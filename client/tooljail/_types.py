@@ -304,6 +304,14 @@ class ToolResult(BaseModel):
     processes_ended: tuple[ProcessInfo, ...] = ()
     """Background processes of the session that ended with this call: a reset
     of the session's interpreter (a timeout it did not survive, a crash) ends them."""
+    arguments_sha256: str = ""
+    """SHA-256 (hex) of the call's arguments as canonical JSON
+    (`tooljail.common.arguments_sha256`); "" from a daemon that does not say."""
+    cached: bool = False
+    """This is an earlier call's success, given again by the tool's cache
+    (`@tool(cache_s=...)`) without running the tool: `cached_from` names it."""
+    cached_from: str = ""
+    """The call whose result this is, when `cached`."""
 
     @property
     def ok(self) -> bool:
@@ -339,6 +347,9 @@ class ToolInfo(BaseModel):
     """The egress rules the tool asks for; () means its calls have no network."""
     secrets: tuple[str, ...] = ()
     """The names of the secrets its calls hold (never the values)."""
+    cache_s: float = 0.0
+    """Seconds a success is given again to the same caller asking with the same
+    arguments, without running the tool (`@tool(cache_s=...)`); 0: never."""
 
     def openai_schema(self) -> dict[str, Any]:
         """This tool as an OpenAI function-calling tool definition."""
@@ -363,19 +374,6 @@ class Diagnostic(BaseModel):
     message: str
     file: str = ""
     tool: str = ""
-
-
-class CallInfo(BaseModel):
-    """What the daemon knows of a call."""
-
-    model_config = ConfigDict(frozen=True)
-
-    call_id: str
-    tool: str
-    state: CallState
-    result: ToolResult | None = None
-    daemon_id: str = ""
-    """The daemon that holds the call; "" from an old daemon that does not say."""
 
 
 class SessionState(enum.StrEnum):

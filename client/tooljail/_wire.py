@@ -26,10 +26,10 @@ from typing import Any
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from tooljail._call_types import CallInfo, unix_from_utc, utc_from_unix
 from tooljail._types import (
     ArtifactInfo,
     ArtifactRef,
-    CallInfo,
     CallState,
     CallStatus,
     Diagnostic,
@@ -227,6 +227,9 @@ def result_to_proto(r: ToolResult) -> pb.Result:
         daemon_id=r.daemon_id,
         egress_denied=[egress_denial_to_proto(d) for d in r.egress_denied],
         processes_ended=[process_info_to_proto(p) for p in r.processes_ended],
+        arguments_sha256=r.arguments_sha256,
+        cached=r.cached,
+        cached_from=r.cached_from,
     )
     if r.usage is not None:
         m.usage.CopyFrom(pb.Usage(**r.usage.model_dump()))
@@ -286,6 +289,9 @@ def result_from_proto(m: pb.Result) -> ToolResult:
         daemon_id=m.daemon_id,
         egress_denied=tuple(egress_denial_from_proto(d) for d in m.egress_denied),
         processes_ended=tuple(process_info_from_proto(p) for p in m.processes_ended),
+        arguments_sha256=m.arguments_sha256,
+        cached=m.cached,
+        cached_from=m.cached_from,
     )
 
 
@@ -336,6 +342,7 @@ def tool_info_to_proto(t: ToolInfo) -> pb.ToolSpec:
         source=t.source,
         egress=list(t.egress),
         secrets=list(t.secrets),
+        cache_s=t.cache_s,
     )
 
 
@@ -360,6 +367,7 @@ def tool_info_from_proto(m: pb.ToolSpec) -> ToolInfo:
         source=m.source,
         egress=tuple(m.egress),
         secrets=tuple(m.secrets),
+        cache_s=m.cache_s,
     )
 
 
@@ -387,6 +395,17 @@ def call_info_to_proto(c: CallInfo) -> pb.CallInfo:
         state=call_state_to_proto(c.state),
         has_result=c.result is not None,
         daemon_id=c.daemon_id,
+        arguments_json=c.arguments_json,
+        arguments_truncated=c.arguments_truncated,
+        arguments_bytes=c.arguments_bytes,
+        arguments_sha256=c.arguments_sha256,
+        client_name=c.client_name,
+        session_id=c.session_id,
+        received_at_unix=unix_from_utc(c.received_at),
+        started_at_unix=unix_from_utc(c.started_at),
+        ended_at_unix=unix_from_utc(c.ended_at),
+        timeout_s=c.timeout_s,
+        sandbox_id=c.sandbox_id,
     )
     if c.result is not None:
         m.result.CopyFrom(result_to_proto(c.result))
@@ -408,6 +427,17 @@ def call_info_from_proto(m: pb.CallInfo) -> CallInfo:
         state=call_state_from_proto(m.state),
         result=result_from_proto(m.result) if m.has_result else None,
         daemon_id=m.daemon_id,
+        arguments_json=m.arguments_json,
+        arguments_truncated=m.arguments_truncated,
+        arguments_bytes=m.arguments_bytes,
+        arguments_sha256=m.arguments_sha256,
+        client_name=m.client_name,
+        session_id=m.session_id,
+        received_at=utc_from_unix(m.received_at_unix),
+        started_at=utc_from_unix(m.started_at_unix),
+        ended_at=utc_from_unix(m.ended_at_unix),
+        timeout_s=m.timeout_s,
+        sandbox_id=m.sandbox_id,
     )
 
 

@@ -3,14 +3,19 @@
 - `default_socket_path()`: where a daemon listens, and a client dials, by default.
 - `bounded()`: text cut to a byte budget, for errors that echo a caller's input.
 - `json_type_name()`: a Python value's JSON Schema type name, as argument errors say it.
+- `canonical_json()`, `arguments_sha256()`: a call's arguments as the one text
+  (and hash) every client and the daemon agree on.
 - `TOOLDEF_SOURCE`: the file of the `@tool` module, which the runner loads
   inside a sandbox to read tool files (the daemon copies it there).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from tooljail import _tooldef
 from tooljail._tooldef import json_type_name
@@ -18,7 +23,9 @@ from tooljail._tooldef import json_type_name
 __all__ = [
     "MAX_ERROR_MESSAGE_BYTES",
     "TOOLDEF_SOURCE",
+    "arguments_sha256",
     "bounded",
+    "canonical_json",
     "default_socket_path",
     "json_type_name",
 ]
@@ -70,3 +77,26 @@ def bounded(text: str, limit: int = MAX_ERROR_MESSAGE_BYTES) -> str:
     tail = f" [... {len(text):,} characters in all]"
     head = encoded[: max(0, limit - len(tail.encode()))].decode("utf-8", "ignore")
     return head + tail
+
+
+def canonical_json(value: Any) -> str:
+    """`value` as canonical JSON: keys sorted, no whitespace, non-ASCII kept as is.
+
+    Raises:
+        TypeError: A value JSON cannot hold.
+        ValueError: NaN or an infinity (not JSON).
+    """
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+
+
+def arguments_sha256(arguments: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a call's arguments as canonical JSON in UTF-8: what
+    `ToolResult.arguments_sha256` and `CallInfo.arguments_sha256` carry, so that a
+    host can tell two calls with the same arguments apart from any others.
+
+    Raises:
+        TypeError, ValueError: As `canonical_json`.
+    """
+    return hashlib.sha256(canonical_json(arguments).encode("utf-8", "surrogatepass")).hexdigest()

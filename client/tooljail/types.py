@@ -4,12 +4,12 @@ The daemon builds these same types (its calls' results, infos and diagnostics)
 and imports them from here, never from the private module they live in.
 """
 
+from tooljail._call_types import ApprovalEvent, ApprovalEventKind, CallInfo, CallPage
 from tooljail._process_types import ProcessChunk, ProcessOutputPage
 from tooljail._types import (
     TIMEOUT_MESSAGE,
     ArtifactInfo,
     ArtifactRef,
-    CallInfo,
     CallState,
     CallStatus,
     Diagnostic,
@@ -31,9 +31,12 @@ from tooljail._types import (
 
 __all__ = [
     "TIMEOUT_MESSAGE",
+    "ApprovalEvent",
+    "ApprovalEventKind",
     "ArtifactInfo",
     "ArtifactRef",
     "CallInfo",
+    "CallPage",
     "CallState",
     "CallStatus",
     "Diagnostic",

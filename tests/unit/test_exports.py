@@ -14,6 +14,9 @@ import tooljail
 import tooljail.errors
 
 EXPECTED_ALL = {
+    "ApprovalEvent",
+    "ApprovalEventKind",
+    "CallPage",
     "AsyncClient",
     "BadTimeoutError",
     "CallIdConflictError",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tooljail._call_types import CallInfo
 from tooljail._types import (
-    CallInfo,
     CallState,
     CallStatus,
     Diagnostic,

@@ -44,6 +44,18 @@ class CallState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CALL_STATE_LOST: _ClassVar[CallState]
     CALL_STATE_AWAITING_APPROVAL: _ClassVar[CallState]
 
+class RunningFilter(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUNNING_FILTER_ANY: _ClassVar[RunningFilter]
+    RUNNING_FILTER_RUNNING: _ClassVar[RunningFilter]
+    RUNNING_FILTER_ENDED: _ClassVar[RunningFilter]
+
+class ApprovalEventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_EVENT_KIND_UNSPECIFIED: _ClassVar[ApprovalEventKind]
+    APPROVAL_EVENT_KIND_REQUESTED: _ClassVar[ApprovalEventKind]
+    APPROVAL_EVENT_KIND_DECIDED: _ClassVar[ApprovalEventKind]
+
 class SessionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SESSION_STATE_UNSPECIFIED: _ClassVar[SessionState]
@@ -126,6 +138,12 @@ CALL_STATE_TIMED_OUT: CallState
 CALL_STATE_CANCELLED: CallState
 CALL_STATE_LOST: CallState
 CALL_STATE_AWAITING_APPROVAL: CallState
+RUNNING_FILTER_ANY: RunningFilter
+RUNNING_FILTER_RUNNING: RunningFilter
+RUNNING_FILTER_ENDED: RunningFilter
+APPROVAL_EVENT_KIND_UNSPECIFIED: ApprovalEventKind
+APPROVAL_EVENT_KIND_REQUESTED: ApprovalEventKind
+APPROVAL_EVENT_KIND_DECIDED: ApprovalEventKind
 SESSION_STATE_UNSPECIFIED: SessionState
 SESSION_STATE_OPEN: SessionState
 SESSION_STATE_CLOSED: SessionState
@@ -191,7 +209,7 @@ class ListToolsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ToolSpec(_message.Message):
-    __slots__ = ("name", "description", "input_schema_json", "timeout_s", "max_timeout_s", "kill_after_s", "idempotent", "streaming", "source", "egress", "secrets")
+    __slots__ = ("name", "description", "input_schema_json", "timeout_s", "max_timeout_s", "kill_after_s", "idempotent", "streaming", "source", "egress", "secrets", "cache_s")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
     INPUT_SCHEMA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +221,7 @@ class ToolSpec(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     EGRESS_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     description: str
     input_schema_json: str
@@ -214,7 +233,8 @@ class ToolSpec(_message.Message):
     source: str
     egress: _containers.RepeatedScalarFieldContainer[str]
     secrets: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., kill_after_s: _Optional[float] = ..., idempotent: _Optional[bool] = ..., streaming: _Optional[bool] = ..., source: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ...) -> None: ...
+    cache_s: float
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., input_schema_json: _Optional[str] = ..., timeout_s: _Optional[float] = ..., max_timeout_s: _Optional[float] = ..., kill_after_s: _Optional[float] = ..., idempotent: _Optional[bool] = ..., streaming: _Optional[bool] = ..., source: _Optional[str] = ..., egress: _Optional[_Iterable[str]] = ..., secrets: _Optional[_Iterable[str]] = ..., cache_s: _Optional[float] = ...) -> None: ...
 
 class Diagnostic(_message.Message):
     __slots__ = ("severity", "code", "message", "file", "tool")
@@ -299,7 +319,7 @@ class ToolError(_message.Message):
     def __init__(self, type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ...) -> None: ...
 
 class Result(_message.Message):
-    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id", "egress_denied", "processes_ended")
+    __slots__ = ("call_id", "status", "data_json", "message", "error", "effect", "still_running", "truncated", "duration_s", "tool", "output_bytes", "session_id", "session_reset", "artifacts", "usage", "daemon_id", "egress_denied", "processes_ended", "arguments_sha256", "cached", "cached_from")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DATA_JSON_FIELD_NUMBER: _ClassVar[int]
@@ -318,6 +338,9 @@ class Result(_message.Message):
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     EGRESS_DENIED_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_ENDED_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FROM_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     status: Status
     data_json: str
@@ -336,7 +359,10 @@ class Result(_message.Message):
     daemon_id: str
     egress_denied: _containers.RepeatedCompositeFieldContainer[EgressDenial]
     processes_ended: _containers.RepeatedCompositeFieldContainer[ProcessInfo]
-    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ..., egress_denied: _Optional[_Iterable[_Union[EgressDenial, _Mapping]]] = ..., processes_ended: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ...) -> None: ...
+    arguments_sha256: str
+    cached: bool
+    cached_from: str
+    def __init__(self, call_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., data_json: _Optional[str] = ..., message: _Optional[str] = ..., error: _Optional[_Union[ToolError, _Mapping]] = ..., effect: _Optional[_Union[Effect, str]] = ..., still_running: _Optional[bool] = ..., truncated: _Optional[bool] = ..., duration_s: _Optional[float] = ..., tool: _Optional[str] = ..., output_bytes: _Optional[int] = ..., session_id: _Optional[str] = ..., session_reset: _Optional[bool] = ..., artifacts: _Optional[_Iterable[_Union[ArtifactRef, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., daemon_id: _Optional[str] = ..., egress_denied: _Optional[_Iterable[_Union[EgressDenial, _Mapping]]] = ..., processes_ended: _Optional[_Iterable[_Union[ProcessInfo, _Mapping]]] = ..., arguments_sha256: _Optional[str] = ..., cached: _Optional[bool] = ..., cached_from: _Optional[str] = ...) -> None: ...
 
 class EgressDenial(_message.Message):
     __slots__ = ("host", "port", "reason", "rule", "count")
@@ -397,20 +423,94 @@ class GetCallRequest(_message.Message):
     def __init__(self, call_id: _Optional[str] = ...) -> None: ...
 
 class CallInfo(_message.Message):
-    __slots__ = ("call_id", "tool", "state", "result", "has_result", "daemon_id")
+    __slots__ = ("call_id", "tool", "state", "result", "has_result", "daemon_id", "arguments_json", "arguments_truncated", "arguments_bytes", "arguments_sha256", "client_name", "session_id", "received_at_unix", "started_at_unix", "ended_at_unix", "timeout_s", "sandbox_id")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIELD_NUMBER: _ClassVar[int]
     HAS_RESULT_FIELD_NUMBER: _ClassVar[int]
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     call_id: str
     tool: str
     state: CallState
     result: Result
     has_result: bool
     daemon_id: str
-    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ..., daemon_id: _Optional[str] = ...) -> None: ...
+    arguments_json: str
+    arguments_truncated: bool
+    arguments_bytes: int
+    arguments_sha256: str
+    client_name: str
+    session_id: str
+    received_at_unix: float
+    started_at_unix: float
+    ended_at_unix: float
+    timeout_s: float
+    sandbox_id: str
+    def __init__(self, call_id: _Optional[str] = ..., tool: _Optional[str] = ..., state: _Optional[_Union[CallState, str]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., has_result: _Optional[bool] = ..., daemon_id: _Optional[str] = ..., arguments_json: _Optional[str] = ..., arguments_truncated: _Optional[bool] = ..., arguments_bytes: _Optional[int] = ..., arguments_sha256: _Optional[str] = ..., client_name: _Optional[str] = ..., session_id: _Optional[str] = ..., received_at_unix: _Optional[float] = ..., started_at_unix: _Optional[float] = ..., ended_at_unix: _Optional[float] = ..., timeout_s: _Optional[float] = ..., sandbox_id: _Optional[str] = ...) -> None: ...
+
+class ListCallsRequest(_message.Message):
+    __slots__ = ("tool", "session_id", "status", "since_unix", "until_unix", "running", "client_name", "limit", "cursor")
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    tool: str
+    session_id: str
+    status: Status
+    since_unix: float
+    until_unix: float
+    running: RunningFilter
+    client_name: str
+    limit: int
+    cursor: str
+    def __init__(self, tool: _Optional[str] = ..., session_id: _Optional[str] = ..., status: _Optional[_Union[Status, str]] = ..., since_unix: _Optional[float] = ..., until_unix: _Optional[float] = ..., running: _Optional[_Union[RunningFilter, str]] = ..., client_name: _Optional[str] = ..., limit: _Optional[int] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class ListCallsResponse(_message.Message):
+    __slots__ = ("calls", "next_cursor")
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[CallInfo]
+    next_cursor: str
+    def __init__(self, calls: _Optional[_Iterable[_Union[CallInfo, _Mapping]]] = ..., next_cursor: _Optional[str] = ...) -> None: ...
+
+class ListApprovalsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListApprovalsResponse(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[CallInfo]
+    def __init__(self, calls: _Optional[_Iterable[_Union[CallInfo, _Mapping]]] = ...) -> None: ...
+
+class WatchApprovalsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ApprovalEvent(_message.Message):
+    __slots__ = ("kind", "call")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CALL_FIELD_NUMBER: _ClassVar[int]
+    kind: ApprovalEventKind
+    call: CallInfo
+    def __init__(self, kind: _Optional[_Union[ApprovalEventKind, str]] = ..., call: _Optional[_Union[CallInfo, _Mapping]] = ...) -> None: ...
 
 class ApproveRequest(_message.Message):
     __slots__ = ("call_id", "approve", "reason")

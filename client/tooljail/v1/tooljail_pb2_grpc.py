@@ -165,6 +165,21 @@ class ToolRunnerStub:
                 request_serializer=tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.SerializeToString,
                 response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.FromString,
                 _registered_method=True)
+        self.ListCalls = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/ListCalls',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListCallsRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListCallsResponse.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/tooljail.v1.ToolRunner/ListApprovals',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
+        self.WatchApprovals = channel.unary_stream(
+                '/tooljail.v1.ToolRunner/WatchApprovals',
+                request_serializer=tooljail_dot_v1_dot_tooljail__pb2.WatchApprovalsRequest.SerializeToString,
+                response_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ApprovalEvent.FromString,
+                _registered_method=True)
 
 
 class ToolRunnerServicer:
@@ -389,6 +404,34 @@ class ToolRunnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListCalls(self, request, context):
+        """The calls the daemon's journal holds (issue 25), newest first (by the
+        time each was received), filtered and paged: a caller sees its own calls
+        only, unless it is an approver or the operator (as for GetCall), who may
+        name any `client_name`. INVALID_ARGUMENT for a bad cursor or bound.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """The calls waiting for an approver's decision that the caller may decide
+        (an approver: the calls of tools it may call), oldest first, each with its
+        arguments and who asked. PERMISSION_DENIED for a caller that is no approver.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchApprovals(self, request, context):
+        """The same, live: the calls already waiting (REQUESTED), then each new
+        request as it comes, and each decision, cancel or end of a waiting call
+        (DECIDED), for as long as the stream lasts. An approver UI need not poll.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ToolRunnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -521,6 +564,21 @@ def add_ToolRunnerServicer_to_server(servicer, server):
                     servicer.WatchWorkspace,
                     request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.FromString,
                     response_serializer=tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.SerializeToString,
+            ),
+            'ListCalls': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCalls,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListCallsRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListCallsResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'WatchApprovals': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchApprovals,
+                    request_deserializer=tooljail_dot_v1_dot_tooljail__pb2.WatchApprovalsRequest.FromString,
+                    response_serializer=tooljail_dot_v1_dot_tooljail__pb2.ApprovalEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1226,6 +1284,87 @@ class ToolRunner:
             '/tooljail.v1.ToolRunner/WatchWorkspace',
             tooljail_dot_v1_dot_tooljail__pb2.WatchWorkspaceRequest.SerializeToString,
             tooljail_dot_v1_dot_tooljail__pb2.WorkspaceEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCalls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ListCalls',
+            tooljail_dot_v1_dot_tooljail__pb2.ListCallsRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ListCallsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/ListApprovals',
+            tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tooljail.v1.ToolRunner/WatchApprovals',
+            tooljail_dot_v1_dot_tooljail__pb2.WatchApprovalsRequest.SerializeToString,
+            tooljail_dot_v1_dot_tooljail__pb2.ApprovalEvent.FromString,
             options,
             channel_credentials,
             insecure,

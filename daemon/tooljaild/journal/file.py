@@ -20,7 +20,7 @@ from tooljail.errors import JournalUnavailableError
 
 APPLICATION_ID = 0x746A6A31
 """`PRAGMA application_id` of a tooljail journal ("tjj1"): marks the file as ours."""
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """`PRAGMA user_version` of the schema below; a journal of a newer version is refused,
 one of an older version is brought up to date (`MIGRATIONS`) when it is opened."""
 WAL_SIZE_LIMIT = 8 * 1024 * 1024
@@ -50,15 +50,45 @@ CLIENT_COLUMN = "ALTER TABLE calls ADD COLUMN client TEXT NOT NULL DEFAULT ''"
 its owner's only, as a live one is (docs/decisions.md, "A journaled call keeps its
 owner"). Rows from before it get '': nobody's."""
 
-MIGRATIONS: dict[int, tuple[str, ...]] = {1: SESSIONS_SCHEMA, 2: (CLIENT_COLUMN,)}
+HISTORY_INDEXES = (
+    # One per ListCalls filter, each in `created` order with the rowid (which
+    # every index holds) as its tie-break: a page walks one index, no sort.
+    "CREATE INDEX calls_by_created ON calls (created)",
+    "CREATE INDEX calls_by_client ON calls (client, created)",
+    "CREATE INDEX calls_by_tool ON calls (tool, created)",
+    "CREATE INDEX calls_by_session ON calls (session_id, created) WHERE session_id != ''",
+    "CREATE INDEX calls_by_status ON calls (status, created) WHERE status != ''",
+    "CREATE INDEX calls_unfinished ON calls (created) WHERE ended IS NULL",
+    # A cached tool's earlier successes (`Journal.cached`): one lookup per call.
+    "CREATE INDEX calls_by_arguments ON calls (arguments_sha256, client, tool, ended) "
+    "WHERE status = 'success'",
+)
+HISTORY_COLUMNS = (
+    "ALTER TABLE calls ADD COLUMN session_id TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE calls ADD COLUMN status TEXT NOT NULL DEFAULT ''",
+    "ALTER TABLE calls ADD COLUMN arguments_sha256 TEXT NOT NULL DEFAULT ''",
+    *HISTORY_INDEXES,
+)
+"""Schema version 4: what ListCalls filters on (the session, the result's status)
+and the arguments' hash (ToolResult.arguments_sha256, the tool cache), with an
+index per filter (issue 25). Rows from before keep '' in these columns (their
+result still says its status and session): filling them would rewrite every
+row, and a migration must cost no more than opening does."""
+
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: SESSIONS_SCHEMA,
+    2: (CLIENT_COLUMN,),
+    3: HISTORY_COLUMNS,
+}
 """From each older schema version, what brings it to the next one. `prepare` runs
 them all, and sets the new version, in the one transaction that proves a write
 works: a migration is done whole or not at all, and no row is lost."""
 
 # Small columns first: a scan that reads `ended` never walks the overflow pages
-# of large arguments or results stored after it. `client` comes last all the
-# same: where ALTER TABLE puts it in a migrated journal, so every journal of one
-# version has the same columns in the same order (`_check_columns`).
+# of large arguments or results stored after it. `client` and the columns of
+# version 4 come last all the same: where ALTER TABLE puts them in a migrated
+# journal, so every journal of one version has the same columns in the same
+# order (`_check_columns`).
 SCHEMA = (
     """CREATE TABLE calls (
         call_id TEXT NOT NULL PRIMARY KEY,
@@ -74,20 +104,27 @@ SCHEMA = (
         arguments_bytes INTEGER NOT NULL,
         arguments TEXT NOT NULL,
         result TEXT,
-        client TEXT NOT NULL DEFAULT ''
+        client TEXT NOT NULL DEFAULT '',
+        session_id TEXT NOT NULL DEFAULT '',
+        status TEXT NOT NULL DEFAULT '',
+        arguments_sha256 TEXT NOT NULL DEFAULT ''
     )""",
     # Finished calls in the order they ended: what `prune` removes first.
     "CREATE INDEX calls_by_end ON calls (ended) WHERE ended IS NOT NULL",
+    *HISTORY_INDEXES,
     *SESSIONS_SCHEMA,
     f"PRAGMA application_id = {APPLICATION_ID}",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
 COLUMNS = (
     "call_id, tool, fingerprint, state, created, started, ended, timeout_s, idempotent, "
-    "sandbox_id, arguments_bytes, arguments, result, client"
+    "sandbox_id, arguments_bytes, arguments, result, client, session_id, status, "
+    "arguments_sha256"
 )
 """The calls table's columns, in order, at `SCHEMA_VERSION`."""
-_COLUMNS_BEFORE_3 = COLUMNS.removesuffix(", client")
+_COLUMNS_3 = COLUMNS.removesuffix(", session_id, status, arguments_sha256")
+"""The calls table's columns in schema version 3."""
+_COLUMNS_BEFORE_3 = _COLUMNS_3.removesuffix(", client")
 """The calls table's columns in schema versions 1 and 2 (before `client`)."""
 
 _REASON_BY_CODE: dict[int, Reason] = {
@@ -273,7 +310,7 @@ def _check_pages(path: Path, db: sqlite3.Connection) -> None:
 
 def _check_columns(path: Path, db: sqlite3.Connection, version: int) -> None:
     # What the calls table has at `version`: the migrations start from exactly that.
-    columns = COLUMNS if version >= 3 else _COLUMNS_BEFORE_3
+    columns = COLUMNS if version >= 4 else _COLUMNS_3 if version == 3 else _COLUMNS_BEFORE_3
     expected = [c.strip() for c in columns.split(",")]
     found = [str(row[1]) for row in db.execute("PRAGMA table_info(calls)")]
     if found != expected:

@@ -52,15 +52,13 @@ messages) is `tooljaild.journal.file`'s.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
-from tooljail.types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
+from tooljail.types import CallState
 from tooljaild.journal.file import (
     APPLICATION_ID,
     BUSY_TIMEOUT_S,
@@ -77,6 +75,15 @@ from tooljaild.journal.file import (
     make_private,
     prepare,
 )
+from tooljaild.journal.history import BadQueryError, CallQuery, encode_cursor, select
+from tooljaild.journal.rows import (
+    LOST_MESSAGE,
+    LOST_WAITING_MESSAGE,
+    JournalEntry,
+    SessionRecord,
+    entry_of,
+    mark_lost,
+)
 
 __all__ = [
     "APPLICATION_ID",
@@ -86,8 +93,11 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "DEFAULT_MAX_SESSION_ROWS",
     "LOST_MESSAGE",
+    "LOST_WAITING_MESSAGE",
     "SCHEMA_VERSION",
     "WAL_SIZE_LIMIT",
+    "BadQueryError",
+    "CallQuery",
     "Journal",
     "JournalEntry",
     "JournalError",
@@ -99,26 +109,19 @@ DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0
 DEFAULT_MAX_ROWS = 100_000
 DEFAULT_MAX_SESSION_ROWS = 10_000
 DEFAULT_MAX_ARGUMENT_BYTES = 64 * 1024
-LOST_MESSAGE = (
-    "The daemon stopped while the call ran. It may or may not have taken effect: check "
-    "whether it did before calling it again."
-)
-LOST_WAITING_MESSAGE = (
-    "The daemon stopped while the call waited for approval: it did not run. Call it "
-    "again to ask for approval again."
-)
 
 _ADMIT = """
     INSERT INTO calls (call_id, tool, fingerprint, state, created, timeout_s, idempotent,
-                       arguments_bytes, arguments, client)
+                       arguments_bytes, arguments, client, session_id, arguments_sha256)
     VALUES (:call_id, :tool, :fingerprint, 'queued', :created, :timeout_s, :idempotent,
-            :arguments_bytes, :arguments, :client)
+            :arguments_bytes, :arguments, :client, :session_id, :arguments_sha256)
     ON CONFLICT (call_id) DO UPDATE SET
         tool = excluded.tool, fingerprint = excluded.fingerprint, state = 'queued',
         created = excluded.created, started = NULL, ended = NULL,
         timeout_s = excluded.timeout_s, idempotent = excluded.idempotent, sandbox_id = '',
         arguments_bytes = excluded.arguments_bytes, arguments = excluded.arguments,
-        result = NULL, client = excluded.client
+        result = NULL, client = excluded.client, session_id = excluded.session_id,
+        status = '', arguments_sha256 = excluded.arguments_sha256
     WHERE :replace AND calls.ended IS NOT NULL
 """
 _RUNNING = """
@@ -126,7 +129,15 @@ _RUNNING = """
     WHERE call_id = ? AND ended IS NULL
 """
 _WAITING = "UPDATE calls SET state = ? WHERE call_id = ? AND ended IS NULL AND started IS NULL"
-_FINISHED = "UPDATE calls SET state = ?, result = ?, ended = ? WHERE call_id = ? AND ended IS NULL"
+_FINISHED = """
+    UPDATE calls SET state = ?, result = ?, ended = ?, status = ?
+    WHERE call_id = ? AND ended IS NULL
+"""
+_CACHED = f"""
+    SELECT {COLUMNS} FROM calls INDEXED BY calls_by_arguments
+    WHERE arguments_sha256 = ? AND client = ? AND tool = ? AND status = 'success' AND ended >= ?
+    ORDER BY ended DESC LIMIT 1
+"""
 _GET = f"SELECT {COLUMNS} FROM calls WHERE call_id = ?"
 _UNFINISHED = f"SELECT {COLUMNS} FROM calls WHERE ended IS NULL ORDER BY created"
 _PRUNE_AGE = "DELETE FROM calls WHERE ended IS NOT NULL AND ended < ?"
@@ -153,66 +164,6 @@ _PRUNE_OLDEST = """
         SELECT rowid FROM calls WHERE ended IS NOT NULL ORDER BY ended, rowid LIMIT ?
     )
 """
-
-
-@dataclass(frozen=True, slots=True)
-class JournalEntry:
-    """One call as the journal recorded it. Times are wall clock (`time.time()`)."""
-
-    call_id: str
-    tool: str
-    fingerprint: str
-    """sha256 of the canonical tool + arguments JSON: same id, other fingerprint = conflict."""
-    state: CallState
-    created: float
-    started: float | None
-    ended: float | None
-    """Set exactly when `state` is a final state."""
-    timeout_s: float
-    idempotent: bool
-    """The tool's flag when the call was admitted."""
-    sandbox_id: str
-    arguments_bytes: int
-    """Length of the full arguments JSON, in UTF-8 bytes."""
-    arguments_json: str
-    """The arguments JSON, cut to the journal's `max_argument_bytes`."""
-    result_json: str | None
-    """The final `ToolResult` as JSON; None while the call is unfinished."""
-    client: str = ""
-    """Who made the call (`Call.client`): the authenticated identity's name, or
-    without authentication the name the client claimed; "" for a call journaled
-    before schema version 3, which recorded nobody."""
-
-    @property
-    def arguments_truncated(self) -> bool:
-        """True when `arguments_json` is only the start of the arguments."""
-        return len(self.arguments_json.encode()) < self.arguments_bytes
-
-    def result(self) -> ToolResult | None:
-        """The final result, or None while the call is unfinished."""
-        if self.result_json is None:
-            return None
-        return ToolResult.model_validate_json(self.result_json)
-
-    def info(self) -> CallInfo:
-        """The call as `GetCall` answers it."""
-        return CallInfo(
-            call_id=self.call_id, tool=self.tool, state=self.state, result=self.result()
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class SessionRecord:
-    """A session as the journal keeps it: enough to say, after a restart, that it
-    existed and why it ended."""
-
-    session_id: str
-    client: str
-    created: float
-    ended: float | None
-    end_reason: str
-    sandbox_id: str
-    options_json: str
 
 
 class Journal:
@@ -333,6 +284,8 @@ class Journal:
         timeout_s: float,
         idempotent: bool,
         client: str = "",
+        session_id: str = "",
+        arguments_sha256: str = "",
         created: float | None = None,
         replace: bool = False,
     ) -> None:
@@ -348,6 +301,8 @@ class Journal:
             idempotent: Whether the tool is idempotent.
             client: Who made the call (see `JournalEntry.client`); a rerun
                 records its own.
+            session_id: The session it runs in; "" for a fresh sandbox.
+            arguments_sha256: SHA-256 of its canonical arguments JSON.
             created: Wall-clock admission time; None means now.
             replace: Re-admit an id whose call is finished (an idempotent tool's
                 lost call run again): its recorded outcome is overwritten.
@@ -371,6 +326,8 @@ class Journal:
             "arguments": kept,
             "replace": replace,
             "client": client,
+            "session_id": session_id,
+            "arguments_sha256": arguments_sha256,
         }
         with self._errors(f"recording the admission of call {call_id!r}"):
             inserted = self._db.execute(_ADMIT, params).rowcount
@@ -410,7 +367,13 @@ class Journal:
             raise ValueError(f"no unstarted call {call_id!r} in the journal")
 
     def finished(
-        self, call_id: str, state: CallState, result_json: str, ended: float | None = None
+        self,
+        call_id: str,
+        state: CallState,
+        result_json: str,
+        ended: float | None = None,
+        *,
+        status: str = "",
     ) -> None:
         """Record a call's final state and result.
 
@@ -425,6 +388,8 @@ class Journal:
             state: Its final state (not QUEUED or RUNNING).
             result_json: Its `ToolResult`, from `model_dump_json()`.
             ended: Wall-clock end time; None means now.
+            status: Its result's status (a `CallStatus` value), which
+                `list_calls` filters on.
 
         Raises:
             ValueError: `state` is not final, or no unfinished call has that id.
@@ -435,7 +400,7 @@ class Journal:
         when = time.time() if ended is None else ended
         with self._errors(f"recording the end of call {call_id!r}"):
             updated = self._db.execute(
-                _FINISHED, (state.value, result_json, when, call_id)
+                _FINISHED, (state.value, result_json, when, status, call_id)
             ).rowcount
         if not updated:
             raise ValueError(f"no unfinished call {call_id!r} in the journal")
@@ -450,7 +415,42 @@ class Journal:
         """
         with self._errors(f"reading call {call_id!r}", write=False):
             row = self._db.execute(_GET, (call_id,)).fetchone()
-        return None if row is None else _entry(row)
+        return None if row is None else entry_of(row)
+
+    def list_calls(self, query: CallQuery) -> tuple[list[JournalEntry], str]:
+        """One page of the calls `query` asks for, newest first (by admission),
+        and the cursor of the next page ("" when this is the last).
+
+        Cost: one index walk, about `limit` rows plus those the filters not on
+        that index skip (~2-5 ms for 50 of 100,000 calls on these VMs).
+
+        Raises:
+            BadQueryError: A malformed cursor, or a limit out of range.
+            JournalError: The read failed.
+        """
+        sql, params = select(query)
+        with self._errors("listing calls", write=False):
+            rows = self._db.execute(sql, params).fetchall()
+        more = len(rows) > query.limit
+        rows = rows[: query.limit]
+        entries = [entry_of(row[:-1]) for row in rows]
+        cursor = encode_cursor(rows[-1][4], rows[-1][-1]) if more else ""
+        return entries, cursor
+
+    def cached(
+        self, *, client: str, tool: str, arguments_sha256: str, since: float
+    ) -> JournalEntry | None:
+        """The latest success of `tool` with these arguments by `client` that
+        ended at or after `since` (wall clock), or None. One index lookup.
+
+        Raises:
+            JournalError: The read failed.
+        """
+        if not arguments_sha256:
+            return None
+        with self._errors("looking up a cached result", write=False):
+            row = self._db.execute(_CACHED, (arguments_sha256, client, tool, since)).fetchone()
+        return None if row is None else entry_of(row)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -475,10 +475,10 @@ class Journal:
         with self._errors("marking unfinished calls lost"), self._db:
             self._db.execute("BEGIN IMMEDIATE")
             rows = self._db.execute(_UNFINISHED).fetchall()
-            lost = [_mark_lost(_entry(row), when) for row in rows]
+            lost = [mark_lost(entry_of(row), when) for row in rows]
             self._db.executemany(
                 _FINISHED,
-                [(e.state.value, e.result_json, e.ended, e.call_id) for e in lost],
+                [(e.state.value, e.result_json, e.ended, e.status, e.call_id) for e in lost],
             )
         return lost
 
@@ -600,45 +600,3 @@ class Journal:
             raise journal_error(exc, self.path, doing) from exc
         if write and self.on_write is not None:
             self.on_write(time.perf_counter() - began)
-
-
-# ---------------------------------------------------------------------- rows
-
-
-def _entry(row: tuple[Any, ...]) -> JournalEntry:
-    (call_id, tool, fingerprint, state, created, started, ended) = row[:7]
-    (timeout_s, idempotent, sandbox_id, arguments_bytes, arguments, result, client) = row[7:]
-    return JournalEntry(
-        call_id=call_id,
-        tool=tool,
-        fingerprint=fingerprint,
-        state=CallState(state),
-        created=created,
-        started=started,
-        ended=ended,
-        timeout_s=timeout_s,
-        idempotent=bool(idempotent),
-        sandbox_id=sandbox_id,
-        arguments_bytes=arguments_bytes,
-        arguments_json=arguments,
-        result_json=result,
-        client=client,
-    )
-
-
-def _mark_lost(entry: JournalEntry, now: float) -> JournalEntry:
-    # A call still awaiting approval never reached a sandbox: nothing happened.
-    waited = entry.state is CallState.AWAITING_APPROVAL
-    result = ToolResult(
-        call_id=entry.call_id,
-        tool=entry.tool,
-        status=CallStatus.LOST,
-        effect=Effect.NONE if waited else Effect.UNKNOWN,
-        message=LOST_WAITING_MESSAGE if waited else LOST_MESSAGE,
-        error=ToolError(
-            type="Lost", message=f"the daemon stopped while the call was {entry.state}"
-        ),
-    )
-    return dataclasses.replace(
-        entry, state=CallState.LOST, ended=now, result_json=result.model_dump_json()
-    )
