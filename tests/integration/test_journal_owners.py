@@ -188,7 +188,15 @@ def test_calls_from_before_owners_were_journaled_are_shown_to_approvers_only(
         assert anyone.call(TOOL, PRINT_1, call_id="old-call").ok
     journal = state_dir / JOURNAL_FILE
     with contextlib.closing(sqlite3.connect(journal)) as db, db:
-        db.execute("ALTER TABLE calls DROP COLUMN client")
+        # Back through version 4 (the history's indexes and columns) to 2.
+        indexes = db.execute(
+            "SELECT name FROM sqlite_schema WHERE type = 'index' AND tbl_name = 'calls' "
+            "AND name != 'calls_by_end' AND sql IS NOT NULL"
+        ).fetchall()
+        for (name,) in indexes:
+            db.execute(f"DROP INDEX {name}")
+        for column in ("arguments_sha256", "status", "session_id", "client"):
+            db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
     caplog.set_level(logging.INFO, logger="tooljaild.edge.servicer")
     with daemon(state_dir, tools_dir, tokens_file) as target:
@@ -205,7 +213,7 @@ def test_calls_from_before_owners_were_journaled_are_shown_to_approvers_only(
     assert any("predates the journal's record of owners" in m and "agent-b" in m for m in said)
     assert any("shown to approvers only" in m and "ops" in m for m in said)
     with contextlib.closing(sqlite3.connect(journal)) as db:
-        assert db.execute("PRAGMA user_version").fetchone() == (3,)
+        assert db.execute("PRAGMA user_version").fetchone() == (4,)
 
 
 def test_without_identities_any_client_reads_a_journaled_call_as_before(

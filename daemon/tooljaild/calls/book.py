@@ -124,6 +124,9 @@ class CallBook:
             timeout_s=call.timeout_s,
             idempotent=call.tool.options.idempotent,
             client=call.client,
+            session_id=call.session_id,
+            arguments_sha256=call.arguments_sha256,
+            created=call.received_at,
             replace=rerun,
         )
 
@@ -131,11 +134,12 @@ class CallBook:
         """Mark the call running in `sandbox_id` (its request is on the way there)."""
         call.state = CallState.RUNNING
         call.started_at = time.monotonic()
+        call.started_wall = time.time()
         call.sandbox_id = sandbox_id
         call.running.set(sandbox_id)
         if self.journal is not None:
             try:
-                self.journal.running(call.call_id, sandbox_id)
+                self.journal.running(call.call_id, sandbox_id, call.started_wall)
             except JournalError as exc:  # the call runs on; its end says it, or it is lost
                 log.error("cannot journal call %s as running: %s", call.call_id, exc)
 
@@ -171,7 +175,13 @@ class CallBook:
         if self.journal is None:
             return
         try:
-            self.journal.finished(call.call_id, call.state, result.model_dump_json())
+            self.journal.finished(
+                call.call_id,
+                call.state,
+                result.model_dump_json(),
+                call.ended_wall,
+                status=result.status.value,
+            )
         except JournalError as exc:
             # After a restart the call shows as lost: honest, if less precise.
             log.error("cannot journal the end of call %s: %s", call.call_id, exc)

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import enum
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
@@ -178,8 +180,17 @@ class Call:
         """It counts among the daemon's running and queued calls (`Admission`):
         from admission on, or for a call held for approval, once approved."""
         self.sandbox_id = ""
+        self.arguments_sha256 = ""
+        """SHA-256 of its canonical arguments (`tooljail.common.arguments_sha256`),
+        set at admission: every result of the call carries it."""
         self.created = time.monotonic()
+        self.received_at = time.time()
+        """Wall clock at admission (`CallInfo.received_at`); `created` is monotonic."""
         self.started_at: float | None = None
+        self.started_wall: float | None = None
+        """Wall clock when it reached a sandbox; `started_at` is monotonic."""
+        self.ended_wall: float | None = None
+        """Wall clock when it ended."""
         self.events = EventLog(settings.event_buffer_bytes)
         kept = max(1024, limits.output_bytes // 2)
         self.stdout = HeadTail(kept)
@@ -208,6 +219,10 @@ class Call:
             client=entry.client,  # its owner, as when it was live
         )
         call.sandbox_id = entry.sandbox_id or ""
+        call.session_id = entry.session_id
+        call.arguments_sha256 = entry.arguments_sha256
+        call.received_at = entry.created
+        call.started_wall, call.ended_wall = entry.started, entry.ended
         call.state = entry.state
         result = entry.result()
         if result is not None:  # a journal that recovered holds a result for every call
@@ -283,6 +298,8 @@ class Call:
     def end(self, state: CallState, result: ToolResult) -> None:
         """Settle the call: its final state and result; its caller hears it if not yet."""
         self.state = state
+        if self.ended_wall is None:
+            self.ended_wall = time.time()
         self.answered.set(result)
         self.ended.set(result)
         self.running.close()
@@ -299,12 +316,35 @@ class Call:
         self.gate, self.gate_mark = None, None
 
     def info(self) -> CallInfo:
+        """The call as this object knows it. Its arguments only while it holds
+        them (until `compact`, and never for a call read from the journal):
+        `CallBook` completes them from the journal."""
         result = self.result
         if result is None and self.answered.done():
             result = self.answered.result()
-        return CallInfo(call_id=self.call_id, tool=self.tool.name, state=self.state, result=result)
+        arguments = json.dumps(self.arguments, ensure_ascii=False) if self.arguments else ""
+        return CallInfo(
+            call_id=self.call_id,
+            tool=self.tool.name,
+            state=self.state,
+            result=result,
+            arguments_json=arguments,
+            arguments_bytes=len(arguments.encode("utf-8", "surrogatepass")),
+            arguments_sha256=self.arguments_sha256,
+            client_name=self.client,
+            session_id=self.session_id,
+            received_at=_utc(self.received_at),
+            started_at=_utc(self.started_wall),
+            ended_at=_utc(self.ended_wall),
+            timeout_s=self.timeout_s,
+            sandbox_id=self.sandbox_id,
+        )
 
     async def stream(self, from_seq: int = 1) -> AsyncIterator[Event]:
         """The call's output chunks, live, ending where the caller's result stands."""
         async for event in self.events.follow(from_seq, until=self.answered.wait()):
             yield event
+
+
+def _utc(when: float | None) -> datetime.datetime | None:
+    return None if not when else datetime.datetime.fromtimestamp(when, tz=datetime.UTC)

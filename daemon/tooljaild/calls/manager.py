@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+from tooljail.common import arguments_sha256
 from tooljail.errors import (
     InvalidRequestError,
     SessionNotFoundError,
@@ -349,7 +350,7 @@ class CallManager:
 
     def _new_call(self, request: CheckedRequest, limits: Limits) -> Call:
         """The call `request` asks for, under its id or a new one."""
-        return Call(
+        call = Call(
             request.call_id or uuid.uuid4().hex,
             request.tool,
             request.arguments,
@@ -360,6 +361,8 @@ class CallManager:
             request.client,
             self._services.artifacts,
         )
+        call.arguments_sha256 = arguments_sha256(request.arguments)
+        return call
 
     def _admitted_here(
         self, request: CheckedRequest, limits: Limits, session: Session | None

@@ -435,6 +435,7 @@ def _result(call: Call, **fields: Any) -> ToolResult:
         truncated=call.stdout.truncated or call.stderr.truncated,
         session_id=call.session_id,
         artifacts=tuple(call.artifacts),
+        arguments_sha256=call.arguments_sha256,
         **fields,
     )
 
