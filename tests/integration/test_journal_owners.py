@@ -198,7 +198,7 @@ def test_calls_from_before_owners_were_journaled_are_shown_to_approvers_only(
         for column in ("arguments_sha256", "status", "session_id", "client"):
             db.execute(f"ALTER TABLE calls DROP COLUMN {column}")
         db.execute("PRAGMA user_version = 2")
-    caplog.set_level(logging.INFO, logger="tooljaild.edge.servicer")
+    caplog.set_level(logging.INFO, logger="tooljaild.calls.history")
     with daemon(state_dir, tools_dir, tokens_file) as target:
         for name in ("agent-a", "agent-b"):
             with as_(target, name) as someone:

@@ -48,6 +48,7 @@ from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.book import CallBook
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.fresh_run import FreshRunner, Run
+from tooljaild.calls.history import CallHistory
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.calls.intake import CallRequest, CheckedRequest
@@ -99,6 +100,8 @@ class CallManager:
         self._registry = registry
         self._pool_for = (lambda _tool: pool) if isinstance(pool, SandboxPool) else pool
         self._book = CallBook(settings, registry, journal)
+        self.history = CallHistory(self._book)
+        """What callers may learn of the calls (GetCall, ListCalls, call_status)."""
         self._calls = self._book.calls
         self._admission = Admission(settings)
         self.egress = egress

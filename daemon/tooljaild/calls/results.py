@@ -3,8 +3,7 @@
 Two words describe an ending, each from the side that knows it: the sandbox
 says how the tool's process ended (`Termination`, in the run's `RunOutcome`),
 and the call says why the daemon stopped it, if it did (`StopReason`). A stop
-decides: a killed run means nothing by itself. See DESIGN.md "Result
-semantics".
+decides: a killed run means nothing by itself (DESIGN.md "Result semantics").
 
 Effects: a tool that ended by itself (returned, raised, exited, crashed) has
 `effect=applied`: whatever it did is done and nothing more will happen. A tool

@@ -38,10 +38,9 @@ from tooljail.wire import (
 from tooljaild.artifacts.store import ArtifactStore
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import Call, CallManager
-from tooljaild.calls.admission import unknown_call
 from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
-from tooljaild.calls.intake import CallRequest, owned_by
+from tooljaild.calls.intake import CallRequest
 from tooljaild.calls.output import Event
 from tooljaild.edge import processes
 from tooljaild.edge.authenticator import Authenticator
@@ -134,22 +133,9 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         Raises:
             CallNotFoundError: No call of that id, or none the caller may see.
         """
-        call = self._manager.get(call_id)
-        identity = self._identity(context)
-        if identity is None or owned_by(call, identity):
-            return call
-        seen = approvers_too and identity.approver
-        if not call.client:
-            # Only the daemon's log says why: telling the caller would tell it the id exists.
-            log.info(
-                "call %s predates the journal's record of owners: it is %s %s",
-                call_id,
-                "shown to approvers only, such as" if seen else "not shown to",
-                identity.name,
-            )
-        if not seen:
-            raise unknown_call(call_id)
-        return call
+        return self._manager.history.visible(
+            call_id, self._identity(context), approvers_too=approvers_too
+        )
 
     def _own_session(self, session_id: str, context: grpc.aio.ServicerContext) -> Session:
         """The open session, if the caller may use it (as `_own_call`): another
@@ -241,7 +227,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
     ) -> pb.CallInfo:
         try:
             call = self._own_call(request.call_id, context, approvers_too=True)
-            return self._named(call_info_to_proto(call.info()))
+            return self._named(call_info_to_proto(self._manager.history.info(call)))
         except TooljailError as exc:
             await abort_with(context, exc)
 
@@ -263,7 +249,7 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             )
         except TooljailError as exc:
             await abort_with(context, exc)
-        return self._named(call_info_to_proto(call.info()))
+        return self._named(call_info_to_proto(self._manager.history.info(call)))
 
     async def CreateSession(
         self, request: pb.CreateSessionRequest, context: grpc.aio.ServicerContext
