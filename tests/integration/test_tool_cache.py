@@ -69,6 +69,16 @@ def failing(key: str) -> str:
     raise ValueError("not today")
 
 
+@tool
+def slow(seconds: float) -> str:
+    """Sleep, holding its sandbox."""
+    import time
+
+    _ran("slow")
+    time.sleep(seconds)
+    return "slept"
+
+
 def looked_up(key):
     _ran("looked_up:" + key)
     return key.upper()
@@ -241,6 +251,32 @@ def test_cache_hits_are_counted(tmp_path: Path, tools_dir: Path, tokens_file: Pa
 
         # Counted a moment after the answer, as every end.
         wait_for(lambda: hits() == 2, timeout=10, what="two cache hits counted")
+
+
+def test_a_cached_answer_holds_no_slot(
+    tmp_path: Path, tools_dir: Path, tokens_file: Path, log: Path
+) -> None:
+    with (
+        daemon(tmp_path, tools_dir, tokens_file, max_concurrent=1) as target,
+        as_(target, "agent-a") as a,
+        as_(target, "agent-b") as b,
+    ):
+        first = a.call("stamp", {"key": "k"})
+        slept: list[ToolResult] = []
+        sleeper = threading.Thread(
+            target=lambda: slept.append(b.call("slow", {"seconds": 30}, call_id="sleeper"))
+        )
+        sleeper.start()
+        try:
+            # The daemon's one slot is taken: a call that runs would wait for it.
+            wait_for(lambda: "slow" in runs(log), timeout=15, what="the slow call running")
+            began = time.monotonic()
+            assert_cached(a.call("stamp", {"key": "k"}), first)
+            assert time.monotonic() - began < 5
+        finally:
+            b.cancel("sleeper")
+            sleeper.join(timeout=30)
+    assert slept and slept[0].status is CallStatus.CANCELLED
 
 
 def test_another_identity_is_never_given_a_cached_answer(target: str, log: Path) -> None:
