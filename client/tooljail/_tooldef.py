@@ -150,7 +150,8 @@ def tool(
             without running the tool, to the same caller asking with the same
             arguments: the result says `cached=True` and names the call that ran
             (`cached_from`). Only for a tool whose answer depends on its
-            arguments alone (a lookup, a fetch); 0 or None: never.
+            arguments alone (a lookup, a fetch), and not a streaming one (only
+            the result is kept); 0 or None: never.
 
     Returns:
         The function itself, or a decorator when called with options only.

@@ -111,6 +111,12 @@ def too_long(key: str) -> str:
     return key
 
 
+@tool(cache_s=60)
+def counting(n: int):
+    for i in range(n):
+        yield i
+
+
 def by_info(key):
     return key
 
@@ -342,6 +348,9 @@ def test_a_bad_cache_s_is_a_diagnostic(target: str) -> None:
         assert "cache_s" in diagnostics[name].message, diagnostics[name]
     assert "between 0 (no cache) and 604800" in diagnostics["negative"].message
     assert "between 0 (no cache) and 604800" in diagnostics["too_long"].message
+    # What a streaming tool streams is not kept: a cached answer would be empty.
+    assert "counting" not in served
+    assert "streaming tool" in diagnostics["counting"].message
 
 
 def test_builtins_never_cache(target: str) -> None:

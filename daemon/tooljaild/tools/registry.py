@@ -92,6 +92,13 @@ class ToolOptions(BaseModel):
                 f"cache_s must be between 0 (no cache) and {MAX_CACHE_S:g} seconds (7 days), "
                 f"got {self.cache_s:g}"
             )
+        if self.cache_s and self.streaming:
+            # The journal keeps a call's result, not what it streamed: a cached
+            # answer of a streaming tool would come without its content.
+            raise ValueError(
+                "cache_s cannot be set on a streaming tool (a generator): only the "
+                "result is kept, not what it streamed; return the value instead"
+            )
         # A tool that sets no timeout_s takes the daemon's default_timeout_s
         # (capped by max_timeout_s): its field's default value is not checked.
         own_timeout = "timeout_s" in self.model_fields_set
