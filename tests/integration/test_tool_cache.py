@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import socket
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -229,6 +232,19 @@ def test_a_success_is_given_again_without_running(target: str, log: Path) -> Non
         cache_s = {t.name: t.cache_s for t in a.list_tools()}
         assert cache_s["stamp"] == 600 and cache_s["brief"] == 2
         assert cache_s["looked_up"] == 600
+    # And `tooljail tools`, for a person.
+    listed = subprocess.run(
+        [sys.executable, "-m", "tooljaild", "tools", "--target", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TOOLJAIL_TOKEN": TOKENS["agent-a"]},
+        check=True,
+    ).stdout
+    [line] = [line for line in listed.splitlines() if line.startswith("stamp ")]
+    assert "cache 600s" in line
+    [line] = [line for line in listed.splitlines() if line.startswith("execute_python_code ")]
+    assert "cache" not in line
 
 
 def test_cache_hits_are_counted(tmp_path: Path, tools_dir: Path, tokens_file: Path) -> None:
