@@ -58,9 +58,9 @@ def stamp(key: str) -> str:
     return key.upper()
 
 
-@tool(cache_s=2)
+@tool(cache_s=3)
 def brief(key: str) -> str:
-    """As stamp, cached for two seconds only."""
+    """As stamp, cached for three seconds only."""
     _ran("brief:" + key)
     return key.upper()
 
@@ -230,7 +230,7 @@ def test_a_success_is_given_again_without_running(target: str, log: Path) -> Non
 
         # ListTools says which tools cache, and for how long.
         cache_s = {t.name: t.cache_s for t in a.list_tools()}
-        assert cache_s["stamp"] == 600 and cache_s["brief"] == 2
+        assert cache_s["stamp"] == 600 and cache_s["brief"] == 3
         assert cache_s["looked_up"] == 600
     # And `tooljail tools`, for a person.
     listed = subprocess.run(
@@ -325,10 +325,10 @@ def test_the_cache_expires_cache_s_after_the_run(target: str, log: Path) -> None
     with as_(target, "agent-a") as a:
         first = a.call("brief", {"key": "k"})
         ran_at = time.monotonic()
-        time.sleep(1.2)
+        time.sleep(1.0)
         # Cached: and this answer, ending later than the run, does not make it last.
         assert_cached(a.call("brief", {"key": "k"}), first)
-        time.sleep(max(0.0, ran_at + 2.2 - time.monotonic()))
+        time.sleep(max(0.0, ran_at + 3.2 - time.monotonic()))
         fresh = a.call("brief", {"key": "k"})
         assert fresh.ok and not fresh.cached
         assert runs(log) == ["brief:k", "brief:k"]
