@@ -15,7 +15,7 @@ approver for its tool first waits for one (`calls.approvals`), in its task.
 Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
-identity's bound on such calls; approved, it counts in as any other. Past
+identity's bound on such calls; approved, it counts in as any other. Once past
 them, a tool that caches its successes may answer from the journal (`calls.cache`).
 
 A caller comes in by `admit`, one trip: the checks before the admission
