@@ -56,7 +56,15 @@ _TOOL_INFO_TYPES = {
     "dict": "object",
 }
 # "sandbox" (its "egress" rules among them) and "secrets" as for `@tool`.
-_TOOL_INFO_OPTIONS = ("timeout_s", "kill_after_s", "idempotent", "streaming", "sandbox", "secrets")
+_TOOL_INFO_OPTIONS = (
+    "timeout_s",
+    "kill_after_s",
+    "idempotent",
+    "streaming",
+    "sandbox",
+    "secrets",
+    "cache_s",
+)
 _PARAM_LINE = re.compile(r"^(\s*)\*{0,2}([A-Za-z_]\w*)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 _SECTION = re.compile(
     r"^(Args|Arguments|Parameters|Params|Returns|Yields|Raises|Examples?|Notes?):\s*$"
@@ -94,6 +102,7 @@ def tool(
     limits: dict[str, Any] | None = None,
     sandbox: dict[str, Any] | None = None,
     secrets: list[str] | None = None,
+    cache_s: float | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -110,6 +119,7 @@ def tool(
     limits: dict[str, Any] | None = None,
     sandbox: dict[str, Any] | None = None,
     secrets: list[str] | None = None,
+    cache_s: float | None = None,
 ) -> F | Callable[[F], F]:
     """Mark a function as a tool, inferring its input schema from its signature.
 
@@ -136,6 +146,12 @@ def tool(
             calls hold, e.g. `["NEWS_API_KEY"]`: inside the sandbox each is an
             environment variable with a placeholder, which the proxy swaps for
             the value only on the way to the secret's hosts.
+        cache_s: For how long (seconds, up to 7 days) a success is given again,
+            without running the tool, to the same caller asking with the same
+            arguments: the result says `cached=True` and names the call that ran
+            (`cached_from`). Only for a tool whose answer depends on its
+            arguments alone (a lookup, a fetch), and not a streaming one (only
+            the result is kept); 0 or None: never.
 
     Returns:
         The function itself, or a decorator when called with options only.
@@ -154,6 +170,7 @@ def tool(
             ("limits", limits),
             ("sandbox", sandbox),
             ("secrets", secrets),
+            ("cache_s", cache_s),
         )
         if value is not None
     }

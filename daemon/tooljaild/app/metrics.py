@@ -151,6 +151,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.cache_hits = Counter(
+            "tooljail_cache_hits",
+            "Calls answered from their tool's cache (`cache_s`) without running, by tool.",
+            ["tool"],
+            registry=r,
+        )
         r.register(_Levels(self.sources))
         self._server: Any = None
         self.port: int | None = None
@@ -170,6 +176,9 @@ class Metrics:
         """Count one call's end: its status, times, usage and how its sandbox ended."""
         tool = result.tool
         self.calls.labels(tool, result.status.value).inc()
+        if result.cached:  # it ran nothing: no duration, no usage to tell
+            self.cache_hits.labels(tool).inc()
+            return
         self.call_duration.labels(tool).observe(result.duration_s)
         if call.started_at is not None:
             self.queue_wait.observe(max(0.0, call.started_at - call.created))

@@ -15,7 +15,8 @@ approver for its tool first waits for one (`calls.approvals`), in its task.
 Every path goes through the same admission (`_check_room`, `_count_in`): the
 daemon's bound on running and queued calls and each client's share of it
 (`calls.admission`), or, for a call that waits for an approver, its
-identity's bound on such calls; approved, it counts in as any other.
+identity's bound on such calls; approved, it counts in as any other. Once past
+them, a tool that caches its successes may answer from the journal (`calls.cache`).
 
 A caller comes in by `admit`, one trip: the checks before the admission
 (policy, arguments, whose session and id) are `calls.intake`'s. What is
@@ -41,8 +42,8 @@ from tooljail.errors import (
 )
 from tooljail.types import CallState, ToolInfo, ToolResult
 from tooljaild.auth.policy import Identity
+from tooljaild.calls import cache, intake, results, terms
 from tooljaild.calls import egress as call_egress
-from tooljaild.calls import intake, results, terms
 from tooljaild.calls.admission import Admission, take_slot
 from tooljaild.calls.approvals import Approvals, Decision
 from tooljaild.calls.book import CallBook
@@ -310,6 +311,8 @@ class CallManager:
         self._check_room(request)
         # Before anything is journaled: a refusal here leaves no trace of a run.
         policy = self._egress_policy(request, None)
+        if (cached := cache.answer(self._book, request)) is not None:
+            return cached  # an earlier success given again, not run (calls/cache.py)
         call = self._new_call(request, terms.limits_for(request.tool, self._settings))
         call.egress = policy
         self._book.admitted(call, request.arguments_json, rerun)

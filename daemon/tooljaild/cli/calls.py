@@ -45,7 +45,8 @@ def tools(args: argparse.Namespace) -> int:
         return EXIT_OK
     for t in tools:
         first = t.description.strip().splitlines()[0] if t.description.strip() else ""
-        print(f"{t.name:32} {t.source:8} timeout {t.timeout_s:g}s  {first}")
+        cache = f" cache {t.cache_s:g}s" if t.cache_s else ""
+        print(f"{t.name:32} {t.source:8} timeout {t.timeout_s:g}s{cache}  {first}")
     for d in diagnostics:
         print(
             f"{d.severity}: {d.file}{':' + d.tool if d.tool else ''}: [{d.code}] {d.message}",

@@ -136,6 +136,7 @@ _FINISHED = """
 _CACHED = f"""
     SELECT {COLUMNS} FROM calls INDEXED BY calls_by_arguments
     WHERE arguments_sha256 = ? AND client = ? AND tool = ? AND status = 'success' AND ended >= ?
+    AND (? = '' OR fingerprint = ?)
     ORDER BY ended DESC LIMIT 1
 """
 _GET = f"SELECT {COLUMNS} FROM calls WHERE call_id = ?"
@@ -438,10 +439,20 @@ class Journal:
         return entries, cursor
 
     def cached(
-        self, *, client: str, tool: str, arguments_sha256: str, since: float
+        self,
+        *,
+        client: str,
+        tool: str,
+        arguments_sha256: str,
+        since: float,
+        fingerprint: str = "",
     ) -> JournalEntry | None:
         """The latest success of `tool` with these arguments by `client` that
         ended at or after `since` (wall clock), or None. One index lookup.
+
+        Args:
+            fingerprint: Only a call of this fingerprint (`calls.terms.fingerprint`:
+                also its session, egress and secrets asked for); "": any.
 
         Raises:
             JournalError: The read failed.
@@ -449,7 +460,8 @@ class Journal:
         if not arguments_sha256:
             return None
         with self._errors("looking up a cached result", write=False):
-            row = self._db.execute(_CACHED, (arguments_sha256, client, tool, since)).fetchone()
+            params = (arguments_sha256, client, tool, since, fingerprint, fingerprint)
+            row = self._db.execute(_CACHED, params).fetchone()
         return None if row is None else entry_of(row)
 
     # ------------------------------------------------------------------ maintenance

@@ -38,6 +38,9 @@ TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What a tool name may be (what the OpenAI and Anthropic APIs accept)."""
 
 _MAX_KILL_AFTER_S = 86400.0
+MAX_CACHE_S = 7 * 24 * 3600.0
+"""The longest a tool may cache a success (`cache_s`): a week, the journal's
+default retention (`journal_max_age_s`), where the cache lives."""
 
 
 class ToolOptions(BaseModel):
@@ -64,6 +67,11 @@ class ToolOptions(BaseModel):
     """Names of the secrets its calls hold (from `@tool(secrets=[...])`): in the
     sandbox each variable holds a placeholder the egress proxy swaps for the value
     on the way to that secret's hosts."""
+    cache_s: float = 0.0
+    """For how long, in seconds, a success is given again (marked cached, without
+    running the tool) to the same caller asking with the same arguments
+    (`@tool(cache_s=...)`); 0: never. At most `MAX_CACHE_S`; a journal that keeps
+    calls for less bounds it too (the cache is the journal)."""
 
     @model_validator(mode="after")
     def _check_bounds(self) -> ToolOptions:
@@ -79,6 +87,18 @@ class ToolOptions(BaseModel):
         for key, value in self.limits.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"limit {key} must be a whole number >= 0, got {value!r}")
+        if not 0.0 <= self.cache_s <= MAX_CACHE_S:
+            raise ValueError(
+                f"cache_s must be between 0 (no cache) and {MAX_CACHE_S:g} seconds (7 days), "
+                f"got {self.cache_s:g}"
+            )
+        if self.cache_s and self.streaming:
+            # The journal keeps a call's result, not what it streamed: a cached
+            # answer of a streaming tool would come without its content.
+            raise ValueError(
+                "cache_s cannot be set on a streaming tool (a generator): only the "
+                "result is kept, not what it streamed; return the value instead"
+            )
         # A tool that sets no timeout_s takes the daemon's default_timeout_s
         # (capped by max_timeout_s): its field's default value is not checked.
         own_timeout = "timeout_s" in self.model_fields_set
@@ -126,6 +146,14 @@ class Tool(BaseModel):
     # frozen model, and the schema never changes after construction.
     _validator: Any = PrivateAttr(default=None)
 
+    @model_validator(mode="after")
+    def _no_cached_builtins(self) -> Tool:
+        # A built-in runs code or reads what changes (workspaces, artifacts):
+        # its answer is never an earlier one's.
+        if self.source == "builtin" and self.options.cache_s:
+            raise ValueError(f"the built-in {self.name!r} cannot cache its results (cache_s)")
+        return self
+
     @property
     def runs_in_daemon(self) -> bool:
         """Whether it runs in the daemon itself (no sandbox, so never in a session)."""
@@ -143,6 +171,7 @@ class Tool(BaseModel):
             idempotent=self.options.idempotent,
             streaming=self.options.streaming,
             source=self.source,
+            cache_s=self.options.cache_s,
         )
 
 
