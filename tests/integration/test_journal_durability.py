@@ -1,0 +1,114 @@
+"""`[journal] durability = "power"`: no call reaches its sandbox before its admission
+is on stable storage, concurrent calls share the flush, and a flush that fails
+stops the call (and every later one) instead of running it unrecorded.
+
+Through a real daemon (in this process, so the test can slow down or break the
+WAL's fdatasync and watch when the tool starts). The power cut itself is
+tests/integration/test_journal_power_cut.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tooljail import Client
+from tooljail.errors import JournalUnavailableError
+from tooljail.types import CallStatus, Effect
+
+from ..conftest import ServedDaemon
+
+SLOW_SYNC_S = 0.3
+STARTED = "import time; print(repr(time.time()))"
+
+
+class Flushes:
+    """Wraps os.fdatasync: records each flush's end, optionally slow or failing."""
+
+    def __init__(self) -> None:
+        self.ends: list[float] = []
+        self.delay_s = 0.0
+        self.fail = False
+        self._real = os.fdatasync
+        self._lock = threading.Lock()
+
+    def __call__(self, fd: int) -> None:
+        if self.fail:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        time.sleep(self.delay_s)
+        self._real(fd)
+        with self._lock:
+            self.ends.append(time.time())
+
+
+@pytest.fixture
+def flushes(monkeypatch: pytest.MonkeyPatch) -> Iterator[Flushes]:
+    wrapper = Flushes()
+    monkeypatch.setattr(os, "fdatasync", wrapper)
+    yield wrapper
+
+
+def test_power_a_call_starts_only_after_its_admission_is_flushed(
+    serve: Callable[..., ServedDaemon], flushes: Flushes
+) -> None:
+    served = serve(journal={"durability": "power"})
+    flushes.delay_s = SLOW_SYNC_S
+    with Client(served.target) as client:
+        sent = time.time()
+        result = client.call("execute_python_code", {"code": STARTED})
+    assert result.ok, result
+    started = float(result.data["stdout"])
+    # The tool ran after a flush that ended after the call was sent: its
+    # admission (committed before that flush began) was on disk first.
+    assert any(sent < end <= started for end in flushes.ends), (sent, flushes.ends, started)
+    assert started - sent >= SLOW_SYNC_S
+
+
+def test_power_concurrent_calls_share_flushes(
+    serve: Callable[..., ServedDaemon], flushes: Flushes
+) -> None:
+    served = serve(journal={"durability": "power"}, pool_size=4)
+    flushes.delay_s = 0.1  # long enough that admissions pile up behind one flush
+    before = len(flushes.ends)
+    calls = 8
+    with Client(served.target) as client, ThreadPoolExecutor(calls) as pool:
+        results = list(
+            pool.map(lambda _: client.call("execute_python_code", {"code": "pass"}), range(calls))
+        )
+    assert all(r.ok for r in results), results
+    # Each call's three writes (admitted, running, finished) would be 24 flushes
+    # with synchronous=FULL; one flush per admission batch is far fewer.
+    assert len(flushes.ends) - before < calls, flushes.ends
+
+
+def test_power_a_failed_flush_stops_the_call_and_the_next_ones(
+    serve: Callable[..., ServedDaemon], flushes: Flushes
+) -> None:
+    served = serve(journal={"durability": "power"})
+    flushes.fail = True
+    with Client(served.target) as client:
+        result = client.call("execute_python_code", {"code": STARTED})
+        assert result.status is CallStatus.ERROR, result
+        assert result.effect is Effect.NONE
+        assert result.error is not None and result.error.type == "JournalUnavailable"
+        assert "stable storage" in result.error.message
+        assert result.data is None or not result.data.get("stdout"), result
+        # The kernel may have dropped what it could not write: no later flush
+        # proves it is there, so the daemon takes no new call until a restart.
+        with pytest.raises(JournalUnavailableError, match="stable storage"):
+            client.call("execute_python_code", {"code": "pass"})
+
+
+def test_crash_durability_never_flushes(
+    serve: Callable[..., ServedDaemon], flushes: Flushes
+) -> None:
+    served = serve()  # the default: "crash", today's behaviour
+    with Client(served.target) as client:
+        assert client.call("execute_python_code", {"code": "pass"}).ok
+    assert flushes.ends == []
