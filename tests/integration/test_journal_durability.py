@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,7 @@ from tooljail import Client
 from tooljail.errors import JournalUnavailableError
 from tooljail.types import CallStatus, Effect
 
-from ..conftest import ServedDaemon
+from ..conftest import RunningDaemon, ServedDaemon, spawn_daemon
 
 SLOW_SYNC_S = 0.3
 STARTED = "import time; print(repr(time.time()))"
@@ -112,3 +113,27 @@ def test_crash_durability_never_flushes(
     with Client(served.target) as client:
         assert client.call("execute_python_code", {"code": "pass"}).ok
     assert flushes.ends == []
+
+
+def test_a_config_with_the_old_journal_keys_still_starts_and_says_so(
+    start_daemon: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    config = tmp_path / "old.toml"
+    config.write_text("journal_max_age_s = 86400\njournal_max_rows = 500\n")
+    daemon = start_daemon("--config", str(config))
+    daemon.assert_serving()
+    log = daemon.log()
+    assert "journal_max_age_s is deprecated: use [journal] keep_days" in log, log
+    assert "journal_max_rows is deprecated: use [journal] max_rows" in log, log
+
+
+def test_a_config_with_an_old_and_a_new_journal_key_differing_does_not_start(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "both.toml"
+    config.write_text("journal_max_rows = 500\n[journal]\nmax_rows = 600\n")
+    (tmp_path / "base").mkdir()
+    process, _, base = spawn_daemon(tmp_path / "base", "--config", str(config))
+    assert process.wait(60) == 2
+    log = (base / "daemon.log").read_text()
+    assert "journal_max_rows (deprecated) and [journal] max_rows are both set" in log, log

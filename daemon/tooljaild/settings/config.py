@@ -149,7 +149,8 @@ class Settings(BaseSettings, BackendSettings):
     remembered_calls: int = Field(default=1000, ge=1)
     """Finished calls kept in memory; older ones are answered from the journal."""
     journal: JournalSettings = Field(default_factory=JournalSettings)
-    """The call journal's durability and retention (`[journal]`)."""
+    """The call journal's durability and retention (`[journal]`, docs/journal.md);
+    a reload applies every key of it."""
     journal_max_age_s: float | None = Field(default=None, gt=0)
     """Deprecated: use `[journal] keep_days` (in days). Still read (in seconds),
     with a warning at start; setting both to different values is an error."""
