@@ -45,8 +45,9 @@ from bench_calls import (  # the same harness as the other benchmarks
 )
 
 from tooljaild.journal.store import Journal
+from tooljaild.settings.journal import Durability
 
-MODES = ("crash", "power")
+MODES: tuple[Durability, ...] = ("crash", "power")
 
 
 @dataclass
@@ -107,14 +108,14 @@ def block(target: str, calls: int, concurrency: int) -> tuple[list[float], float
     return latencies, calls / elapsed
 
 
-def journal_cost(mode: str, calls: int, batch: int) -> list[float]:
+def journal_cost(mode: Durability, calls: int, batch: int) -> list[float]:
     """Seconds per call of the journal's writes for a call (admitted, running,
     finished), "power" awaiting `durable()` after every `batch` admissions."""
 
     async def run() -> list[float]:
         per_call: list[float] = []
         with tempfile.TemporaryDirectory(prefix="tjbench-journal-") as tmp:
-            journal = Journal.open(Path(tmp) / "journal.sqlite3", durability=mode)  # type: ignore[arg-type]
+            journal = Journal.open(Path(tmp) / "journal.sqlite3", durability=mode)
             try:
                 for first in range(0, calls, batch):
                     ids = [f"c{i}" for i in range(first, min(first + batch, calls))]

@@ -34,8 +34,9 @@ import os
 from pathlib import Path
 
 from tooljaild.journal.file import JournalError
+from tooljaild.settings.journal import Durability
 
-__all__ = ["WalSync"]
+__all__ = ["Durability", "Durable", "WalSync"]
 
 
 class WalSync:
@@ -145,3 +146,36 @@ class WalSync:
         self.closed = True
         self._thread.shutdown(wait=True)
         os.close(self._fd)
+
+
+class Durable:
+    """The journal's durability, a part of `tooljaild.journal.store.Journal`."""
+
+    path: Path
+    _sync: WalSync | None = None
+
+    @property
+    def durability(self) -> Durability:
+        """ "crash": a commit survives a kill of the daemon; "power": `durable()`
+        makes it survive a power cut. Settable live; setting "power" syncs the
+        files once, and raises JournalError ("io") if they cannot be."""
+        return "crash" if self._sync is None else "power"
+
+    @durability.setter
+    def durability(self, value: Durability) -> None:
+        if value != self.durability:
+            old, self._sync = self._sync, WalSync(self.path) if value == "power" else None
+            if old is not None:
+                old.close()
+
+    async def durable(self) -> None:
+        """Return once every write made so far is on stable storage ("power"; at
+        once with "crash"). Waits off the event loop, sharing one fdatasync with
+        every caller waiting meanwhile (`tooljaild.journal.durable`).
+
+        Raises:
+            JournalError: ("io") A sync failed, now or before: what was written
+                since may not survive a power cut, and no call may act on it.
+        """
+        if self._sync is not None:
+            await self._sync.durable()

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Self
 
 from tooljail.types import CallState
-from tooljaild.journal.durable import WalSync
+from tooljaild.journal.durable import Durability, Durable
 from tooljaild.journal.file import (
     APPLICATION_ID,
     BUSY_TIMEOUT_S,
@@ -88,7 +88,6 @@ from tooljaild.journal.rows import (
     entry_of,
     mark_lost,
 )
-from tooljaild.settings.journal import Durability
 
 __all__ = [
     "APPLICATION_ID",
@@ -172,7 +171,7 @@ _PRUNE_OLDEST = """
 """
 
 
-class Journal:
+class Journal(Durable):
     """The daemon's record of its calls, in one SQLite file. Build it with `open`."""
 
     def __init__(
@@ -200,7 +199,6 @@ class Journal:
         self.max_argument_bytes = max_argument_bytes
         self.on_write: Callable[[float], None] | None = None
         """Told the seconds of each write (tooljaild.app.metrics); None: nobody."""
-        self._sync: WalSync | None = None
 
     @classmethod
     def open(
@@ -281,32 +279,6 @@ class Journal:
         """Close the connection (checkpointing the WAL into the file). Idempotent."""
         self.durability = "crash"
         self._db.close()
-
-    @property
-    def durability(self) -> Durability:
-        """ "crash": a commit survives a kill of the daemon; "power": `durable()`
-        makes it survive a power cut. Settable live; setting "power" syncs the
-        files once, and raises JournalError ("io") if they cannot be."""
-        return "crash" if self._sync is None else "power"
-
-    @durability.setter
-    def durability(self, value: Durability) -> None:
-        if value != self.durability:
-            old, self._sync = self._sync, WalSync(self.path) if value == "power" else None
-            if old is not None:
-                old.close()
-
-    async def durable(self) -> None:
-        """Return once every write made so far is on stable storage ("power"; at
-        once with "crash"). Waits off the event loop, sharing one fdatasync with
-        every caller waiting meanwhile (`tooljaild.journal.durable`).
-
-        Raises:
-            JournalError: ("io") A sync failed, now or before: what was written
-                since may not survive a power cut, and no call may act on it.
-        """
-        if self._sync is not None:
-            await self._sync.durable()
 
     def __enter__(self) -> Self:
         return self
