@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from tooljail import Client
-from tooljail.errors import JournalUnavailableError
-from tooljail.types import CallStatus, Effect
+from tooljail.errors import CallNotFoundError, JournalUnavailableError
+from tooljail.testing import wait_for
+from tooljail.types import CallState, CallStatus, Effect
 
 from ..conftest import RunningDaemon, ServedDaemon, spawn_daemon
 
@@ -36,12 +37,15 @@ class Flushes:
         self.ends: list[float] = []
         self.delay_s = 0.0
         self.fail = False
+        self.stalled = threading.Event()
+        self.stalled.set()
         self._real = os.fdatasync
         self._lock = threading.Lock()
 
     def __call__(self, fd: int) -> None:
         if self.fail:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
+        self.stalled.wait(30)
         time.sleep(self.delay_s)
         self._real(fd)
         with self._lock:
@@ -104,6 +108,39 @@ def test_power_a_failed_flush_stops_the_call_and_the_next_ones(
         # proves it is there, so the daemon takes no new call until a restart.
         with pytest.raises(JournalUnavailableError, match="stable storage"):
             client.call("execute_python_code", {"code": "pass"})
+
+
+def test_power_a_stalled_disk_stalls_no_rpc_and_the_waiting_call_can_be_cancelled(
+    serve: Callable[..., ServedDaemon], flushes: Flushes
+) -> None:
+    served = serve(journal={"durability": "power"})
+    flushes.stalled.clear()  # the disk stops answering flushes
+    try:
+        with Client(served.target) as client, ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(
+                client.call, "execute_python_code", {"code": STARTED}, call_id="stalled"
+            )
+            wait_for(lambda: _known(client, "stalled"), 10)
+            # The flush blocks a worker thread, never the event loop.
+            for _ in range(20):
+                began = time.perf_counter()
+                assert client.get_call("stalled").state is CallState.QUEUED
+                assert client.list_tools()
+                assert time.perf_counter() - began < 0.5
+            assert client.cancel("stalled") is CallState.CANCELLED
+            result = waiting.result(10)
+        assert result.status is CallStatus.CANCELLED and result.effect is Effect.NONE, result
+        assert not result.data or not result.data.get("stdout"), result  # it never ran
+    finally:
+        flushes.stalled.set()
+
+
+def _known(client: Client, call_id: str) -> bool:
+    try:
+        client.get_call(call_id)
+    except CallNotFoundError:
+        return False
+    return True
 
 
 def test_crash_durability_never_flushes(

@@ -17,6 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from tooljail.errors import ToolNotFoundError
 from tooljail.types import CallState, CallStatus, ToolError, ToolResult
@@ -143,13 +144,25 @@ class CallBook:
         way a call starts passes here first, in the call's task.
 
         Returns:
-            False when it cannot be made so: the call is then ended (it did not
-            run, effect none), and the journal takes no new call.
+            False when the call is stopped first (a cancel, a drain: a stalled
+            disk must not hold them), or its admission cannot be made durable
+            (the journal then takes no new call); it is ended, not run.
         """
         if self.journal is None or self.journal.durability != "power":
             return True
+        flushed = asyncio.ensure_future(self.journal.durable())
+        stopped = call.stop_requested.wait()
+        either: set[asyncio.Future[Any]] = {flushed, stopped}
         try:
-            await self.journal.durable()
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not flushed.done():
+            flushed.cancel()  # the flush itself runs on for the others (shielded)
+            self.end(call, results.not_started(call))
+            return False
+        try:
+            flushed.result()
         except JournalError as exc:
             log.error("call %s not started: %s", call.call_id, exc)
             failed = results.not_run(call, "its admission could not be made durable")
