@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -174,3 +175,19 @@ def test_a_config_with_an_old_and_a_new_journal_key_differing_does_not_start(
     assert process.wait(60) == 2
     log = (base / "daemon.log").read_text()
     assert "journal_max_rows (deprecated) and [journal] max_rows are both set" in log, log
+
+
+def test_a_reload_applies_the_journal_table_live(
+    start_daemon: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    config = tmp_path / "live.toml"
+    config.write_text('[journal]\ndurability = "crash"\n')
+    daemon = start_daemon("--config", str(config))
+    config.write_text('[journal]\ndurability = "power"\nkeep_days = 2\nmax_rows = 500\n')
+    daemon.process.send_signal(signal.SIGHUP)
+    wait_for(lambda: "reload: done" in daemon.log(), 30)
+    log = daemon.log()
+    assert '"journal.durability": ["crash", "power"]' in log, log
+    assert '"journal.keep_days": [7.0, 2.0]' in log and '"journal.max_rows"' in log, log
+    assert "only after a restart" not in log, log
+    daemon.assert_serving()  # its calls now wait for their flush, and run
