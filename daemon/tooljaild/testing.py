@@ -24,6 +24,7 @@ from typing import Any
 
 from tooljail.testing import wait_for
 from tooljaild.settings.config import Settings, load_settings
+from tooljaild.settings.journal import DEPRECATED_KEYS
 
 __all__ = ["DEFAULT_POOL_SIZE", "daemon"]
 
@@ -162,7 +163,10 @@ class _Child:
         self._base = base
         self._grace_s = grace_s
         self._log = base / "daemon.log"
-        # The checked values, in the form the environment source reads back.
+        # The checked values, in the form the environment source reads back. The
+        # deprecated journal keys were folded into [journal] (and cleared): pass that.
+        if keys & DEPRECATED_KEYS.keys():
+            keys = (keys - DEPRECATED_KEYS.keys()) | {"journal"}
         dumped = settings.model_dump(mode="json", include=keys)
         self._env = {
             **os.environ,

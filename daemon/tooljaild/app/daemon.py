@@ -44,20 +44,23 @@ from grpc_health.v1 import health_pb2
 
 from tooljaild.app.egress import DaemonEgress, identities_of
 from tooljaild.app.errors import DaemonError
+from tooljaild.app.journal import JOURNAL_FILE as JOURNAL_FILE  # tests read it here
+from tooljaild.app.journal import configure, open_journal, prune_periodically
 from tooljaild.app.listen import SocketPlan, prepare_socket
 from tooljaild.app.pools import PoolSet, Profile
 from tooljaild.app.relay import PeerRelay
 from tooljaild.app.reload import Reloader
 from tooljaild.app.start import STATE_DIR_MODE, load_tools, open_sandboxes
 from tooljaild.app.systemd import Notifier
-from tooljaild.artifacts.store import ArtifactStore, prune_periodically
+from tooljaild.artifacts.store import ArtifactStore
+from tooljaild.artifacts.store import prune_periodically as prune_store_periodically
 from tooljaild.auth.policy import Identities
 from tooljaild.calls import CallManager
 from tooljaild.edge.drain import LINGER_MAX_S, Refusals
 from tooljaild.edge.server import create_health_server, create_server
 from tooljaild.edge.servicer import SERVICE_NAME
 from tooljaild.edge.transport import ListenerSecurity, SecurityConfigError, listener_security
-from tooljaild.journal.store import Journal, JournalError
+from tooljaild.journal.store import Journal
 from tooljaild.sandbox.backends import BACKENDS, Backend, Sandboxes
 from tooljaild.sandbox.docker import new_daemon_id
 from tooljaild.sandbox.file_modes import DAEMON_UMASK, make_dirs
@@ -73,8 +76,6 @@ if TYPE_CHECKING:
     from tooljaild.app.metrics import Metrics
 
 log = logging.getLogger(__name__)
-
-JOURNAL_FILE = "journal.sqlite3"
 
 
 class Daemon:
@@ -121,6 +122,7 @@ class Daemon:
         self._pruning: asyncio.Task[None] | None = None
         """Expires artifacts past their age bound while serving (`prune_periodically`)."""
         self.journal: Journal | None = None
+        self._journal_pruning: asyncio.Task[None] | None = None
         self.run_id = new_daemon_id()
         """Labels this run's containers (`org.tooljail.daemon`), to tell them from leftovers
         (not the `daemon_id` setting, which stays the same across runs)."""
@@ -162,7 +164,7 @@ class Daemon:
         status = self.notifier.status
         status("opening the state directory and the journal")
         self._make_state_dirs()
-        self._open_journal()
+        self.journal = open_journal(self.settings)
         self._open_artifacts()
         self._check_listen()
         s = self.settings
@@ -362,7 +364,9 @@ class Daemon:
             await self._publish_socket(self._socket)
         await self._serve_health(health)
         if self.artifacts is not None:
-            self._pruning = asyncio.create_task(prune_periodically(self.artifacts))
+            self._pruning = asyncio.create_task(prune_store_periodically(self.artifacts))
+        if self.journal is not None:  # off every call's path; an idle daemon prunes too
+            self._journal_pruning = asyncio.create_task(prune_periodically(self.journal))
         late = await self.pools.wait_ready(warm, timeout_s=30.0)
         if late:
             log.warning(
@@ -429,6 +433,8 @@ class Daemon:
         assert self.manager is not None
         self.settings = settings
         self.manager.reconfigure(settings, registry)
+        if self.journal is not None:
+            configure(self.journal, settings.journal)
 
     def _revoke(self, identities: Identities) -> None:
         """Stop the calls not yet running that `identities` (a reload's) no longer allow."""
@@ -515,12 +521,13 @@ class Daemon:
                 self._socket_path.unlink()
         if self._socket is not None:
             self._socket.discard()  # gRPC's private socket and its directory
+        for pruning in (self._journal_pruning, self._pruning):
+            if pruning is not None:
+                pruning.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pruning
         if self.journal is not None:
             self.journal.close()
-        if self._pruning is not None:
-            self._pruning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._pruning
         if self.artifacts is not None:
             self.artifacts.close()
         if self.metrics is not None:
@@ -590,44 +597,6 @@ class Daemon:
             self.artifacts = ArtifactStore.open(root, self.settings.artifacts)
         except (OSError, sqlite3.Error) as exc:
             raise DaemonError(f"cannot open the artifact store {root}: {exc}") from exc
-
-    def _open_journal(self) -> None:
-        """Open the journal, and mark what a dead predecessor left running as lost.
-
-        Raises:
-            DaemonError: The journal is damaged, foreign, unwritable or in use.
-        """
-        s = self.settings
-        try:
-            self.journal = Journal.open(
-                s.state_dir / JOURNAL_FILE,
-                max_age_s=s.journal_max_age_s,
-                max_rows=s.journal_max_rows,
-                max_session_rows=s.journal_max_session_rows,
-            )
-            lost = self.journal.recover()
-            self.journal.prune()
-        except JournalError as exc:
-            raise DaemonError(str(exc)) from exc
-        if self.journal.created and (s.state_dir / "runner").exists():
-            # This state directory served before, and its journal is gone.
-            log.warning(
-                "no call journal was found in %s, which a daemon used before: a new one "
-                "is started, and calls made before are no longer known",
-                s.state_dir,
-            )
-        if self.journal.migrated_from is not None:
-            log.info(
-                "the call journal was migrated in place from schema version %d; its calls "
-                "are kept, and those recorded before it have no owner (with identities, "
-                "only approvers see them)",
-                self.journal.migrated_from,
-            )
-        for entry in lost:
-            log.warning(
-                "call lost: the daemon stopped while it ran",
-                extra={"call_id": entry.call_id, "tool": entry.tool, "sandbox": entry.sandbox_id},
-            )
 
     async def serve_until_signalled(self) -> None:
         """Start, serve until SIGTERM or SIGINT, then drain and stop; reload on SIGHUP.

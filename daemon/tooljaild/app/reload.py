@@ -10,6 +10,9 @@ What changes live, and why only that:
   `max_timeout_s`); the per-call limits of `[limits]` (rlimits, output caps);
   `shutdown_grace_s`; `remembered_calls`: read per call or per event, they
   apply from the next call on.
+- the whole `[journal]` table (`durability`, `keep_days`, `max_rows`,
+  `max_session_rows`, `tooljaild.app.journal.configure`): the bounds from the
+  next prune, the durability from the next call admitted.
 - the identities of `[auth] tokens_file`: the file (the one in force) is read
   again, and its identities and their policy (tools, approval, approver,
   limits) decide every request from then on: a removed identity's token is
@@ -60,6 +63,7 @@ from tooljaild.auth.policy import Identities, IdentityChanges, PolicyError, load
 from tooljaild.auth.secret_files import ExposedSecretError
 from tooljaild.edge.transport import ListenerSecurity, tls_digest
 from tooljaild.settings.config import Settings
+from tooljaild.settings.journal import JournalSettings
 from tooljaild.settings.sandbox import Limits
 from tooljaild.tools.registry import Registry
 
@@ -78,10 +82,13 @@ LIVE_SETTINGS = frozenset(
     }
     | {f"limits.{name}" for name in Limits.model_fields}
     - {f"limits.{name}" for name in SANDBOX_LIMITS}
+    | {f"journal.{name}" for name in JournalSettings.model_fields}
 )
 """Dotted setting names a reload applies to the running daemon (see the module doc)."""
 
 LIVE_TABLES = ("egress", "secrets", "packages")
+ALWAYS_LIVE_TABLES = ("journal",)
+"""Tables whose every key is live: a reload that changes one applies the table whole."""
 """Tables a reload applies whole, when the daemon has `[egress]` before and after
 (`Reloader` reloads the egress policy: new calls and sessions get it). Adding
 or removing `[egress]` needs a restart: each sandbox is made with its egress
@@ -117,7 +124,7 @@ def compare(running: Settings, read: Settings) -> SettingsChange:
     live = tuple(k for k in changed if _live(k, egress_kept))
     restart = tuple(k for k in changed if not _live(k, egress_kept))
     top = {k: getattr(read, k) for k in live if "." not in k}
-    for table in LIVE_TABLES:
+    for table in LIVE_TABLES + ALWAYS_LIVE_TABLES:
         if any(k.split(".", 1)[0] == table for k in live):
             top[table] = getattr(read, table)
     names = [k.removeprefix("limits.") for k in live if k.startswith("limits.")]

@@ -4,7 +4,9 @@
 (after a restart, or once memory let it go), answers a request under an id
 already used (`known`), and writes each step of a call's life to the journal:
 admitted (before it can start), running, over (a turn of the event loop after
-its caller is answered). The call manager decides; this book remembers.
+its caller is answered). With `[journal] durability = "power"` a call also
+waits in its task, before it may start, until its admission is on stable
+storage (`settled`). The call manager decides; this book remembers.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from tooljail.errors import ToolNotFoundError
-from tooljail.types import CallState, ToolResult
+from tooljail.types import CallState, CallStatus, ToolError, ToolResult
 from tooljaild.calls import results
 from tooljaild.calls.admission import check_call_id, known_call, unknown_call
 from tooljaild.calls.call import Call
@@ -129,6 +132,44 @@ class CallBook:
             created=call.received_at,
             replace=rerun,
         )
+
+    @property
+    def syncing(self) -> bool:
+        """Whether a call must wait for `settled` before it starts ("power")."""
+        return self.journal is not None and self.journal.durability == "power"
+
+    async def settled(self, call: Call) -> bool:
+        """Wait until `call`'s admission is on stable storage ("power"; at once
+        otherwise): the "never runs twice" promise across a power cut. Every
+        way a call starts passes here first, in the call's task.
+
+        Returns:
+            False when the call is stopped first (a cancel, a drain: a stalled
+            disk must not hold them), or its admission cannot be made durable
+            (the journal then takes no new call); it is ended, not run.
+        """
+        if self.journal is None or self.journal.durability != "power":
+            return True
+        flushed = asyncio.ensure_future(self.journal.durable())
+        stopped = call.stop_requested.wait()
+        either: set[asyncio.Future[Any]] = {flushed, stopped}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not flushed.done():
+            flushed.cancel()  # the flush itself runs on for the others (shielded)
+            self.end(call, results.not_started(call))
+            return False
+        try:
+            flushed.result()
+        except JournalError as exc:
+            log.error("call %s not started: %s", call.call_id, exc)
+            failed = results.not_run(call, "its admission could not be made durable")
+            error = ToolError(type="JournalUnavailable", message=str(exc))
+            self.end(call, failed.model_copy(update={"status": CallStatus.ERROR, "error": error}))
+            return False
+        return True
 
     def running(self, call: Call, sandbox_id: str) -> None:
         """Mark the call running in `sandbox_id` (its request is on the way there)."""

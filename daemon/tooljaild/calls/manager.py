@@ -319,7 +319,7 @@ class CallManager:
         pool = self._pool_for(tool)  # found once: the run gives its sandbox back to it
         if gated:
             self.approvals.hold(call)
-        run = None if gated else self._fresh.start_now(call, pool)
+        run = None if gated or self._book.syncing else self._fresh.start_now(call, pool)
         self._calls[call.call_id] = call
         self._count_in(call, request)
         self._spawn(call, self._run(call, pool, run))
@@ -411,7 +411,7 @@ class CallManager:
         self._count_in(call, request)
         started = None
         # The request is in the sandbox before this returns (unless it awaits approval).
-        if not request.gated and session.try_take_turn():
+        if not (request.gated or self._book.syncing) and session.try_take_turn():
             try:
                 started = start_in_session(call, session, self._book.running)
             except SandboxError:
@@ -467,7 +467,7 @@ class CallManager:
         slots = self._admission.in_daemon
         held = False
         try:
-            if not await self._approved(call):
+            if not await self._book.settled(call) or not await self._approved(call):
                 return
             held = await take_slot(slots, call)
             if not held or call.stop_reason is not None:
@@ -492,7 +492,7 @@ class CallManager:
         """A session call's task: its turn (unless `submit` started it), its run, its end."""
         assert self._sessions is not None
         try:
-            if not await self._approved(call):
+            if not await self._book.settled(call) or not await self._approved(call):
                 return
             result = await run_in_session(
                 call, session, self._sessions, self._book.running, started
@@ -598,7 +598,7 @@ class CallManager:
         """The call's task: start it unless `submit` did, see it through, let go."""
         try:
             if run is None:
-                if not await self._approved(call):
+                if not await self._book.settled(call) or not await self._approved(call):
                     return
                 run = await self._fresh.start_later(call, pool)
             if run is not None:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,6 +30,7 @@ from tooljaild.settings.egress import (
     SecretsSettings,
     index_host,
 )
+from tooljaild.settings.journal import DEPRECATED_KEYS, JournalSettings, fold_deprecated
 from tooljaild.settings.sandbox import BackendKind, BackendSettings, Limits
 from tooljaild.settings.sessions import SessionSettings
 from tooljaild.settings.storage import StorageSettings
@@ -55,6 +56,8 @@ class Settings(BaseSettings, BackendSettings):
     model_config = SettingsConfigDict(
         env_prefix="TOOLJAIL_", env_nested_delimiter="__", extra="forbid"
     )
+    _deprecated_keys: tuple[str, ...] = PrivateAttr(default=())
+    """Deprecated keys this config set (see `deprecated_keys`)."""
 
     listen: str = Field(default_factory=lambda: f"unix://{default_socket_path()}")
     """Where to serve: "unix:///path/to.sock" (mode 0660) or "HOST:PORT"."""
@@ -145,13 +148,16 @@ class Settings(BaseSettings, BackendSettings):
     """Output kept per call for slow readers and re-attach; older chunks are dropped."""
     remembered_calls: int = Field(default=1000, ge=1)
     """Finished calls kept in memory; older ones are answered from the journal."""
-    journal_max_age_s: float = Field(default=7 * 24 * 3600.0, gt=0)
-    """How long the journal keeps a finished call (GetCall, idempotent retries)."""
-    journal_max_rows: int = Field(default=100_000, ge=100)
-    """How many finished calls the journal keeps at most (the oldest go first)."""
-    journal_max_session_rows: int = Field(default=10_000, ge=10)
-    """How many ended sessions the journal keeps at most (the oldest go first):
-    what lets a call naming one that ended be told why."""
+    journal: JournalSettings = Field(default_factory=JournalSettings)
+    """The call journal's durability and retention (`[journal]`, docs/journal.md);
+    a reload applies every key of it."""
+    journal_max_age_s: float | None = Field(default=None, gt=0)
+    """Deprecated: use `[journal] keep_days` (in days). Still read (in seconds),
+    with a warning at start; setting both to different values is an error."""
+    journal_max_rows: int | None = Field(default=None, ge=100)
+    """Deprecated: use `[journal] max_rows`. Still read, with a warning at start."""
+    journal_max_session_rows: int | None = Field(default=None, ge=10)
+    """Deprecated: use `[journal] max_session_rows`. Still read, with a warning at start."""
     artifacts: ArtifactSettings = Field(default_factory=ArtifactSettings)
     """The artifact store's bounds and when results are offloaded (`[artifacts]`)."""
     sessions: SessionSettings = Field(default_factory=SessionSettings)
@@ -203,7 +209,17 @@ class Settings(BaseSettings, BackendSettings):
         if not self.min_timeout_s <= self.default_timeout_s <= self.max_timeout_s:
             raise ValueError("need min_timeout_s <= default_timeout_s <= max_timeout_s")
         self._check_package_hosts()
+        self._fold_journal_keys()
         return self
+
+    def _fold_journal_keys(self) -> None:
+        # The old top-level keys end up in `[journal]` and are cleared: one value
+        # in force, which a reload compares (and applies) under its new name.
+        old = {key: getattr(self, key) for key in DEPRECATED_KEYS}
+        self.journal, used = fold_deprecated(self.journal, old)
+        for key in used:
+            setattr(self, key, None)
+        self._deprecated_keys = self._deprecated_keys + tuple(used)
 
     def _check_package_hosts(self) -> None:
         # An index the ceiling refuses would make every `pip install` fail later,
@@ -219,6 +235,11 @@ class Settings(BaseSettings, BackendSettings):
                     f"packages: index {url}: {host}:{port} is not allowed by [egress] "
                     "allow (or is denied by [egress] deny)"
                 )
+
+    @property
+    def deprecated_keys(self) -> tuple[str, ...]:
+        """The deprecated keys the config set, for the daemon to warn about at start."""
+        return self._deprecated_keys
 
     def per_client_limit(self) -> int:
         """Running and queued calls one client may hold (see max_calls_per_client)."""
