@@ -21,14 +21,18 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from tooljail.errors import InvalidRequestError
 from tooljaild.journal.file import COLUMNS
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 1000
 
 
-class BadQueryError(ValueError):
-    """A query the journal cannot answer: a malformed cursor, a limit out of range."""
+class BadQueryError(InvalidRequestError):
+    """A query the journal cannot answer: a malformed cursor, a limit out of range.
+
+    An `InvalidRequestError` (so a `ValueError` too): the error edge answers it
+    INVALID_ARGUMENT with its message, which says what to pass instead."""
 
 
 @dataclass(frozen=True, slots=True)
