@@ -100,6 +100,14 @@ def select(query: CallQuery) -> tuple[str, dict[str, Any]]:
         if value:
             where.append(f"{column} = :{column}")
             params[column] = value
+    # The session and status indexes are partial (`!= ''`): SQLite uses one only
+    # when the query says its WHERE term itself (a bound value proves nothing), else
+    # it walks every call in `created` order (33 ms p50 for a session's page of
+    # 100,000 calls, 1.9 ms with the term: bench/bench_history.py).
+    if query.session_id:
+        where.append("session_id != ''")
+    if query.status:
+        where.append("status != ''")
     if query.since:
         where.append("created >= :since")
         params["since"] = query.since
