@@ -11,6 +11,7 @@ a call still running, one cancelled), and `read_artifact` of an id nobody made
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -25,7 +26,7 @@ import grpc
 import pytest
 
 from tests.conftest import RunningDaemon, ServedDaemon
-from tooljail import CallInfo, CallState, CallStatus, Client
+from tooljail import AsyncClient, CallInfo, CallState, CallStatus, Client
 from tooljail.errors import InvalidRequestError, PermissionDeniedError
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
@@ -324,3 +325,17 @@ def test_cli_calls_ls_and_show(daemon: RunningDaemon) -> None:
     assert bad.returncode == 2 and "neither an ISO 8601 time" in bad.stderr
     unknown = _cli("calls", "show", "no-such-call", "--target", daemon.target)
     assert unknown.returncode == 2 and "no-such-call" in unknown.stderr
+
+
+def test_the_async_client_lists_and_pages_the_same(served: ServedDaemon) -> None:
+    async def main() -> tuple[set[str], list[str], set[str]]:
+        async with AsyncClient(served.target, client_name="async") as client:
+            made = {(await client.call(FAST, {})).call_id for _ in range(5)}
+            first = await client.list_calls(limit=2, status=CallStatus.SUCCESS)
+            paged = [c.call_id async for c in client.iter_calls(limit=2)]
+            with pytest.raises(InvalidRequestError):
+                await client.list_calls(limit=0)
+            return made, [c.call_id for c in first.calls], set(paged) if len(paged) == 5 else set()
+
+    made, first, paged = asyncio.run(main())
+    assert paged == made and len(first) == 2 and set(first) <= made
