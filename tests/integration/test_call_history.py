@@ -339,3 +339,34 @@ def test_the_async_client_lists_and_pages_the_same(served: ServedDaemon) -> None
 
     made, first, paged = asyncio.run(main())
     assert paged == made and len(first) == 2 and set(first) <= made
+
+
+def test_a_page_of_large_calls_ends_at_its_byte_bound_and_the_daemon_holds(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    """Calls with large outputs: a page of 1,000 asked carries at most
+    `list_calls_max_bytes` of them (RSS bounded), the next cursor goes on where it
+    stopped (nothing lost), and the event loop answers a cheap RPC meanwhile."""
+    bound = 256 * 1024
+    served = serve(list_calls_max_bytes=bound)
+    code = "print('x' * 100_000)"
+    with Client(served.target) as client:
+        made = {client.call("execute_python_code", {"code": code}).call_id for _ in range(12)}
+        made |= {client.call(FAST, {}).call_id for _ in range(5)}
+        first = client.list_calls(limit=1000)
+        # The 5 small calls (the newest) and about 2 big ones (~100 KB of output
+        # each) fit, not all 17.
+        big = [c for c in first.calls if c.tool == "execute_python_code"]
+        assert 1 <= len(big) <= 3 and len(first.calls) == 5 + len(big) and first.next_cursor
+        assert sum(len(c.model_dump_json()) for c in first.calls) < 2 * bound
+        assert ids(every(client, limit=1000)) == made
+
+        with grpc.insecure_channel(served.target) as channel:
+            stub = tooljail_pb2_grpc.ToolRunnerStub(channel)
+            pages = [stub.ListCalls.future(pb.ListCallsRequest(limit=1000)) for _ in range(20)]
+            start = time.perf_counter()
+            stub.GetDaemonInfo(pb.GetDaemonInfoRequest(), timeout=5)
+            answered_s = time.perf_counter() - start
+            sizes = [p.result(timeout=30).ByteSize() for p in pages]
+        assert max(sizes) < 2 * bound, sizes
+        assert answered_s < 1.0, answered_s

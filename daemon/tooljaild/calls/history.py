@@ -92,7 +92,8 @@ class CallHistory:
         `query.client` is ignored: `client_name` asks for one client's calls,
         which `listing.scope` allows or refuses. Unfinished rows are overlaid
         with their live call (`listing.overlay`); one that ended meanwhile is
-        left out of a page of running calls.
+        left out of a page of running calls. A page ends early once its calls'
+        arguments and results pass `Settings.list_calls_max_bytes`.
 
         Cost: one journal read on the event loop (the journal's connection is
         the loop's), ~1-5 ms for a page of 50 from 100,000 calls.
@@ -110,7 +111,7 @@ class CallHistory:
             # CallManager of a unit test has none.
             raise InvalidRequestError("this daemon keeps no journal: it lists no calls")
         query = check_query(replace(query, client=scope(identity, client_name)))
-        entries, cursor = journal.list_calls(query)
+        entries, cursor = journal.list_calls(query, self._book.settings.list_calls_max_bytes)
         calls: list[CallInfo] = []
         for entry in entries:
             info = entry.info()
