@@ -8,7 +8,9 @@ first `limit`. A daemon whose calls were all kept moves to its own
 `next_cursor`; one of which only some were kept is asked again for exactly
 that many (`Merge.partial`), so that its next cursor is one it made itself,
 after the last call shown: no call is lost or shown twice, whatever arrives
-between pages. One of which none were kept stays where it was.
+between pages. One of which none were kept stays where it was. A daemon's page
+may hold fewer than `limit` calls (its byte bound): then no call older than
+that page's last is shown yet, from any daemon, so the order holds across pages.
 """
 
 from __future__ import annotations
@@ -188,8 +190,17 @@ class Merge:
             for n, info in enumerate(answer.calls)
         ]
         rows.sort(key=lambda row: row[:3])
+        # A daemon with more to give may have calls newer than another's shown
+        # ones just past its page (a page its byte bound ended early): only
+        # calls at least as new as each such page's last are shown now.
+        frontier = max(
+            (a.calls[-1].received_at_unix for _, a in answers if a.next_cursor and a.calls),
+            default=-math.inf,
+        )
         kept = {daemon_id: 0 for daemon_id, _ in answers}
         for row in rows[:limit]:
+            if -row[0] < frontier:
+                break
             kept[row[3]] += 1
         for daemon_id, answer in answers:
             k = kept[daemon_id]

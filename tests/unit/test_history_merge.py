@@ -149,3 +149,27 @@ def test_each_filter_walks_its_own_index_without_a_sort(
         plan = " ".join(r[-1] for r in journal._db.execute("EXPLAIN QUERY PLAN " + sql, params))
     assert f"USING INDEX {index}" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
+
+
+class ByteBoundDaemon(FakeDaemon):
+    """A daemon whose pages end early (its byte bound): at most `most` calls each."""
+
+    def __init__(self, name: str, times: list[float], most: int) -> None:
+        super().__init__(name, times)
+        self.most = most
+
+    def page(self, cursor: str, limit: int) -> pb.ListCallsResponse:
+        return super().page(cursor, min(limit, self.most))
+
+
+def test_a_daemon_whose_pages_end_early_keeps_the_order_across_pages() -> None:
+    rng = random.Random(3)
+    daemons = [
+        ByteBoundDaemon("a", [rng.uniform(0, 100) for _ in range(40)], most=3),
+        FakeDaemon("b", [rng.uniform(0, 100) for _ in range(40)]),
+    ]
+    flat = [call_id for page in page_all(daemons, 10) for call_id in page]
+    everything = {c.call_id: c.received_at_unix for d in daemons for c in d.calls}
+    assert sorted(flat) == sorted(everything)
+    times = [everything[call_id] for call_id in flat]
+    assert times == sorted(times, reverse=True)
