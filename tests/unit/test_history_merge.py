@@ -8,14 +8,16 @@ import argparse
 import datetime
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from tooljail import CallInfo, CallState, CallStatus, ToolResult
 from tooljail._history import Merge, decode_cursors, encode_cursors
 from tooljail.errors import InvalidRequestError, PermissionDeniedError
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljaild.auth.policy import Identity
-from tooljaild.calls.listing import check_query, scope
+from tooljaild.calls.listing import check_query, overlay, scope
 from tooljaild.cli.history import parse_when
 from tooljaild.journal.history import BadQueryError, CallQuery, encode_cursor, select
 from tooljaild.journal.store import Journal
@@ -173,3 +175,42 @@ def test_a_daemon_whose_pages_end_early_keeps_the_order_across_pages() -> None:
     assert sorted(flat) == sorted(everything)
     times = [everything[call_id] for call_id in flat]
     assert times == sorted(times, reverse=True)
+
+
+class _Answered:
+    def __init__(self, result: ToolResult | None) -> None:
+        self._result = result
+
+    def done(self) -> bool:
+        return self._result is not None
+
+    def result(self) -> ToolResult | None:
+        return self._result
+
+
+def test_an_unfinished_row_takes_the_live_calls_state_result_and_times() -> None:
+    received = datetime.datetime(2026, 12, 2, 9, 0, tzinfo=datetime.UTC)
+    row = CallInfo(
+        call_id="c", tool="t", state=CallState.RUNNING, received_at=received,
+        arguments_json='{"a": 1}', arguments_bytes=8,
+    )  # fmt: skip
+    ended = ToolResult(call_id="c", status=CallStatus.SUCCESS)
+    # Ended in memory, not yet in the journal (a turn of the event loop behind).
+    live = SimpleNamespace(
+        state=CallState.SUCCEEDED, result=ended, answered=_Answered(ended),
+        started_wall=received.timestamp() + 1, ended_wall=received.timestamp() + 2,
+        sandbox_id="sbx-1",
+    )  # fmt: skip
+    shown = overlay(row, live)  # type: ignore[arg-type]
+    assert (shown.state, shown.result, shown.sandbox_id) == (CallState.SUCCEEDED, ended, "sbx-1")
+    assert shown.ended_at == received + datetime.timedelta(seconds=2)
+    assert shown.arguments == {"a": 1}  # the journal's, bounded
+    # A detached call past its timeout: its caller's answer, while it runs on.
+    timed_out = ToolResult(call_id="c", status=CallStatus.TIMEOUT, still_running=True)
+    detached = SimpleNamespace(
+        state=CallState.RUNNING, result=None, answered=_Answered(timed_out),
+        started_wall=received.timestamp() + 1, ended_wall=None, sandbox_id="sbx-1",
+    )  # fmt: skip
+    shown = overlay(row, detached)  # type: ignore[arg-type]
+    assert shown.state is CallState.RUNNING and shown.result == timed_out
+    assert shown.ended_at is None
