@@ -6,7 +6,8 @@ same flow with blocking calls); the contract of each is in `Client`'s docstrings
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+import datetime
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, Unpack
 
@@ -14,7 +15,7 @@ import grpc
 
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
-from tooljail._call_types import CallInfo
+from tooljail._call_types import CallInfo, CallPage
 from tooljail._client_plans import _ClientPlans
 from tooljail._forward import AsyncForward, check_ports
 from tooljail._session_base import SessionOptions, create_session_request
@@ -22,6 +23,7 @@ from tooljail._terminal import AsyncTerminal, Opening, open_request, session_str
 from tooljail._types import (
     ArtifactInfo,
     CallState,
+    CallStatus,
     Diagnostic,
     Output,
     SessionInfo,
@@ -300,3 +302,36 @@ class AsyncClient(_ClientPlans):
     async def delete_artifact(self, artifact_id: str) -> bool:
         """Deletes an artifact of this client's. See `Client.delete_artifact`."""
         return await self._router.run(self._plan_delete_artifact(artifact_id))
+
+    # --- call history ---
+
+    async def list_calls(
+        self,
+        *,
+        tool: str | None = None,
+        session_id: str | None = None,
+        status: CallStatus | str | None = None,
+        since: datetime.datetime | float | None = None,
+        until: datetime.datetime | float | None = None,
+        running: bool | None = None,
+        client_name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> CallPage:
+        """A page of the calls the daemon knows, newest first. See `Client.list_calls`."""
+        return await self._router.run(
+            self._plan_list_calls(tool=tool, session_id=session_id, status=status, since=since,
+                                  until=until, running=running, client_name=client_name,
+                                  limit=limit, cursor=cursor)
+        )  # fmt: skip
+
+    async def iter_calls(self, **filters: Any) -> AsyncIterator[CallInfo]:
+        """Every call `list_calls(**filters)` finds, page after page. See `Client.iter_calls`."""
+        cursor = filters.pop("cursor", None)
+        while True:
+            page = await self.list_calls(**filters, cursor=cursor)
+            for call in page.calls:
+                yield call
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor

@@ -34,7 +34,7 @@ from tooljail._client_base import (
     default_socket_path,
     default_target,
 )
-from tooljail._client_plans import _ClientPlans
+from tooljail._client_history import _ClientWithHistory
 from tooljail._forward import Forward, check_ports
 from tooljail._router import Router
 from tooljail._session import Session
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 
-class Client(_ClientPlans):
+class Client(_ClientWithHistory):
     """A blocking client of one tooljail daemon, or of many.
 
     Example:

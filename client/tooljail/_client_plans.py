@@ -23,8 +23,9 @@ from tooljail._artifact_base import (
     merge_artifacts,
     next_page,
 )
-from tooljail._call_types import CallInfo
+from tooljail._call_types import CallInfo, CallPage
 from tooljail._client_base import _BaseClient
+from tooljail._history import DEFAULT_LIMIT, Merge, decode_cursors, list_calls_request
 from tooljail._routing import ANY, Daemon, Route, RouteKind
 from tooljail._session_base import (
     close_session_request,
@@ -227,3 +228,47 @@ class _ClientPlans(_BaseClient):
         route = Route(RouteKind.ARTIFACT, request.artifact_id)
         flow = self._ask(route, "DeleteArtifact", request, retry=True)
         return then(flow, lambda answer: bool(answer.deleted))
+
+    # --- call history (ListCalls) ---
+
+    def _plan_list_calls(self, **filters: Any) -> Flow[CallPage]:
+        """`Client.list_calls`: one daemon's page as it answers it; over many, their
+        pages merged under a composite cursor (`tooljail._history`). Retried
+        (a read). The arguments are checked here, at once."""
+        request = list_calls_request(**filters)
+        if not self._router.routed:
+            return then(self._ask(ANY, "ListCalls", request, retry=True), self._call_page)
+        return self._list_calls_routed(request)
+
+    def _list_calls_routed(self, request: pb.ListCallsRequest) -> Flow[CallPage]:
+        cursors = decode_cursors(request.cursor)
+
+        def ask(daemon: Daemon, limit: int) -> Flow[tuple[str, pb.ListCallsResponse] | None]:
+            cursor = cursors.get(daemon.daemon_id, "")
+            if cursor is None or not limit:
+                return None  # this daemon has no more, or nothing to ask again
+            asked = pb.ListCallsRequest()
+            asked.CopyFrom(request)
+            asked.cursor, asked.limit = cursor, limit
+            return daemon.daemon_id, (yield Try(daemon, self._link.rpc("ListCalls", asked)))
+
+        limit = request.limit or DEFAULT_LIMIT
+        answers = yield from self._router.each(lambda daemon: ask(daemon, limit))
+        merge = Merge.of(limit, cursors, [a for a in answers if a is not None])
+        if merge.partial:
+            again = yield from self._router.each(
+                lambda daemon: ask(daemon, merge.partial.get(daemon.daemon_id, 0))
+            )
+            settled = dict(a for a in again if a is not None)
+            for daemon_id in merge.partial:
+                merge.settle(daemon_id, settled.get(daemon_id))
+        calls, next_cursor = merge.page()
+        return CallPage(
+            calls=tuple(self._decode_call_info(c) for c in calls), next_cursor=next_cursor
+        )
+
+    def _call_page(self, answer: pb.ListCallsResponse) -> CallPage:
+        return CallPage(
+            calls=tuple(self._decode_call_info(c) for c in answer.calls),
+            next_cursor=answer.next_cursor,
+        )

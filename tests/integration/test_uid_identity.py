@@ -115,6 +115,25 @@ def test_another_uid_cannot_see_read_write_or_close_a_uids_work(
         assert operator.download_file(theirs["session_id"], "secret.txt") == b"secret-of-this-uid"
 
 
+def test_a_uid_lists_its_own_calls_only_and_the_operator_lists_all(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    """ListCalls (issue 25): a uid lists its own calls whatever name it claims, and
+    naming another uid is refused; the operator (root) lists all and names either."""
+    served = serve(socket_mode="0666")
+    a = as_uid(UID_A, served.target, "history", f"uid:{UID_B}")
+    b = as_uid(UID_B, served.target, "history", f"uid:{UID_A}")
+    assert set(a["seen"]) == set(a["made"]) and set(b["seen"]) == set(b["made"])
+    for answer in (a, b):
+        assert answer["named_other"].startswith("PermissionDeniedError"), answer
+        assert "only an approver or the operator" in answer["named_other"]
+    with Client(served.target) as operator:
+        everyone = {c.call_id for c in operator.list_calls(limit=1000).calls}
+        assert set(a["made"]) | set(b["made"]) <= everyone
+        named = operator.list_calls(client_name=f"uid:{UID_A}").calls
+        assert {c.call_id for c in named} == set(a["made"])
+
+
 def test_rotating_client_names_from_one_uid_cannot_take_every_session(
     serve: Callable[..., ServedDaemon],
 ) -> None:

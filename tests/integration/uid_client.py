@@ -72,6 +72,17 @@ def probe(target: str, ids: dict[str, str]) -> dict[str, Any]:
         }
 
 
+def history(target: str, other: str) -> dict[str, Any]:
+    """Make two calls, then list calls: its own, and (refused) the uid `other`'s."""
+    with Client(target, client_name="owner") as client:
+        made = [client.call("list_artifacts", {}).call_id for _ in range(2)]
+        return {
+            "made": made,
+            "seen": [c.call_id for c in client.list_calls(limit=1000).calls],
+            "named_other": _try(lambda: client.list_calls(client_name=other)),
+        }
+
+
 def sessions(target: str, most: int) -> dict[str, Any]:
     """Open sessions under a new client name each time until refused (or `most`)."""
     opened: list[str] = []
@@ -122,6 +133,8 @@ def main() -> None:
         out = own(target)
     elif action == "probe":
         out = probe(target, json.loads(arg))
+    elif action == "history":
+        out = history(target, arg)
     elif action == "sessions":
         out = sessions(target, int(arg))
     elif action == "connections":

@@ -1,5 +1,5 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, approve, deny, sessions,
-artifacts, doctor, images, demo, mcp.
+"""The `tooljail` command: serve, tools, call, get, cancel, calls, approve, deny,
+sessions, artifacts, doctor, images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage, a request the daemon refused, or a daemon command
@@ -8,10 +8,10 @@ installed; 3 no daemon (or, for `images` and `serve --backend docker`, no Docker
 engine) answers.
 
 The parser and `main` live here; the handlers, one module per command group:
-`serve` (serve, demo), `calls` (tools, call, get, cancel), `host` (doctor,
-images), `sessions`, `artifacts`, `approvals`, `mcp`; what they share is in
-`common`. Handlers import lazily: `tooljail call` must not pay for the daemon's
-modules, and `pip install tooljail` (no extras) has only the SDK's
+`serve` (serve, demo), `calls` (tools, call, get, cancel), `history` (calls
+ls, calls show), `host` (doctor, images), `sessions`, `artifacts`, `approvals`,
+`mcp`; what they share is in `common`. Handlers import lazily: `tooljail call`
+must not pay for the daemon's modules, and `pip install tooljail` (no extras) has only the SDK's
 dependencies: at module level these import the standard library, the SDK,
 pydantic and modules of tooljaild that import nothing more.
 """
@@ -25,6 +25,7 @@ from pathlib import Path
 from tooljaild.cli import approvals as cli_approvals
 from tooljaild.cli import artifacts as cli_artifacts
 from tooljaild.cli import calls, host, serve
+from tooljaild.cli import history as cli_history
 from tooljaild.cli import mcp as cli_mcp
 from tooljaild.cli import sessions as cli_sessions
 from tooljaild.cli.common import (
@@ -147,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     target(cancel)
     cancel.add_argument("call_id")
 
+    cli_history.add_parser(sub, target)
     cli_approvals.add_parsers(sub, target)
     cli_sessions.add_parser(sub, target)
     cli_artifacts.add_parser(sub, target)
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "call": calls.call,
         "get": calls.get,
         "cancel": calls.cancel,
+        "calls": cli_history.run,
         "approve": cli_approvals.run,
         "deny": cli_approvals.run,
         "sessions": cli_sessions.run,

@@ -47,6 +47,7 @@ from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
 from tooljaild.edge.errors import abort_with
 from tooljaild.edge.forward import serve_forward
+from tooljaild.edge.history import list_calls
 from tooljaild.edge.terminal import serve_terminal
 from tooljaild.edge.watch import watch_workspace
 from tooljaild.sessions.manager import SessionManager
@@ -230,6 +231,12 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
             return self._named(call_info_to_proto(self._manager.history.info(call)))
         except TooljailError as exc:
             await abort_with(context, exc)
+
+    async def ListCalls(
+        self, request: pb.ListCallsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListCallsResponse:
+        # Who may list what, and the page: `edge.history`, `calls.history`.
+        return list_calls(self._manager.history, request, self._identity(context), self.daemon_id)
 
     async def Cancel(
         self, request: pb.CancelRequest, context: grpc.aio.ServicerContext

@@ -29,8 +29,10 @@ MAX_LIMIT = 1000
 
 
 class BadQueryError(InvalidRequestError):
-    """A query the journal cannot answer: a malformed cursor, a limit out of range
-    (INVALID_ARGUMENT, as any bad request)."""
+    """A query the journal cannot answer: a malformed cursor, a limit out of range.
+
+    An `InvalidRequestError` (so a `ValueError` too): the error edge answers it
+    INVALID_ARGUMENT with its message, which says what to pass instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +100,14 @@ def select(query: CallQuery) -> tuple[str, dict[str, Any]]:
         if value:
             where.append(f"{column} = :{column}")
             params[column] = value
+    # The session and status indexes are partial (`!= ''`): SQLite uses one only
+    # when the query says its WHERE term itself (a bound value proves nothing), else
+    # it walks every call in `created` order (33 ms p50 for a session's page of
+    # 100,000 calls, 1.9 ms with the term: bench/bench_history.py).
+    if query.session_id:
+        where.append("session_id != ''")
+    if query.status:
+        where.append("status != ''")
     if query.since:
         where.append("created >= :since")
         params["since"] = query.since

@@ -134,6 +134,12 @@ class Settings(BaseSettings, BackendSettings):
     client gets RESOURCE_EXHAUSTED."""
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     """The largest request message accepted (code, arguments)."""
+    list_calls_max_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024)
+    """The most bytes of calls (their arguments and results as the journal keeps
+    them) one ListCalls page carries: past it the page ends early, and its
+    next_cursor goes on from there. It bounds what a page costs the daemon's
+    memory and event loop, whatever outputs the calls made (one call is always
+    shown, whatever its size)."""
     max_argument_values: int = Field(default=20_000, ge=16)
     """The most values (object members and array elements, at any depth) a call's
     arguments may hold; past it the call is refused (INVALID_ARGUMENT) before its
