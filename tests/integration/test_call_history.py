@@ -27,7 +27,7 @@ import pytest
 
 from tests.conftest import RunningDaemon, ServedDaemon
 from tooljail import AsyncClient, CallInfo, CallState, CallStatus, Client
-from tooljail.errors import InvalidRequestError, PermissionDeniedError
+from tooljail.errors import CallNotFoundError, InvalidRequestError, PermissionDeniedError
 from tooljail.testing import wait_for
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljail.v1 import tooljail_pb2_grpc
@@ -101,7 +101,14 @@ def test_each_filter_finds_exactly_its_calls(served: ServedDaemon) -> None:
             )
         )
         runner.start()
-        wait_for(lambda: beta.get_call("long-1").state is CallState.RUNNING, timeout=15)
+
+        def long_runs() -> bool:
+            try:  # the thread may not have asked yet: unknown until it has
+                return beta.get_call("long-1").state is CallState.RUNNING
+            except CallNotFoundError:
+                return False
+
+        wait_for(long_runs, timeout=15)
         everything = quick | failed | {in_session, timed.call_id, "long-1"}
 
         # No tokens, and the test is the daemon's own uid: every caller sees all.
