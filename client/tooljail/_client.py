@@ -27,6 +27,7 @@ import grpc
 
 from tooljail._async_client import AsyncClient
 from tooljail._call_types import CallInfo
+from tooljail._client_approvals import _SyncApprovals
 from tooljail._client_base import (
     CLIENT_KEY,
     MAX_RECEIVE_MESSAGE_BYTES,
@@ -34,7 +35,6 @@ from tooljail._client_base import (
     default_socket_path,
     default_target,
 )
-from tooljail._client_plans import _ClientPlans
 from tooljail._forward import Forward, check_ports
 from tooljail._router import Router
 from tooljail._session import Session
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 
-class Client(_ClientPlans):
+class Client(_SyncApprovals):
     """A blocking client of one tooljail daemon, or of many.
 
     Example:

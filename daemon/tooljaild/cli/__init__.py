@@ -1,4 +1,4 @@
-"""The `tooljail` command: serve, tools, call, get, cancel, approve, deny, sessions,
+"""The `tooljail` command: serve, tools, call, get, cancel, approve, deny, approvals, sessions,
 artifacts, doctor, images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "cancel": calls.cancel,
         "approve": cli_approvals.run,
         "deny": cli_approvals.run,
+        "approvals": cli_approvals.run,
         "sessions": cli_sessions.run,
         "artifacts": cli_artifacts.run,
         "doctor": host.doctor,
