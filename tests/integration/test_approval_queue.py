@@ -493,3 +493,29 @@ def test_cli_approvals_ls_and_watch(tokens_daemon: tuple[RunningDaemon, Path]) -
         for pipe in (watch.stdout, watch.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+def test_over_many_daemons_the_list_and_the_watch_merge_them(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    one, two = serve(pool_size=0), serve(pool_size=0)
+    both = [one.target, two.target]
+    with (
+        Client(one.target, token=TOKENS["agent"]) as agent_one,
+        Client(two.target, token=TOKENS["agent"]) as agent_two,
+        Client(both, token=TOKENS["ops"]) as ops,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        pool.submit(agent_one.call, CHEAP, {}, call_id="on-one")
+        with ops.watch_approvals() as watch:
+            events = iter(watch)
+            first = next(events)
+            pool.submit(agent_two.call, CHEAP, {}, call_id="on-two")
+            second = next(events)
+            assert {first.call.call_id, second.call.call_id} == {"on-one", "on-two"}
+            assert first.call.daemon_id != second.call.daemon_id
+            assert [c.call_id for c in ops.list_approvals()] == ["on-one", "on-two"]
+            ops.deny("on-one")
+            ops.deny("on-two")
+            decided = {next(events).call.call_id, next(events).call.call_id}
+            assert decided == {"on-one", "on-two"}

@@ -40,7 +40,12 @@ import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 
-from tooljail.errors import OverloadedError, PermissionDeniedError, TooljailError
+from tooljail.errors import (
+    OverloadedError,
+    PermissionDeniedError,
+    ShuttingDownError,
+    TooljailError,
+)
 from tooljail.types import ApprovalEvent, ApprovalEventKind, CallInfo
 from tooljaild.auth.policy import Identity
 
@@ -185,11 +190,13 @@ class ApprovalFeed:
         `waiting` (the calls waiting now, oldest first) that it may decide.
 
         Raises:
-            OverloadedError: The daemon's or this identity's bound of watchers is
-                reached, or the daemon stops.
+            OverloadedError: The daemon's or this identity's bound of watchers is reached.
+            ShuttingDownError: The daemon stops (its watches were closed).
         """
         if self._closed:
-            raise OverloadedError("the daemon is stopping: watch another daemon, or later")
+            raise ShuttingDownError(
+                "the daemon is stopping: watch another daemon, or this one once it is back"
+            )
         if len(self._watchers) >= self.max_watchers:
             raise OverloadedError(
                 f"this daemon serves {self.max_watchers} approval watches at most ([auth] "
