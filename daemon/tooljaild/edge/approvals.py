@@ -86,16 +86,16 @@ async def _write(
     if watcher.error is not None:
         raise watcher.error
     write = asyncio.ensure_future(context.write(message))
+    # Its outcome is retrieved whatever happens here (a cancelled write is not
+    # awaited: our own cancel must not be swallowed), so none is "never retrieved".
+    write.add_done_callback(_retrieve)
     failed = asyncio.ensure_future(watcher.failed.wait())
     try:
         await asyncio.wait((write, failed), return_when=asyncio.FIRST_COMPLETED)
     finally:
         failed.cancel()
         if not write.done():
-            # Not awaited (our own cancel must not be swallowed); its outcome is
-            # retrieved, so none is reported as never retrieved.
             write.cancel()
-            write.add_done_callback(_retrieve)
     if not write.done():
         assert watcher.error is not None  # only a failure ends the wait before the write
         raise watcher.error
