@@ -508,3 +508,28 @@ def test_over_many_daemons_the_list_and_the_watch_merge_them(
             ops.deny("on-two")
             decided = {next(events).call.call_id, next(events).call.call_id}
             assert decided == {"on-one", "on-two"}
+
+
+def test_a_snapshot_larger_than_the_backlog_bound_still_opens(
+    serve: Callable[..., ServedDaemon],
+) -> None:
+    # The calls waiting when a watch opens are told first, whatever their size: they
+    # are held anyway, and a new watch must not end before its reader read a byte.
+    served = serve(pool_size=0, auth={"approval_watch_buffer_bytes": 64 * 1024})
+    asked = Asked(served.target)
+    big = "#" + "x" * 16 * 1024
+    try:
+        with Client(served.target, token=TOKENS["ops"]) as ops:
+            ids = [f"big-{i}" for i in range(8)]  # ~130 KiB of arguments
+            for call_id in ids:
+                asked.ask(call_id, args={"code": big})
+            _waiting(ops, *ids)
+            with ops.watch_approvals() as watch:
+                events = iter(watch)
+                told = [next(events) for _ in ids]
+                assert {e.call.call_id for e in told} == set(ids)
+                assert all(e.call.arguments == {"code": big} for e in told)
+            for call_id in ids:
+                ops.deny(call_id)
+    finally:
+        asked.close()

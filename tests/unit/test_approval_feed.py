@@ -26,7 +26,9 @@ def _info(call_id: str, tool: str = "execute_python_code", arguments: str = "{}"
 def test_a_watcher_starts_with_the_waiting_calls_it_may_decide_then_hears_new_ones() -> None:
     async def main() -> None:
         feed = ApprovalFeed()
-        waiting = [_info("a"), _info("b", "ls")]
+        waiting = [
+            feed.publish(ApprovalEventKind.REQUESTED, i) for i in (_info("a"), _info("b", "ls"))
+        ]
         ops, narrow = feed.subscribe(OPS, waiting), feed.subscribe(NARROW, waiting)
         feed.publish(ApprovalEventKind.DECIDED, _info("a"))
         assert [(e.kind, e.call.call_id) for e in [await ops.next() for _ in range(3)]] == [
@@ -70,6 +72,14 @@ def test_a_backlog_past_its_bound_is_dropped_and_the_watcher_told_to_watch_again
         with pytest.raises(OverloadedError, match="watch again") as raised:
             await watcher.next()
         assert raised.value.retry_after_s
+        # A snapshot larger than the bound does not end a new watch: it is held anyway.
+        snapshot = [
+            feed.publish(ApprovalEventKind.REQUESTED, _info(f"s{i}", arguments=big))
+            for i in range(3)
+        ]
+        fresh = feed.subscribe(Identity(name="fresh", approver=True), snapshot)
+        assert not fresh.failed.is_set()
+        assert [(await fresh.next()).call.call_id for _ in range(3)] == ["s0", "s1", "s2"]  # type: ignore[union-attr]
 
     asyncio.run(main())
 

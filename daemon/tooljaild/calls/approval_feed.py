@@ -185,9 +185,15 @@ class ApprovalFeed:
         """Watchers open now."""
         return len(self._watchers)
 
-    def subscribe(self, identity: Identity, waiting: Iterable[CallInfo]) -> Watcher:
-        """A new watcher for `identity`, holding a REQUESTED event for each call of
-        `waiting` (the calls waiting now, oldest first) that it may decide.
+    def subscribe(self, identity: Identity, waiting: Iterable[ApprovalEvent]) -> Watcher:
+        """A new watcher for `identity`, holding first the events of `waiting` (the
+        REQUESTED events of the calls waiting now, oldest first) that it may decide.
+
+        The snapshot does not count against the watcher's backlog bound: its events
+        are the ones the approval queue holds anyway (shared, not copied), and
+        their number is bounded by the calls that may wait (`[auth]
+        max_calls_awaiting_approval` per identity); a snapshot larger than the bound
+        must not end a watch before its reader had a chance to read.
 
         Raises:
             OverloadedError: The daemon's or this identity's bound of watchers is reached.
@@ -212,10 +218,9 @@ class ApprovalFeed:
             )
         watcher = Watcher(identity, self.buffer_bytes)
         # No await from the snapshot to the subscription: no event slips between.
-        for info in waiting:
-            if watcher.sees(info):
-                event = self._event(ApprovalEventKind.REQUESTED, info)
-                watcher.put(event, _size(event))
+        for event in waiting:
+            if watcher.sees(event.call):
+                watcher.put(event, 0)
         self._watchers.append(watcher)
         self._by_identity[identity.name] += 1
         return watcher
@@ -229,15 +234,18 @@ class ApprovalFeed:
         if not self._by_identity[watcher.identity.name]:
             del self._by_identity[watcher.identity.name]
 
-    def publish(self, kind: ApprovalEventKind, info: CallInfo) -> None:
-        """Tell every watcher that may decide the call: one event, shared."""
-        if not self._watchers:
-            return
+    def publish(self, kind: ApprovalEventKind, info: CallInfo) -> ApprovalEvent:
+        """Tell every watcher that may decide the call: one event, shared.
+
+        Returns:
+            The event (its arguments cut), for the approval queue to keep.
+        """
         event = self._event(kind, info)
         size = _size(event)
         for watcher in self._watchers:
             if watcher.sees(info):
                 watcher.put(event, size)
+        return event
 
     def reauthorize(self, identity_named: Callable[[str], Identity | None]) -> int:
         """A reload's identities: fail the watchers of an identity gone or no

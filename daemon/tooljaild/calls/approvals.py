@@ -55,6 +55,7 @@ from tooljail.errors import (
     PermissionDeniedError,
 )
 from tooljail.types import (
+    ApprovalEvent,
     ApprovalEventKind,
     CallInfo,
     CallState,
@@ -65,7 +66,7 @@ from tooljail.types import (
 )
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results
-from tooljaild.calls.approval_feed import ApprovalFeed, Watcher, cut_arguments
+from tooljaild.calls.approval_feed import ApprovalFeed, Watcher
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.output import Event
 from tooljaild.journal.store import DEFAULT_MAX_ARGUMENT_BYTES, Journal, JournalError
@@ -160,8 +161,10 @@ class Approvals:
         """
         self.feed = feed or ApprovalFeed()
         self._describe = describe
-        self._pending: dict[str, Call] = {}
-        """Calls held and not yet settled, in the order they were held (oldest first)."""
+        self._pending: dict[str, tuple[Call, ApprovalEvent]] = {}
+        """Calls held and not yet settled, in the order they were held (oldest first),
+        each with the REQUESTED event told of it: built once, and shared by every
+        watcher's snapshot and ListApprovals."""
         self.timeout_s = timeout_s
         self.per_identity = per_identity
         self.max_reason_chars = max_reason_chars
@@ -237,8 +240,8 @@ class Approvals:
             self._by_client[call.client] += 1
         self._record(call, CallState.AWAITING_APPROVAL)
         if call.call_id not in self._pending:
-            self._pending[call.call_id] = call
-            self.feed.publish(ApprovalEventKind.REQUESTED, self._describe(call))
+            requested = self.feed.publish(ApprovalEventKind.REQUESTED, self._describe(call))
+            self._pending[call.call_id] = (call, requested)
         log.info(
             "call awaits approval",
             extra={"call_id": call.call_id, "tool": call.tool.name, "client": call.client},
@@ -289,21 +292,18 @@ class Approvals:
             return
         self.feed.publish(ApprovalEventKind.DECIDED, self._describe(call))
 
-    def waiting(self, approver: Identity | None = None) -> list[Call]:
-        """The calls waiting for a decision now, oldest first; with `approver`,
-        only those it may decide (its policy lets it call their tool)."""
-        calls = [
-            c
-            for c in self._pending.values()
-            if c.state is CallState.AWAITING_APPROVAL
-            and (approver is None or approver.may_use(c.tool.name))
+    def requests(self, approver: Identity | None = None) -> list[ApprovalEvent]:
+        """The REQUESTED events of the calls waiting for a decision now, oldest
+        first; with `approver`, of those it may decide (its policy lets it call
+        their tool). Each the event told when the call was held (its arguments
+        cut to the journal's bound): no call is described again."""
+        pending = [
+            (call, event)
+            for call, event in self._pending.values()
+            if call.state is CallState.AWAITING_APPROVAL
+            and (approver is None or approver.may_use(call.tool.name))
         ]
-        return sorted(calls, key=lambda c: c.received_at)
-
-    def describe(self, call: Call) -> CallInfo:
-        """What watchers and ListApprovals tell of `call`: its whole `CallInfo`,
-        its arguments cut to the feed's bound."""
-        return cut_arguments(self._describe(call), self.feed.max_argument_bytes)
+        return [event for _, event in sorted(pending, key=lambda p: p[0].received_at)]
 
     def watch(self, approver: Identity | None) -> Watcher:
         """A watcher of the queue for `approver`: first the calls waiting now that
@@ -315,7 +315,7 @@ class Approvals:
         """
         self.check_approver(approver)
         assert approver is not None  # check_approver refuses None
-        return self.feed.subscribe(approver, [self.describe(c) for c in self.waiting(approver)])
+        return self.feed.subscribe(approver, self.requests(approver))
 
     def check_decision(self, call: Call, approver: Identity, decision: Decision) -> None:
         """Refuse a decision `approver` may not give on `call`, or one too long.

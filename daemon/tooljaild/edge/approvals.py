@@ -49,7 +49,7 @@ def list_approvals(
         PermissionDeniedError: The caller is no approver.
     """
     approvals.check_approver(identity)
-    calls = [approvals.describe(c) for c in approvals.waiting(identity)]
+    calls = [event.call for event in approvals.requests(identity)]
     return pb.ListApprovalsResponse(calls=[_named(call_info_to_proto(i), daemon_id) for i in calls])
 
 
