@@ -4,7 +4,7 @@ A call awaiting approval (state `awaiting_approval`) waits until an approver
 lets it run or refuses it; the reason given with a refusal is what the model
 that made the call sees. `approve` and `deny` print the call's state
 afterwards. `approvals ls` prints the calls waiting that this approver may
-decide (a table: call id, tool, client, received, arguments in short;
+decide (a table: call id, tool, client, received (UTC), arguments in short;
 `--json` for their whole `CallInfo`); `approvals watch` prints one line per
 event as it comes (`--json`: one JSON object per line) until Ctrl-C (exit 0)
 or the daemon stops. Exit codes as in `tooljail.cli`: 2 for bad usage or a
@@ -14,6 +14,7 @@ refusal, 3 when no daemon answers.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import signal
 import sys
@@ -81,7 +82,7 @@ def _ls(client: Any, args: argparse.Namespace) -> int:
     if not calls:
         print("no calls await your approval", file=sys.stderr)
         return EXIT_OK
-    rows = [("CALL ID", "TOOL", "CLIENT", "RECEIVED", "ARGUMENTS")]
+    rows = [("CALL ID", "TOOL", "CLIENT", "RECEIVED (UTC)", "ARGUMENTS")]
     rows += [(c.call_id, c.tool, c.client_name, _when(c), _short(c)) for c in calls]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
@@ -107,7 +108,9 @@ def _event_line(event: Any, *, as_json: bool) -> str:
     if as_json:
         return str(event.model_dump_json())
     call = event.call
-    line = f"{_when(call)}  {event.kind.value:<9}  {call.call_id}  {call.tool}  {call.client_name}"
+    # A request at its time of arrival; a decision at its end, or now (approved: queued).
+    when = _when(call) if event.kind.value == "requested" else _ended(call)
+    line = f"{when}  {event.kind.value:<9}  {call.call_id}  {call.tool}  {call.client_name}"
     if event.kind.value == "requested":
         return f"{line}  {_short(call)}"
     outcome = call.state.value
@@ -119,6 +122,11 @@ def _event_line(event: Any, *, as_json: bool) -> str:
 def _when(call: Any) -> str:
     received = call.received_at
     return "-" if received is None else str(received.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _ended(call: Any) -> str:
+    ended = call.ended_at or datetime.datetime.now(datetime.UTC)
+    return str(ended.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def _short(call: Any) -> str:
