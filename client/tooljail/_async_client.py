@@ -16,7 +16,7 @@ import grpc
 from tooljail._async_router import AsyncRouter
 from tooljail._async_session import _AsyncSessionStart
 from tooljail._call_types import CallInfo, CallPage
-from tooljail._client_plans import _ClientPlans
+from tooljail._client_approvals import _AsyncApprovals
 from tooljail._forward import AsyncForward, check_ports
 from tooljail._session_base import SessionOptions, create_session_request
 from tooljail._terminal import AsyncTerminal, Opening, open_request, session_stream_target_async
@@ -35,7 +35,7 @@ from tooljail.v1 import tooljail_pb2 as pb
 __all__ = ["AsyncClient"]
 
 
-class AsyncClient(_ClientPlans):
+class AsyncClient(_AsyncApprovals):
     """An asyncio client of one tooljail daemon, or of many; the async twin of `Client`.
 
     Create it inside the event loop that uses it (gRPC binds the channel to it).

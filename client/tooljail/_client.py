@@ -27,6 +27,7 @@ import grpc
 
 from tooljail._async_client import AsyncClient
 from tooljail._call_types import CallInfo
+from tooljail._client_approvals import _SyncApprovals
 from tooljail._client_base import (
     CLIENT_KEY,
     MAX_RECEIVE_MESSAGE_BYTES,
@@ -62,7 +63,7 @@ __all__ = [
 ]
 
 
-class Client(_ClientWithHistory):
+class Client(_ClientWithHistory, _SyncApprovals):
     """A blocking client of one tooljail daemon, or of many.
 
     Example:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tooljail._approvals import sort_waiting
 from tooljail._artifact_base import (
     delete_artifact_request,
     get_artifact_request,
@@ -272,3 +273,21 @@ class _ClientPlans(_BaseClient):
             calls=tuple(self._decode_call_info(c) for c in answer.calls),
             next_cursor=answer.next_cursor,
         )
+
+    # --- the approval queue (`tooljail._approvals`) ---
+
+    def _plan_list_approvals(self) -> Flow[list[CallInfo]]:
+        """`Client.list_approvals`: every daemon's waiting calls, merged, oldest first."""
+        flow = self._router.each(self._link.rpc("ListApprovals", pb.ListApprovalsRequest()))
+        return then(flow, sort_waiting)
+
+    def _plan_watch_approvals(self) -> Flow[list[tuple[Daemon, Any]]]:
+        """`Client.watch_approvals`: a WatchApprovals stream started at every reachable
+        daemon (at the one daemon of a single target), no deadline; not retried."""
+        rpc = self._link.rpc("WatchApprovals", pb.WatchApprovalsRequest(), deadline=False)
+
+        def start(daemon: Daemon) -> Flow[tuple[Daemon, Any]]:
+            return daemon, rpc.start(daemon.stub)  # no I/O: the stream is read later
+            yield  # a flow
+
+        return self._router.each(start)

@@ -437,15 +437,15 @@ class Daemon:
             configure(self.journal, settings.journal)
 
     def _revoke(self, identities: Identities) -> None:
-        """Stop the calls not yet running that `identities` (a reload's) no longer allow."""
-        if self.manager is None:
-            return
+        """Stop what `identities` (a reload's) no longer allow: calls not run, approval watches."""
 
         def may_call(client: str, tool: str) -> bool:
             identity = identities.by_name.get(client)
             return identity is not None and identity.may_use(tool)
 
-        self.manager.revoke(may_call)
+        if self.manager is not None:
+            self.manager.approvals.feed.reauthorize(identities.by_name.get)
+            self.manager.revoke(may_call)
 
     async def reload(self) -> bool:
         """Re-read the settings and the tools and apply what can change live

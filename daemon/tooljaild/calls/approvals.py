@@ -27,6 +27,12 @@ policy lets it call: an approver limited to some tools vouches for those
 only (it may still deny any call: refusing never runs anything). A reason is
 at most `[auth] max_reason_chars` characters.
 
+Who is told: the approval queue publishes to its watchers
+(`tooljaild.calls.approval_feed`, the WatchApprovals streams): a REQUESTED
+event when a call is held, a DECIDED event once its wait is over and its state
+says how (`settled`, which the manager calls after it booked a refused call's
+end). `waiting` lists the calls held and not yet settled (ListApprovals).
+
 Nothing here knows gRPC: the manager holds an `Approvals` and calls
 `check_room` and `hold` at admission and `wait` in the call's task; the
 Approve RPC reaches `decide`.
@@ -38,6 +44,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +54,23 @@ from tooljail.errors import (
     OverloadedError,
     PermissionDeniedError,
 )
-from tooljail.types import CallState, CallStatus, StreamKind, ToolError, ToolResult
+from tooljail.types import (
+    ApprovalEvent,
+    ApprovalEventKind,
+    CallInfo,
+    CallState,
+    CallStatus,
+    StreamKind,
+    ToolError,
+    ToolResult,
+)
 from tooljaild.auth.policy import Identity
 from tooljaild.calls import results
+from tooljaild.calls.approval_feed import ApprovalFeed, Watcher
 from tooljaild.calls.call import Call, StopReason
 from tooljaild.calls.output import Event
-from tooljaild.journal.store import Journal, JournalError
+from tooljaild.journal.store import DEFAULT_MAX_ARGUMENT_BYTES, Journal, JournalError
+from tooljaild.settings.auth import AuthSettings
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +146,8 @@ class Approvals:
         *,
         per_identity: int = 16,
         max_reason_chars: int = 1000,
+        feed: ApprovalFeed | None = None,
+        describe: Callable[[Call], CallInfo] = Call.info,
     ) -> None:
         """
         Args:
@@ -136,7 +156,15 @@ class Approvals:
             per_identity: Calls one identity may have held here at once
                 (`[auth] max_calls_awaiting_approval`).
             max_reason_chars: The longest reason a decision may give.
+            feed: Its watchers; None: a feed with the default bounds.
+            describe: A call's whole `CallInfo` for its watchers (`CallHistory.info`).
         """
+        self.feed = feed or ApprovalFeed()
+        self._describe = describe
+        self._pending: dict[str, tuple[Call, ApprovalEvent]] = {}
+        """Calls held and not yet settled, in the order they were held (oldest first),
+        each with the REQUESTED event told of it: built once, and shared by every
+        watcher's snapshot and ListApprovals."""
         self.timeout_s = timeout_s
         self.per_identity = per_identity
         self.max_reason_chars = max_reason_chars
@@ -145,6 +173,29 @@ class Approvals:
         self._held: dict[str, str] = {}
         """Calls held and not yet counted in (call id -> client), waiting or approved."""
         self._by_client: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(
+        cls, auth: AuthSettings, journal: Journal | None, describe: Callable[[Call], CallInfo]
+    ) -> Approvals:
+        """The approvals `[auth]` describes, their watchers' bounds too."""
+        feed = ApprovalFeed(
+            max_watchers=auth.max_approval_watchers,
+            per_identity=auth.max_approval_watchers_per_identity,
+            buffer_bytes=auth.approval_watch_buffer_bytes,
+            # What the journal keeps of arguments is what a watcher is told.
+            max_argument_bytes=(
+                DEFAULT_MAX_ARGUMENT_BYTES if journal is None else journal.max_argument_bytes
+            ),
+        )
+        return cls(
+            auth.approval_timeout_s,
+            journal,
+            per_identity=auth.max_calls_awaiting_approval,
+            max_reason_chars=auth.max_reason_chars,
+            feed=feed,
+            describe=describe,
+        )
 
     def check_room(self, client: str) -> None:
         """Refuse a call needing approval when its identity has its bound held.
@@ -188,6 +239,9 @@ class Approvals:
             self._held[call.call_id] = call.client
             self._by_client[call.client] += 1
         self._record(call, CallState.AWAITING_APPROVAL)
+        if call.call_id not in self._pending:
+            requested = self.feed.publish(ApprovalEventKind.REQUESTED, self._describe(call))
+            self._pending[call.call_id] = (call, requested)
         log.info(
             "call awaits approval",
             extra={"call_id": call.call_id, "tool": call.tool.name, "client": call.client},
@@ -230,6 +284,39 @@ class Approvals:
         )
         return None
 
+    def settled(self, call: Call) -> None:
+        """`call` waits no more, and its state says how (queued once approved; ended
+        when denied, timed out or stopped): its watchers are told (DECIDED).
+        Nothing happens for a call not held, or settled already."""
+        if self._pending.pop(call.call_id, None) is None:
+            return
+        self.feed.publish(ApprovalEventKind.DECIDED, self._describe(call))
+
+    def requests(self, approver: Identity | None = None) -> list[ApprovalEvent]:
+        """The REQUESTED events of the calls waiting for a decision now, oldest
+        first; with `approver`, of those it may decide (its policy lets it call
+        their tool). Each the event told when the call was held (its arguments
+        cut to the journal's bound): no call is described again."""
+        pending = [
+            (call, event)
+            for call, event in self._pending.values()
+            if call.state is CallState.AWAITING_APPROVAL
+            and (approver is None or approver.may_use(call.tool.name))
+        ]
+        return [event for _, event in sorted(pending, key=lambda p: p[0].received_at)]
+
+    def watch(self, approver: Identity | None) -> Watcher:
+        """A watcher of the queue for `approver`: first the calls waiting now that
+        it may decide, then each new one and each end of waiting (see the feed).
+
+        Raises:
+            PermissionDeniedError: `approver` may not decide (as `check_approver`).
+            OverloadedError: The bounds of watchers are reached (see the feed).
+        """
+        self.check_approver(approver)
+        assert approver is not None  # check_approver refuses None
+        return self.feed.subscribe(approver, self.requests(approver))
+
     def check_decision(self, call: Call, approver: Identity, decision: Decision) -> None:
         """Refuse a decision `approver` may not give on `call`, or one too long.
 
@@ -263,10 +350,15 @@ class Approvals:
             # No tokens file (or no identity on this connection): no call here
             # can await approval, and nobody may decide.
             raise PermissionDeniedError(
-                "approving needs an identity with approver = true ([auth] tokens_file)"
+                "approving (and listing or watching the calls awaiting approval) needs an "
+                "identity with approver = true ([auth] tokens_file); this caller has none"
             )
         if not identity.approver:
-            raise PermissionDeniedError("this identity may not approve or deny calls")
+            raise PermissionDeniedError(
+                f"identity {identity.name!r} may not approve, deny, list or watch calls "
+                "awaiting approval: only an identity with approver = true in the daemon's "
+                "tokens file may"
+            )
         return identity.name
 
     def decide(self, call: Call, decision: Decision) -> None:

@@ -113,12 +113,7 @@ class CallManager:
         self._sessions = sessions
         self._session_misfit = session_misfit
         self._services = services or Services(settings, sessions=sessions)
-        self.approvals = Approvals(
-            settings.auth.approval_timeout_s,
-            journal,
-            per_identity=settings.auth.max_calls_awaiting_approval,
-            max_reason_chars=settings.auth.max_reason_chars,
-        )
+        self.approvals = Approvals.from_settings(settings.auth, journal, self.history.info)
         self.draining = False
         # Observer (tooljaild.app.metrics) of each refusal's code; `on_end` of each end.
         self.on_refused: Callable[[str], None] | None = None
@@ -534,15 +529,22 @@ class CallManager:
         other call); False when it ended without running (denied, timed out, stopped)."""
         if call.state is not CallState.AWAITING_APPROVAL:
             return True
-        refused = await self.approvals.wait(call)
+        refused: ToolResult | None = None
+        try:
+            refused = await self.approvals.wait(call)
+            if refused is not None:
+                self._book.end(call, refused)
+        finally:
+            # Its watchers hear how the wait ended, the state saying it (queued
+            # once approved, ended otherwise); on any way out of the wait.
+            self.approvals.settled(call)
         if refused is None:
             # Approved: it counts in as any call now, once its client has room.
             if await self._admission.wait_for_room(call.client, call.stop_requested):
                 call.counted = True
                 self.approvals.let_go(call)
                 return True
-            refused = results.not_started(call)
-        self._book.end(call, refused)
+            self._book.end(call, results.not_started(call))
         return False
 
     async def decide(
@@ -643,4 +645,6 @@ class CallManager:
                 call.request_stop(StopReason.SHUTDOWN)
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=15.0)
+        # Every wait is settled and told: the approvals' watches end cleanly.
+        self.approvals.feed.close()
         self._book.record_ends()

@@ -1,5 +1,5 @@
 """The `tooljail` command: serve, tools, call, get, cancel, calls, approve, deny,
-sessions, artifacts, doctor, images, demo, mcp.
+approvals, sessions, artifacts, doctor, images, demo, mcp.
 
 Exit codes: 0 success; 1 the tool failed (error, timeout, cancelled, lost), or an
 image build failed; 2 bad usage, a request the daemon refused, or a daemon command
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         "calls": cli_history.run,
         "approve": cli_approvals.run,
         "deny": cli_approvals.run,
+        "approvals": cli_approvals.run,
         "sessions": cli_sessions.run,
         "artifacts": cli_artifacts.run,
         "doctor": host.doctor,

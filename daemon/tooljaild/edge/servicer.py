@@ -42,6 +42,7 @@ from tooljaild.calls.approvals import waiting_notice
 from tooljaild.calls.call import Once
 from tooljaild.calls.intake import CallRequest
 from tooljaild.calls.output import Event
+from tooljaild.edge import approvals as edge_approvals
 from tooljaild.edge import processes
 from tooljaild.edge.authenticator import Authenticator
 from tooljaild.edge.drain import Refusals
@@ -521,6 +522,23 @@ class ToolRunnerServicer(tooljail_pb2_grpc.ToolRunnerServicer):
         )
         async for output in outputs:
             yield output
+
+    # --- the approval queue, for approvers (issue 25 item 2; edge/approvals.py) ---
+
+    async def ListApprovals(
+        self, request: pb.ListApprovalsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListApprovalsResponse:
+        approvals, identity = self._manager.approvals, self._identity(context)
+        return edge_approvals.list_approvals(approvals, identity, self.daemon_id)
+
+    async def WatchApprovals(
+        self, request: pb.WatchApprovalsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ApprovalEvent]:
+        approvals, identity = self._manager.approvals, self._identity(context)
+        async for event in edge_approvals.watch_approvals(
+            approvals, identity, context, self.daemon_id
+        ):
+            yield event
 
     # --- workspace change events (issue 24 item 5; edge/watch.py) ---
 

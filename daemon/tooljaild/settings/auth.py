@@ -38,6 +38,21 @@ class AuthSettings(BaseModel):
     max_reason_chars: int = Field(default=1000, ge=1)
     """The longest reason an approver may give with a decision (INVALID_ARGUMENT
     past it). Needs a restart to change."""
+    max_approval_watchers: int = Field(default=64, ge=0)
+    """`WatchApprovals` streams open at once, in all (`tooljail approvals watch`,
+    an approver UI); past it a new one is refused (RESOURCE_EXHAUSTED with a
+    retry hint). 0: no watches. Needs a restart to change."""
+    max_approval_watchers_per_identity: int = Field(default=4, ge=1)
+    """`WatchApprovals` streams one approver may hold open at once; past it its
+    next is refused (RESOURCE_EXHAUSTED), and no other approver's is. Needs a
+    restart to change."""
+    approval_watch_buffer_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
+    """Events (their size, about their arguments' bytes) waiting to be sent to one
+    `WatchApprovals` stream whose reader is slower than the approval queue; past
+    it the daemon drops that watcher's backlog and ends its stream with
+    RESOURCE_EXHAUSTED, telling it to watch again (its first events are then the
+    calls waiting at that moment). A reader that never reads holds no more than
+    this. Needs a restart to change."""
 
 
 class TlsSettings(BaseModel):
