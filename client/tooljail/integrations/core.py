@@ -428,7 +428,8 @@ def outcome_of(result: ToolResult) -> Outcome:
             )
         else:
             effect = _EFFECT_TEXT.get(result.effect, "")
-            if effect and effect not in " ".join(parts):
+            # Said once: the daemon's message often says it already, in its own words.
+            if effect and "taken effect" not in " ".join(parts):
                 parts.append(effect)
     artifacts = _artifacts_text(result.artifacts)
     if artifacts:
@@ -456,7 +457,7 @@ def outcome_of_error(tool: str, call_id: str, error: TooljailError) -> Outcome:
         )
         text = (
             f"{what}: {error.message}. The call's effect is unknown; "
-            f"call id {call_id} can be checked once it is back."
+            f"call id {call_id} can be checked (call_status) once it is back."
         )
     else:
         kind = OutcomeKind.REFUSED
