@@ -46,7 +46,7 @@ far, within these bounds: soon for a short call, rarely for a long one."""
 
 _EFFECT_WORDS = {
     Effect.NONE: "it did not take effect",
-    Effect.APPLIED: "it took effect",
+    Effect.APPLIED: "it is over: whatever it did is done, and nothing more will happen",
     Effect.UNKNOWN: "it may have taken effect in part",
 }
 
@@ -83,14 +83,17 @@ def _next_when_ended(info: CallInfo) -> str:
             f"It ended ({info.state.value}) and its result is not known: check whether "
             f"it took effect before calling {info.tool} again."
         )
-    effect = _EFFECT_WORDS.get(result.effect, "its effect is unknown")
     if result.status is CallStatus.SUCCESS:
         return (
-            f"It succeeded ({effect}): its result is in data. Do not call {info.tool} "
-            "again for the same effect."
+            f"It succeeded: its result is in data. Do not call {info.tool} again for the "
+            "same effect."
         )
+    effect = _EFFECT_WORDS.get(result.effect, "its effect is unknown")
     why = result.message or (result.error.message if result.error else "")
-    head = f"It ended with {result.status.value} ({effect})" + (f": {why}" if why else ".")
+    if result.status is CallStatus.TIMEOUT and result.error is not None:
+        why = result.error.message  # its message sends the model here: said once is enough
+    head = f"It ended with {result.status.value}" + (f": {why.rstrip('.')}." if why else ".")
+    head += f" As for its effect, {effect}."
     if result.effect is Effect.NONE:
         return f"{head} You may call {info.tool} again."
     if result.effect is Effect.UNKNOWN:

@@ -5,13 +5,16 @@ tests/integration/test_call_status.py)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tooljail.errors import OverloadedError
+from tooljail.types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
 from tooljaild.auth.policy import Identity
 from tooljaild.calls.admission import Admission
 from tooljaild.settings.config import Settings
+from tooljaild.tools.builtin.call_status import _answer
 from tooljaild.tools.builtin.catalog import BUILTIN_TOOLS
 
 TOOLS = {t.name: t for t in BUILTIN_TOOLS}
@@ -52,3 +55,41 @@ def test_call_status_is_idempotent_at_once_and_describes_its_argument() -> None:
     assert status.run is not None and status.run.at_once and status.run.kind == "daemon"
     assert status.input_schema["required"] == ["call_id"]
     assert status.input_schema["properties"]["call_id"]["description"]
+
+
+def _ended(status: CallStatus, effect: Effect, **result: Any) -> CallInfo:
+    state = {
+        CallStatus.SUCCESS: CallState.SUCCEEDED,
+        CallStatus.ERROR: CallState.FAILED,
+        CallStatus.TIMEOUT: CallState.TIMED_OUT,
+        CallStatus.LOST: CallState.LOST,
+    }[status]
+    done = ToolResult(call_id="c1", status=status, effect=effect, tool="append", **result)
+    return CallInfo(call_id="c1", tool="append", state=state, result=done)
+
+
+def test_what_to_do_next_after_each_ending() -> None:
+    ok = _answer(_ended(CallStatus.SUCCESS, Effect.APPLIED, data="done"))
+    assert ok["data"] == "done" and ok["status"] == "success" and ok["running"] is False
+    assert ok["next"].startswith("It succeeded") and "Do not call append again" in ok["next"]
+
+    timeout = _answer(
+        _ended(
+            CallStatus.TIMEOUT,
+            Effect.UNKNOWN,
+            message="The call timed out after 1s. It may still take effect: check with the "
+            "call_status tool (call_id 'c1') whether it did before calling it again.",
+            error=ToolError(type="Timeout", message="no result within 1s"),
+        )
+    )
+    assert timeout["next"] == (
+        "It ended with timeout: no result within 1s. As for its effect, it may have taken "
+        "effect in part. Check whether it did before calling append again."
+    )
+    failed = _answer(
+        _ended(CallStatus.ERROR, Effect.APPLIED, message="The tool raised ValueError: no.")
+    )
+    assert failed["next"].startswith("It ended with error: The tool raised ValueError: no.")
+    assert "nothing more will happen" in failed["next"]
+    lost = _answer(_ended(CallStatus.LOST, Effect.UNKNOWN, message="The daemon stopped."))
+    assert "Check whether it did before calling append again" in lost["next"]
