@@ -171,3 +171,18 @@ def test_call_status_answers_when_the_clients_share_is_full(
         assert time.monotonic() - started < 1.0
     assert result.ok, result
     assert data["running"] is True
+
+
+def test_call_status_in_a_session_that_ended_still_answers(
+    serve: Callable[..., ServedDaemon], tools_dir: Path, host_dir: Path
+) -> None:
+    daemon = serve(tools_dirs=[tools_dir], isolation="none")
+    with Client(daemon.target) as client:
+        with client.session() as session:
+            done = session.call("execute_python_code", {"code": "print(1)"})
+            session_id = session.id
+        # The adapters send every call of a session target with its id: call_status too.
+        result = client.call("call_status", {"call_id": done.call_id}, session_id=session_id)
+    assert result.ok, result
+    assert result.data["state"] == "succeeded"
+    assert result.data["data"]["stdout"] == "1\n"

@@ -193,6 +193,7 @@ class CallManager:
         with self._counting_refusals():
             intake.check_policy(identity, request.tool)
             tool = self._registry.get(request.tool)
+            request = intake.without_needless_session(request, tool)
             checked = await intake.check_arguments(tool, request.arguments_json, self._settings)
             # No await from here to the admission: an id or session found free or
             # the caller's here cannot change hands before the call takes it.
