@@ -11,6 +11,7 @@ request names (its `Route`) is decided here, how a route is followed in
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,9 +62,13 @@ class _ClientPlans(_BaseClient):
 
     @staticmethod
     def _call_route(request: pb.CallRequest) -> Route:
-        """A call goes to its session's daemon, else to its call id's."""
+        """A call goes to its session's daemon, else to its call id's; a call of the
+        `call_status` tool to the daemon of the call it asks about (by that id's
+        rendezvous, as the call itself went), the only one that knows it."""
         if request.session_id:
             return Route(RouteKind.SESSION, request.session_id)
+        if request.tool == "call_status":
+            return Route(RouteKind.NEW_CALL, _asked_call_id(request) or request.call_id)
         return Route(RouteKind.NEW_CALL, request.call_id)
 
     @staticmethod
@@ -291,3 +296,13 @@ class _ClientPlans(_BaseClient):
             yield  # a flow
 
         return self._router.each(start)
+
+
+def _asked_call_id(request: pb.CallRequest) -> str:
+    """The `call_id` a call_status request asks about; "" if its arguments name none."""
+    try:
+        arguments = json.loads(request.arguments_json or "{}")
+    except ValueError:
+        return ""
+    asked = arguments.get("call_id") if isinstance(arguments, dict) else None
+    return asked if isinstance(asked, str) else ""

@@ -66,9 +66,10 @@ class StreamKind(enum.StrEnum):
 
 
 TIMEOUT_MESSAGE = (
-    "The call timed out after {timeout:g}s. It may still take effect: check whether "
-    "it did before calling it again."
+    "The call timed out after {timeout:g}s. It may still take effect: check with the "
+    "call_status tool (call_id '{call_id}') whether it did before calling it again."
 )
+"""A timed-out call's message; formatted with `timeout` (seconds) and `call_id`."""
 
 
 class ToolError(BaseModel):

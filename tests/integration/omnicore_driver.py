@@ -101,6 +101,7 @@ async def main(target: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Client(target) as client:
         served = {t.name: t for t in client.list_tools()}
+        out["client_name"] = client.client_name
         # With no names, the tools an agent takes with its defaults.
         tools = omnicore.registry(client)
         reserved = omnicore.WORKSPACE_TOOL_NAMES | omnicore.ARTIFACT_TOOL_NAMES

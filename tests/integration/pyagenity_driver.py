@@ -126,6 +126,7 @@ async def main(target: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with Client(target) as client:
         functions = pyagenity.tools(client)
+        out["client_name"] = client.client_name
         out["names"] = [f.__name__ for f in functions]
         out["served"] = sorted(t.name for t in client.list_tools())
         out.update(

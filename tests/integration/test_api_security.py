@@ -120,9 +120,11 @@ def test_an_identity_limited_to_one_tool_lists_and_calls_only_it(
 ) -> None:
     with Client(with_tokens.target, token=TOKEN_B) as b:
         every = {t.name for t in b.list_tools()}
-    other = sorted(every - {"execute_python_code"})[0]
+    other = sorted(every - {"execute_python_code", "call_status"})[0]
     with Client(with_tokens.target, token=TOKEN_A) as a:
-        assert [t.name for t in a.list_tools()] == ["execute_python_code"]
+        # call_status is every identity's (auth.policy.ALWAYS_ALLOWED): it tells of
+        # the identity's own calls only, as GetCall does.
+        assert [t.name for t in a.list_tools()] == ["execute_python_code", "call_status"]
         with pytest.raises(PermissionDeniedError) as refused:
             a.call(other, {})
         assert other in str(refused.value)
@@ -270,7 +272,7 @@ def test_mtls_the_certificate_names_the_identity_and_another_cas_is_refused(
         served.target, tls_ca_file=ours.ca_file, tls_cert_file=bot.cert, tls_key_file=bot.key
     ) as client:
         # build-bot's policy, found by its certificate's subject.
-        assert [t.name for t in client.list_tools()] == ["execute_python_code"]
+        assert [t.name for t in client.list_tools()] == ["execute_python_code", "call_status"]
         assert client.call("execute_python_code", PRINT_1).data["stdout"] == "1\n"
     # A certificate of the right CA whose subject names two identities: the first
     # is known, yet it is refused, in a fixed sentence (gRPC would name the first).
@@ -338,7 +340,7 @@ def test_tls_with_tokens_serves_beyond_loopback_and_the_sdk_reads_its_environmen
     monkeypatch.setenv("TOOLJAIL_TOKEN", TOKEN_A)
     monkeypatch.setenv("TOOLJAIL_TLS_CA", str(ours.ca_file))
     with Client(target) as client:
-        assert [t.name for t in client.list_tools()] == ["execute_python_code"]
+        assert [t.name for t in client.list_tools()] == ["execute_python_code", "call_status"]
     monkeypatch.delenv("TOOLJAIL_TLS_CA")
     with Client(target, retries=0, rpc_timeout_s=10) as plaintext, pytest.raises(TransportError):
         plaintext.list_tools()

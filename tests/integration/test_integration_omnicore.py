@@ -16,6 +16,7 @@ import pytest
 
 import tooljail.testing
 from tests.py312 import lookup_tools_dir, run_driver
+from tooljail.integrations._ids import namespaced
 
 pytestmark = pytest.mark.timeout(600)  # the first run builds the venv (a minute or two)
 
@@ -97,6 +98,12 @@ def test_a_timeout_says_it_may_still_take_effect_and_names_the_call(driven: dict
     assert "started" in timeout["message"]  # the output before it was stopped
     assert "finished" not in timeout["message"]
     assert timeout["data"]["stdout"] == "started\n"  # the partial output, as data
+
+
+def test_a_call_runs_under_the_models_tool_call_id(driven: dict[str, Any]) -> None:
+    # The scripted model names its calls call_0, call_1, ...: the timeout is the third.
+    timeout = driven["calls"]["tools"][2]
+    assert timeout["data"]["call_id"] == namespaced(driven["client_name"], "call_2")
 
 
 def test_a_streaming_tool_returns_its_whole_output(driven: dict[str, Any]) -> None:

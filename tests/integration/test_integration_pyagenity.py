@@ -16,6 +16,8 @@ import pytest
 
 import tooljail.testing
 from tests.py312 import lookup_tools_dir, run_driver
+from tooljail.common import arguments_sha256
+from tooljail.integrations._ids import namespaced
 
 pytestmark = pytest.mark.timeout(600)  # the first run builds the venv (a minute or two)
 
@@ -91,6 +93,20 @@ def test_success_is_a_completed_tool_result_for_the_injected_call_id(
         "status": "completed",
     }
     assert success["metadata"]["tooljail"]["status"] == "success"
+
+
+def test_the_injected_call_id_is_the_call_id_and_the_arguments_hash_is_in_the_metadata(
+    driven: dict[str, Any],
+) -> None:
+    for message in driven["run"]["messages"]:
+        tool_call_id = message["metadata"]["tool_call_id"]
+        details = message["metadata"]["tooljail"]
+        assert details["call_id"] == namespaced(driven["client_name"], tool_call_id), details
+    success = driven["run"]["messages"][0]["metadata"]["tooljail"]
+    assert success["arguments_sha256"] == arguments_sha256({"code": "print(6 * 7)"})
+    refused = driven["run"]["messages"][4]["metadata"]["tooljail"]  # {"code": 1}: no result
+    assert refused["status"] == "refused"
+    assert refused["arguments_sha256"] == arguments_sha256({"code": 1})
 
 
 def test_a_tool_error_is_a_failed_result_with_an_error_block(driven: dict[str, Any]) -> None:

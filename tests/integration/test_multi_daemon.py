@@ -193,6 +193,18 @@ def test_calls_spread_over_all_three_and_any_client_finds_each(fleet: list[Membe
             assert (info.state, info.daemon_id) == (CallState.SUCCEEDED, result.daemon_id)
 
 
+def test_call_status_asks_the_daemon_that_holds_the_call(fleet: list[Member]) -> None:
+    with Client(_targets(fleet)) as client:
+        results = [client.call("execute_python_code", QUICK) for _ in range(24)]
+        assert all(r.ok for r in results), _failed(results)
+        assert len({r.daemon_id for r in results}) >= 2  # calls on several daemons
+        # Each call_status has an id of its own, routed by the id it asks about.
+        statuses = [client.call("call_status", {"call_id": r.call_id}) for r in results]
+    for result, status in zip(results, statuses, strict=True):
+        assert status.ok and status.data["state"] == "succeeded", status
+        assert status.daemon_id == result.daemon_id
+
+
 def test_a_retry_with_the_same_call_id_runs_once_on_its_daemon(
     fleet: list[Member], host_dir: Path
 ) -> None:

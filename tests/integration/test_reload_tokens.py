@@ -89,7 +89,7 @@ def test_a_reload_revokes_and_adds_identities_and_keeps_them_on_a_broken_file(
                 with pytest.raises(UnauthenticatedError):
                     refused()
             with Client(target, token=TOKEN_Y, retries=0) as y, ThreadPoolExecutor(1) as more:
-                assert [t.name for t in y.list_tools()] == ["execute_python_code"]
+                assert [t.name for t in y.list_tools()] == ["execute_python_code", "call_status"]
                 assert y.call("execute_python_code", PRINT_1).data["stdout"] == "1\n"
                 # Its limit of one call at a time holds from its next admission.
                 first = more.submit(y.call, "execute_python_code", BRIEF, call_id="y-first")

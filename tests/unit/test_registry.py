@@ -107,6 +107,7 @@ def test_builtins_are_served_with_closed_schemas() -> None:
         "read_process_output",
         "write_process_input",
         "stop_process",
+        "call_status",
     ]
     for builtin in BUILTIN_TOOLS:
         assert builtin.source == "builtin"

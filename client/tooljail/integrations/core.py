@@ -309,7 +309,8 @@ class Outcome:
         text: What the model reads: the output on success; on failure what
             happened, whether it may have taken effect, and what to do.
         tool: The daemon's name of the tool.
-        call_id: The call's id (to check a timed-out call later with `get_call`).
+        call_id: The call's id (to check a timed-out call later: the `call_status`
+            tool, or `Client.get_call`).
         still_running: The call timed out and the daemon still runs it.
         result: The daemon's result; None when the call was refused or failed in transit.
         error: The refusal or transport error; None when a result came back.
@@ -420,14 +421,15 @@ def outcome_of(result: ToolResult) -> Outcome:
             parts.append(
                 f"Call id: {result.call_id}. "
                 + (
-                    "It is still running on the daemon: get_call with this id says how it ends."
+                    "It is still running on the daemon: call_status with this id says how it ends."
                     if result.still_running
                     else "It was stopped."
                 )
             )
         else:
             effect = _EFFECT_TEXT.get(result.effect, "")
-            if effect and effect not in " ".join(parts):
+            # Said once: the daemon's message often says it already, in its own words.
+            if effect and "taken effect" not in " ".join(parts):
                 parts.append(effect)
     artifacts = _artifacts_text(result.artifacts)
     if artifacts:
@@ -455,7 +457,7 @@ def outcome_of_error(tool: str, call_id: str, error: TooljailError) -> Outcome:
         )
         text = (
             f"{what}: {error.message}. The call's effect is unknown; "
-            f"call id {call_id} can be checked once it is back."
+            f"call id {call_id} can be checked (call_status) once it is back."
         )
     else:
         kind = OutcomeKind.REFUSED

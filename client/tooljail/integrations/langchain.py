@@ -23,6 +23,10 @@ no sync function: LangChain's `invoke` then says so).
   the tool raises `ToolFailed`, a `ToolException`, and `handle_tool_error=True`
   makes it a `ToolMessage` with `status="error"` and the outcome's text as its
   content (a timeout's names the call id and whether it is still running).
+- The call's id: invoked with a `ToolCall` (as an agent does), the call runs
+  under its id, as `<client name>:<id>` (`tooljail.integrations._ids`): a host
+  that restarts and replays the conversation gets the journaled answer, and the
+  tool does not run twice. Invoked with bare arguments, a fresh id.
 - Streaming: a streaming tool's output goes out as it arrives as LangChain
   custom events named `tooljail_output` (data `{"tool": name, "text": chunk}`),
   which `astream_events(..., version="v2")` yields as `on_custom_event` and a
@@ -36,7 +40,7 @@ import contextlib
 from collections.abc import Awaitable, Iterable
 from typing import Any, overload
 
-from tooljail.integrations import core
+from tooljail.integrations import _ids, core
 from tooljail.integrations.core import AsyncTarget, Outcome, SyncTarget, Target, ToolSpec
 
 core.require("langchain_core", "langchain")
@@ -99,8 +103,32 @@ async def _async_tools(target: AsyncTarget, names: Iterable[str] | None) -> list
     return [_async_tool(target, spec) for spec in await core.atool_specs(target, names)]
 
 
+_MODEL_ID = "tooljail:tool_call_id"
+"""The key under which `_Tool` hands the function the model's tool-call id (no
+tool's argument can be named so: a ":" is in no Python name, and in no schema
+property a daemon serves that a model would fill)."""
+
+
+class _Tool(StructuredTool):
+    """A StructuredTool whose function learns the model's tool-call id.
+
+    LangChain injects a `ToolCall`'s id only into an `InjectedToolCallId`
+    argument of a pydantic schema; ours is the daemon's JSON schema, so the id
+    is taken where LangChain hands it to the tool (`_to_args_and_kwargs`, for
+    `invoke` and `ainvoke` of a ToolCall) and passed on under `_MODEL_ID`.
+    """
+
+    def _to_args_and_kwargs(
+        self, tool_input: str | dict[str, Any], tool_call_id: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        args, kwargs = super()._to_args_and_kwargs(tool_input, tool_call_id)
+        if tool_call_id:
+            kwargs[_MODEL_ID] = tool_call_id
+        return args, kwargs
+
+
 def _structured_tool(spec: ToolSpec, **function: Any) -> StructuredTool:
-    return StructuredTool(
+    return _Tool(
         name=spec.name,
         description=spec.description,
         args_schema=spec.parameters,
@@ -123,9 +151,10 @@ def _event(spec: ToolSpec, text: str) -> dict[str, str]:
 
 def _sync_tool(target: SyncTarget, spec: ToolSpec) -> StructuredTool:
     def call(**arguments: Any) -> Answer:
+        model_id = arguments.pop(_MODEL_ID, None)
         if not spec.streaming:
-            return _answer(core.run(target, spec, arguments))
-        for item in core.stream(target, spec, arguments):
+            return _answer(_ids.run(target, spec, arguments, model_id))
+        for item in _ids.stream(target, spec, arguments, model_id):
             if isinstance(item, Outcome):
                 return _answer(item)
             # RuntimeError: not inside a LangChain run (the function called directly),
@@ -139,9 +168,10 @@ def _sync_tool(target: SyncTarget, spec: ToolSpec) -> StructuredTool:
 
 def _async_tool(target: AsyncTarget, spec: ToolSpec) -> StructuredTool:
     async def call(**arguments: Any) -> Answer:
+        model_id = arguments.pop(_MODEL_ID, None)
         if not spec.streaming:
-            return _answer(await core.arun(target, spec, arguments))
-        async for item in core.astream(target, spec, arguments):
+            return _answer(await _ids.arun(target, spec, arguments, model_id))
+        async for item in _ids.astream(target, spec, arguments, model_id):
             if isinstance(item, Outcome):
                 return _answer(item)
             with contextlib.suppress(RuntimeError):  # as in _sync_tool

@@ -29,6 +29,9 @@ The contract (a latent-style decorator reads a function, not a tool object):
   (same arguments) is an async generator of the output text as it arrives,
   then the `core.Outcome`.
 
+Call ids: a plain function is given no tool-call id, so each call gets a fresh
+id (`tooljail.integrations._ids`).
+
 With a `Client` or `Session` each call runs in a worker thread (the functions
 are async either way); with an `AsyncClient` or `AsyncSession` it is awaited on
 the caller's loop. With a session every call shares its interpreter and workspace.

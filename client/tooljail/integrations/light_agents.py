@@ -28,6 +28,9 @@ back. So each tool here:
   call's outcome (`Outcome.as_dict()`: status, call id, still_running,
   artifacts) in `external_fields["tooljail"]`, for the thread, not the model.
 
+Call ids: light-agents hands a tool only its arguments, never the model's
+tool-call id (`run_id`), so each call gets a fresh id (`tooljail.integrations._ids`).
+
 light-agents runs tools synchronously and takes one response per call, so the
 target is a `Client` or `Session`, and a streaming tool's output reaches the
 model whole; `on_output` sees it as it arrives.

@@ -26,6 +26,9 @@ generator collected into one string. So:
   `atools` was awaited in, so that loop must stay free (`await agent.arun(...)`,
   not a blocking `agent.run(...)` on it).
 
+Call ids: LightAgent hands a tool only its arguments, never the model's
+tool-call id, so each call gets a fresh id (`tooljail.integrations._ids`).
+
 Names: LightAgent 0.11 refuses, in its dispatch, any tool named
 `execute_python_code`, `execute_python_file` or `execute_python_code_stream`
 (its guard against its own unsandboxed executors, whatever the tool does).

@@ -220,6 +220,8 @@ class Bridge:
             if isinstance(opened, str):
                 return _error(opened)
             target = opened
+        # A fresh id: MCP's tools/call has no id of the model's, only its JSON-RPC
+        # request id, which restarts with each connection (a replay would name others).
         call_id = uuid.uuid4().hex
         try:
             if spec.streaming:

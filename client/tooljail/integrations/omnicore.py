@@ -32,6 +32,12 @@ sandbox, for an agent made with `enable_workspace_files=False`),
 `artifact_tools=True` its artifact tools (for one with
 `tool_offload={"enabled": False}`).
 
+A call runs under the model's tool-call id, which OmniCoreAgent 0.6 marks
+while the tool runs (`omnicoreagent.governance.calls.current_tool_call`), as
+`<client name>:<id>` (`tooljail.integrations._ids`): a host that restarts and
+replays a conversation gets the journaled answer of a call that already ran.
+Without it (an older release, the function called directly) a fresh id.
+
 OmniCoreAgent has no channel for a local tool's output while it runs, so a
 streaming tool returns its whole output at the end. omnicoreagent 0.6 needs
 Python >= 3.12 (`pip install 'tooljail[omnicore]'`).
@@ -45,6 +51,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, cast, overload
 
 from tooljail import AsyncClient, AsyncSession
+from tooljail.integrations._ids import arun, run
 from tooljail.integrations.core import (
     AsyncTarget,
     Outcome,
@@ -52,10 +59,8 @@ from tooljail.integrations.core import (
     SyncTarget,
     Target,
     ToolSpec,
-    arun,
     atool_specs,
     is_async,
-    run,
     tool_specs,
 )
 from tooljail.integrations.core import require as _require
@@ -71,6 +76,13 @@ except ImportError as e:
             f"{e}; omnicoreagent needs Python >= 3.12 (this is {platform.python_version()})"
         ) from e
     raise
+
+try:  # 0.6 and later: the tool call a tool runs for, in a context variable
+    from omnicoreagent.governance.calls import (  # type: ignore[import-not-found,unused-ignore]
+        current_tool_call as _current_tool_call,
+    )
+except ImportError:  # an older release: the call gets a fresh id
+    _current_tool_call = None
 
 __all__ = ["ARTIFACT_TOOL_NAMES", "WORKSPACE_TOOL_NAMES", "aregistry", "envelope", "registry"]
 
@@ -133,6 +145,16 @@ def _reserved(workspace_tools: bool, artifact_tools: bool) -> frozenset[str]:
     )
 
 
+def _model_call_id() -> str | None:
+    """The model's id of the tool call being run (OmniCoreAgent's tool runner marks
+    it in a context variable, which a sync tool's worker thread inherits); None
+    where the release or the caller does not say."""
+    if _current_tool_call is None:
+        return None
+    call = _current_tool_call()
+    return None if call is None else str(getattr(call, "tool_call_id", "") or "") or None
+
+
 def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
     # `Tool.execute` binds the model's arguments to the function's signature:
     # **arguments takes them all, and the daemon checks them against the schema
@@ -141,7 +163,7 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
         async_target = cast(AsyncTarget, target)
 
         async def call_async(**arguments: Any) -> dict[str, Any]:
-            return envelope(await arun(async_target, spec, arguments))
+            return envelope(await arun(async_target, spec, arguments, _model_call_id()))
 
         function: Callable[..., Any] = call_async
     else:
@@ -149,7 +171,7 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
 
         # OmniCoreAgent runs a sync tool on a worker thread (asyncio.to_thread).
         def call_sync(**arguments: Any) -> dict[str, Any]:
-            return envelope(run(sync_target, spec, arguments))
+            return envelope(run(sync_target, spec, arguments, _model_call_id()))
 
         function = call_sync
     function.__name__ = spec.name

@@ -29,6 +29,11 @@ SDKs give it (their objects, or dicts).
   `description`, `input_schema`); `anthropic_dispatch(target, block)` runs a
   `tool_use` block (object or dict) and returns the `tool_result` block, with
   `is_error` true on failure; `anthropic_adispatch` awaits.
+- The call's id: the model's own (`tool_call.id`, a Responses item's
+  `call_id`, `tool_use.id`), as `<client name>:<id>`
+  (`tooljail.integrations._ids`): a host that restarts and replays the same
+  conversation gets the journaled answer of a call that already ran, and the
+  tool does not run twice. Give the client the same `client_name` across restarts.
 - Streaming: a tool message is whole, so `on_output` (a callable taking each
   chunk of text) is how a host shows a streaming tool's output as it arrives.
 
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from tooljail.errors import TooljailError
-from tooljail.integrations import core
+from tooljail.integrations import _ids, core
 from tooljail.integrations.core import AsyncTarget, Outcome, SyncTarget, Target, ToolSpec
 
 __all__ = [
@@ -253,8 +258,8 @@ def _run(
         return ready
     spec, arguments = ready
     if on_output is None or not spec.streaming:
-        return call.answer(core.run(target, spec, arguments))
-    for item in core.stream(target, spec, arguments):
+        return call.answer(_ids.run(target, spec, arguments, call.id))
+    for item in _ids.stream(target, spec, arguments, call.id):
         if not isinstance(item, Outcome):
             on_output(item)
             continue
@@ -273,8 +278,8 @@ async def _arun(
         return ready
     spec, arguments = ready
     if on_output is None or not spec.streaming:
-        return call.answer(await core.arun(target, spec, arguments))
-    async for item in core.astream(target, spec, arguments):
+        return call.answer(await _ids.arun(target, spec, arguments, call.id))
+    async for item in _ids.astream(target, spec, arguments, call.id):
         if not isinstance(item, Outcome):
             on_output(item)
             continue

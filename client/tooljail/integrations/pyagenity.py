@@ -22,7 +22,14 @@ timeout (which may still take effect: the text says so and carries the call id
 and whether the daemon still runs it), a cancellation, a refusal or an
 unreachable daemon, a `ToolResultBlock` with `is_error=True, status="failed"`
 and an `ErrorBlock` with the same text, as ToolNode builds its own failures.
-The message's metadata holds the outcome under `"tooljail"`.
+The message's metadata holds the outcome under `"tooljail"`, with
+`arguments_sha256` (the SHA-256 of the canonical JSON arguments: two calls with
+the same arguments have the same).
+
+The call runs under the `tool_call_id` ToolNode injects, as `<client name>:<id>`
+(`tooljail.integrations._ids`): a host that restarts and replays the
+conversation gets the journaled answer of a call that already ran, and the tool
+does not run twice.
 
 A streaming tool publishes each output chunk as it arrives through the graph's
 publisher (`StateGraph(publisher=...)`): an `EventModel` with
@@ -48,18 +55,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Itera
 from typing import Any, Literal, cast, overload
 
 from tooljail import AsyncClient, AsyncSession
+from tooljail.common import arguments_sha256
+from tooljail.integrations._ids import arun, astream, run, stream
 from tooljail.integrations.core import (
     AsyncTarget,
     Outcome,
     SyncTarget,
     Target,
     ToolSpec,
-    arun,
-    astream,
     atool_specs,
     is_async,
-    run,
-    stream,
+    split_arguments,
     tool_specs,
 )
 from tooljail.integrations.core import require as _require
@@ -117,13 +123,19 @@ CONFIG = "config"
 """The argument ToolNode injects: the graph's run config (a streaming tool publishes with it)."""
 
 
-def tool_message(outcome: Outcome, tool_call_id: str) -> Any:
+def tool_message(outcome: Outcome, tool_call_id: str, arguments_hash: str = "") -> Any:
     """An outcome as PyAgenity's tool message for the call `tool_call_id`.
 
     Success: one `ToolResultBlock` with the text. Failure: a failed
     `ToolResultBlock` and an `ErrorBlock` (code: how it ended), each with the text.
+    The metadata's `"tooljail"` holds the outcome and `arguments_sha256`: the
+    result's (the daemon's hash of the canonical arguments), else
+    `arguments_hash` (a call refused before it had a result).
     """
     details = {key: value for key, value in outcome.as_dict().items() if key != "text"}
+    result_hash = outcome.result.arguments_sha256 if outcome.result is not None else ""
+    if result_hash or arguments_hash:
+        details["arguments_sha256"] = result_hash or arguments_hash
     result = _blocks.ToolResultBlock(
         call_id=tool_call_id,
         output=outcome.text,
@@ -230,6 +242,16 @@ def _arguments(given: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, An
     return tool_call_id, config, {k: v for k, v in given.items() if v is not None}
 
 
+def _hash(spec: ToolSpec, arguments: dict[str, Any]) -> str:
+    """The tool's own arguments' hash (as the daemon's), for a call refused before
+    any result said it; "" when they have none (a bad timeout_s, a value JSON
+    cannot hold)."""
+    try:
+        return arguments_sha256(split_arguments(spec, arguments)[0])
+    except (TypeError, ValueError):
+        return ""
+
+
 # --- the functions ----------------------------------------------------------------
 
 
@@ -274,16 +296,16 @@ def _streaming_function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
             # core.astream is an async generator (typed as an iterator).
             items = cast(
                 "AsyncGenerator[str | Outcome, None]",
-                astream(cast(AsyncTarget, target), spec, arguments),
+                astream(cast(AsyncTarget, target), spec, arguments, tool_call_id),
             )
         else:
-            items = _in_thread(stream(cast(SyncTarget, target), spec, arguments))
+            items = _in_thread(stream(cast(SyncTarget, target), spec, arguments, tool_call_id))
         # Closed here, not when collected: the call's stream ends with the tool.
         async with contextlib.aclosing(items):
             index = 0
             async for item in items:
                 if isinstance(item, Outcome):
-                    return tool_message(item, tool_call_id)
+                    return tool_message(item, tool_call_id, _hash(spec, arguments))
                 _publish_chunk(config, spec, tool_call_id, index, item)
                 index += 1
         # core's streams always end with an Outcome.
@@ -301,7 +323,8 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
 
         async def call_async(**given: Any) -> Any:
             tool_call_id, _, arguments = _arguments(given)
-            return tool_message(await arun(async_target, spec, arguments), tool_call_id)
+            outcome = await arun(async_target, spec, arguments, tool_call_id)
+            return tool_message(outcome, tool_call_id, _hash(spec, arguments))
 
         function, injected = call_async, (TOOL_CALL_ID,)
     else:
@@ -310,7 +333,8 @@ def _function(target: Target, spec: ToolSpec) -> Callable[..., Any]:
         # ToolNode runs a sync function on a worker thread (asyncio.to_thread).
         def call_sync(**given: Any) -> Any:
             tool_call_id, _, arguments = _arguments(given)
-            return tool_message(run(sync_target, spec, arguments), tool_call_id)
+            outcome = run(sync_target, spec, arguments, tool_call_id)
+            return tool_message(outcome, tool_call_id, _hash(spec, arguments))
 
         function, injected = call_sync, (TOOL_CALL_ID,)
     signature = _signature(spec, injected)

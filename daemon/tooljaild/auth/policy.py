@@ -96,6 +96,14 @@ class _TokensFile(BaseModel):
     identities: dict[str, _IdentityEntry] = Field(default_factory=dict)
 
 
+ALWAYS_ALLOWED = frozenset({"call_status"})
+"""Tools every identity may list and call, without an approver, whatever its
+`tools` and `approval` say: `call_status` tells a caller of its own calls only,
+what GetCall (never refused) tells it already, and the timeout message sends a
+model to it; refusing it would leave a model no way to learn whether a call
+that timed out took effect."""
+
+
 @dataclass(frozen=True)
 class Identity:
     """One caller the daemon knows, and what it may do.
@@ -132,10 +140,10 @@ class Identity:
     commands: frozenset[str] | None = None
 
     def may_use(self, tool: str) -> bool:
-        return self.tools is None or tool in self.tools
+        return self.tools is None or tool in self.tools or tool in ALWAYS_ALLOWED
 
     def needs_approval(self, tool: str) -> bool:
-        return tool in self.approval
+        return tool in self.approval and tool not in ALWAYS_ALLOWED
 
 
 class PolicyError(TooljailError, ValueError):

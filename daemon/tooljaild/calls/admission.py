@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import sys
 from collections import Counter, OrderedDict, deque
 from typing import Any
 
@@ -103,15 +104,25 @@ class Admission:
         """Calls running in sandboxes of their own."""
         self.in_daemon = Slots(settings.max_in_daemon_calls)
         """Calls of in-daemon tools running (their handlers share the event loop)."""
+        self.at_once = Slots(sys.maxsize)
+        """Calls of tools that answer at once (`BuiltinRun.at_once`: call_status):
+        never waiting, least of all behind the calls they report on."""
         self._room: list[asyncio.Future[None]] = []
         """Calls waiting for room (approved ones, see `wait_for_room`)."""
 
-    def check_room(self, client: str) -> None:
-        """Refuse a call the daemon or its client has no room for.
+    def slots_for(self, tool: Tool) -> Slots:
+        """The slots an in-daemon call of `tool` takes one of."""
+        return self.at_once if tool.run is not None and tool.run.at_once else self.in_daemon
+
+    def check_room(self, client: str, tool: Tool | None = None) -> None:
+        """Refuse a call the daemon or its client has no room for (never one of a
+        tool that answers at once: `BuiltinRun.at_once`).
 
         Raises:
             OverloadedError: The queue is full, or the client holds its share.
         """
+        if tool is not None and tool.run is not None and tool.run.at_once:
+            return
         if self.active >= self._limit:
             raise OverloadedError(
                 f"the daemon is at its bound of {self._limit} running and queued calls; "

@@ -31,7 +31,7 @@ async def run_in_daemon(call: Call, handler: Handler, work: DaemonCall) -> ToolR
         inner.cancel()
 
     call.kill_with(stop)
-    maybe_applied = False
+    maybe_applied = nothing_done = False
     try:
         value = await inner
     except asyncio.CancelledError:
@@ -39,7 +39,7 @@ async def run_in_daemon(call: Call, handler: Handler, work: DaemonCall) -> ToolR
             raise  # the daemon's own task was cancelled
         outcome = RunOutcome(Termination.KILLED)
     except ToolFailure as failure:
-        maybe_applied = failure.effect_unknown
+        maybe_applied, nothing_done = failure.effect_unknown, failure.effect_none
         error = ToolError(type=failure.type, message=failure.message)
         outcome = RunOutcome(Termination.RAISED, error=error)
     except TooljailError as exc:  # a session ended, an artifact gone, ...
@@ -52,6 +52,7 @@ async def run_in_daemon(call: Call, handler: Handler, work: DaemonCall) -> ToolR
         timer.cancel()
         call.kill_with(None)
     result = results.result_of(call, outcome, call.stop_reason)
-    if maybe_applied:
-        result = result.model_copy(update={"effect": Effect.UNKNOWN})
+    if maybe_applied or nothing_done:
+        effect = Effect.UNKNOWN if maybe_applied else Effect.NONE
+        result = result.model_copy(update={"effect": effect})
     return result

@@ -11,6 +11,7 @@ when checked is still free when the call takes it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,15 @@ class CheckedRequest:
     egress: tuple[str, ...] = ()
     secrets: tuple[str, ...] = ()
     """The egress rules and secrets asked for (`CallRequest`'s)."""
+
+
+def without_needless_session(request: CallRequest, tool: Tool) -> CallRequest:
+    """`request`, its session dropped for a tool that answers at once
+    (`BuiltinRun.at_once`: call_status): it needs none, and a session that ended
+    must not keep a model from learning what became of its calls."""
+    if request.session_id and tool.run is not None and tool.run.at_once:
+        return dataclasses.replace(request, session_id="")
+    return request
 
 
 def check_policy(identity: Identity | None, tool_name: str) -> None:

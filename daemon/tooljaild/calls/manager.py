@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -53,6 +54,7 @@ from tooljaild.calls.history import CallHistory
 from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.calls.intake import CallRequest, CheckedRequest
+from tooljaild.calls.status import lookup_in
 from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
 from tooljaild.egress.service import EgressService
 from tooljaild.journal.store import Journal
@@ -112,7 +114,8 @@ class CallManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._sessions = sessions
         self._session_misfit = session_misfit
-        self._services = services or Services(settings, sessions=sessions)
+        services = services or Services(settings, sessions=sessions)
+        self._services = dataclasses.replace(services, calls=lookup_in(self.history))
         self.approvals = Approvals.from_settings(settings.auth, journal, self.history.info)
         self.draining = False
         # Observer (tooljaild.app.metrics) of each refusal's code; `on_end` of each end.
@@ -186,6 +189,7 @@ class CallManager:
         with self._counting_refusals():
             intake.check_policy(identity, request.tool)
             tool = self._registry.get(request.tool)
+            request = intake.without_needless_session(request, tool)
             checked = await intake.check_arguments(tool, request.arguments_json, self._settings)
             # No await from here to the admission: an id or session found free or
             # the caller's here cannot change hands before the call takes it.
@@ -334,7 +338,7 @@ class CallManager:
             # It holds no slot while it waits: it counts in once approved.
             self.approvals.check_room(request.client)
         else:
-            self._admission.check_room(request.client)
+            self._admission.check_room(request.client, request.tool)
 
     def _count_in(self, call: Call, request: CheckedRequest) -> None:
         """Count an admitted call among the running and queued (unless it waits
@@ -453,13 +457,14 @@ class CallManager:
             request.client,
             session,
             self._services,
+            request.identity,
         )
         self._spawn(call, self._run_in_daemon(call, handler, work))
         return call
 
     async def _run_in_daemon(self, call: Call, handler: Handler, work: DaemonCall) -> None:
         """An in-daemon call's task: its handler (`calls.in_daemon_run`), its end."""
-        slots = self._admission.in_daemon
+        slots = self._admission.slots_for(call.tool)
         held = False
         try:
             if not await self._book.settled(call) or not await self._approved(call):

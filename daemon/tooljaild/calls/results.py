@@ -140,11 +140,11 @@ def stopped(call: Call, stop: StopReason) -> ToolResult:
 
 def timed_out(call: Call, *, still_running: bool) -> ToolResult:
     """The result of a call past its timeout; `still_running`: it runs on, detached."""
-    message = TIMEOUT_MESSAGE.format(timeout=call.timeout_s)
+    message = TIMEOUT_MESSAGE.format(timeout=call.timeout_s, call_id=call.call_id)
     if still_running:
         message += (
             f" It keeps running detached for up to {call.tool.options.kill_after_s:g}s "
-            f"from its start; ask for call {call.call_id!r} later to learn how it ended."
+            "from its start; call_status says when it has ended, and how."
         )
     return _result(
         call,

@@ -149,7 +149,8 @@ class Settings(BaseSettings, BackendSettings):
     max_in_daemon_calls: int = Field(default=8, ge=1)
     """Calls of in-daemon tools (the artifact tools, upload_file) running at once;
     more wait for their turn. Each still counts as a call against the daemon's
-    bound (max_concurrent + max_queue) and its client's share."""
+    bound (max_concurrent + max_queue) and its client's share. call_status takes
+    none of these and is refused by neither: it answers at once."""
     event_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     """Output kept per call for slow readers and re-attach; older chunks are dropped."""
     remembered_calls: int = Field(default=1000, ge=1)

@@ -46,6 +46,11 @@ class BuiltinRun:
     """It runs a command (run_command): (command line, argv) of its checked
     arguments, which the allow-list of commands checks at admission
     (`tooljaild.settings.commands.check_command`). None: it runs none."""
+    at_once: bool = False
+    """It answers at once from what the daemon holds (call_status): it waits for
+    no slot and no share or bound of calls refuses it, so that a client whose
+    share is full of the very calls it asks about can still ask. (It is still
+    journaled, and the daemon's drain still refuses it.)"""
 
 
 def session_required(tool: str) -> TooljailError:

@@ -24,6 +24,7 @@ from tooljail.errors import InvalidArgumentsError
 from tooljaild.sandbox.backends import Promises
 from tooljaild.settings.config import Settings
 from tooljaild.tools.builtin.artifacts import ARTIFACT_TOOL_RUNS, ARTIFACT_TOOLS
+from tooljaild.tools.builtin.call_status import CALL_STATUS_TOOL, call_status
 from tooljaild.tools.builtin.commands import (
     check_command_arguments,
     command_of,
@@ -175,6 +176,7 @@ def builtin_tools(
         UPLOAD_FILE_TOOL,
         *((INSTALL_PACKAGES_TOOL,) if packages else ()),
         *PROCESS_TOOLS,
+        CALL_STATUS_TOOL,
     )
     return tuple(_with_run(tool) for tool in tools)
 
@@ -234,6 +236,9 @@ RUNS: dict[str, BuiltinRun] = {
         prepare=check_upload_arguments,
         output_is_data=False,
         in_daemon=upload_file,
+    ),
+    "call_status": BuiltinRun(
+        "daemon", lambda a: {}, output_is_data=False, in_daemon=call_status, at_once=True
     ),
     "install_packages": BuiltinRun(
         "daemon",
