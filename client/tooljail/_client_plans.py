@@ -27,7 +27,7 @@ from tooljail._artifact_base import (
 )
 from tooljail._call_types import CallInfo, CallPage
 from tooljail._client_base import _BaseClient
-from tooljail._history import DEFAULT_LIMIT, Merge, decode_cursors, list_calls_request
+from tooljail._history import DEFAULT_LIMIT, Merge, decode_cursors, from_cursor, list_calls_request
 from tooljail._routing import ANY, Daemon, Route, RouteKind
 from tooljail._session_base import (
     close_session_request,
@@ -253,9 +253,7 @@ class _ClientPlans(_BaseClient):
             cursor = cursors.get(daemon.daemon_id, "")
             if cursor is None or not limit:
                 return None  # this daemon has no more, or nothing to ask again
-            asked = pb.ListCallsRequest()
-            asked.CopyFrom(request)
-            asked.cursor, asked.limit = cursor, limit
+            asked = from_cursor(request, cursor, limit)
             return daemon.daemon_id, (yield Try(daemon, self._link.rpc("ListCalls", asked)))
 
         limit = request.limit or DEFAULT_LIMIT

@@ -8,7 +8,10 @@ first `limit`. A daemon whose calls were all kept moves to its own
 `next_cursor`; one of which only some were kept is asked again for exactly
 that many (`Merge.partial`), so that its next cursor is one it made itself,
 after the last call shown: no call is lost or shown twice, whatever arrives
-between pages. One of which none were kept stays where it was. A daemon's page
+between pages. One of which none were kept stays where it was; if that was its
+start, it is pinned there (`PIN`: its calls received up to its newest one
+answered), so that calls it receives later, newer than the pages shown, do not
+come up in a later page. A daemon's page
 may hold fewer than `limit` calls (its byte bound): then no call older than
 that page's last is shown yet, from any daemon, so the order holds across pages.
 """
@@ -35,6 +38,7 @@ __all__ = [
     "Merge",
     "decode_cursors",
     "encode_cursors",
+    "from_cursor",
     "list_calls_request",
 ]
 
@@ -44,6 +48,13 @@ MAX_LIMIT = 1000
 
 _ROUTED = "r1."
 """How a composite cursor starts (a daemon's own never does: it is base64 of JSON)."""
+
+PIN = "until:"
+"""A daemon's place in a composite cursor before any call of it was shown: its
+calls received before the time that follows (never a daemon's own cursor,
+which is base64)."""
+_PIN_MARGIN_S = 2e-6
+"""A call's time on the wire may sit up to a microsecond below the daemon's own."""
 
 _RUNNING = {None: pb.RUNNING_FILTER_ANY, True: pb.RUNNING_FILTER_RUNNING}
 _RUNNING[False] = pb.RUNNING_FILTER_ENDED
@@ -155,7 +166,32 @@ def decode_cursors(cursor: str) -> dict[str, str | None]:
         isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in value.items()
     ):
         raise bad
+    for place in value.values():
+        if place is not None and place.startswith(PIN) and not _is_time(place.removeprefix(PIN)):
+            raise bad
     return value
+
+
+def _is_time(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def from_cursor(request: pb.ListCallsRequest, cursor: str, limit: int) -> pb.ListCallsRequest:
+    """`request` for one daemon: from its place in a composite cursor (its own
+    cursor, or a `PIN`), `limit` calls."""
+    asked = pb.ListCallsRequest()
+    asked.CopyFrom(request)
+    asked.limit = limit
+    if cursor.startswith(PIN):
+        until = float(cursor.removeprefix(PIN))
+        asked.cursor = ""
+        asked.until_unix = min(asked.until_unix or until, until)
+    else:
+        asked.cursor = cursor
+    return asked
 
 
 @dataclass
@@ -208,7 +244,10 @@ class Merge:
             if k == len(answer.calls):
                 merge.after[daemon_id] = answer.next_cursor or None
             else:
-                merge.after[daemon_id] = merge.cursors.get(daemon_id, "")
+                was = merge.cursors.get(daemon_id) or ""
+                if not k and not was:  # pinned at its start: nothing newer comes later
+                    was = f"{PIN}{answer.calls[0].received_at_unix + _PIN_MARGIN_S!r}"
+                merge.after[daemon_id] = was
                 if k:
                     merge.partial[daemon_id] = k
         return merge

@@ -7,13 +7,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import random
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from tooljail import CallInfo, CallState, CallStatus, ToolResult
-from tooljail._history import Merge, decode_cursors, encode_cursors
+from tooljail._history import Merge, decode_cursors, encode_cursors, from_cursor
 from tooljail.errors import InvalidRequestError, PermissionDeniedError
 from tooljail.v1 import tooljail_pb2 as pb
 from tooljaild.auth.policy import Identity
@@ -24,40 +25,63 @@ from tooljaild.journal.store import Journal
 
 
 class FakeDaemon:
-    """A daemon's journal as ListCalls pages it: newest first, a cursor per position."""
+    """A daemon's journal as ListCalls pages it: newest first, a keyset cursor
+    (as the journal's: calls received later never shift a later page)."""
 
     def __init__(self, name: str, times: list[float]) -> None:
         self.name = name
-        self.calls = sorted(
-            (pb.CallInfo(call_id=f"{name}-{i}", received_at_unix=t) for i, t in enumerate(times)),
-            key=lambda c: -c.received_at_unix,
+        self.calls: list[pb.CallInfo] = []
+        for t in times:
+            self.receive(t)
+
+    def receive(self, at: float) -> None:
+        """A new call, received at `at`."""
+        self.calls.append(
+            pb.CallInfo(call_id=f"{self.name}-{len(self.calls)}", received_at_unix=at)
         )
+        self.calls.sort(key=self._key)
 
-    def page(self, cursor: str, limit: int) -> pb.ListCallsResponse:
-        start = int(cursor or 0)
-        rows = self.calls[start : start + limit]
-        more = start + limit < len(self.calls)
-        return pb.ListCallsResponse(calls=rows, next_cursor=str(start + limit) if more else "")
+    @staticmethod
+    def _key(call: pb.CallInfo) -> tuple[float, str]:
+        return -call.received_at_unix, call.call_id
+
+    def page(self, asked: pb.ListCallsRequest) -> pb.ListCallsResponse:
+        rows = [
+            c for c in self.calls if not asked.until_unix or c.received_at_unix < asked.until_unix
+        ]
+        if asked.cursor:
+            at, call_id = asked.cursor.split("|")
+            rows = [c for c in rows if self._key(c) > (-float(at), call_id)]
+        more = len(rows) > asked.limit
+        rows = rows[: asked.limit]
+        last = rows[-1] if rows else None
+        cursor = f"{last.received_at_unix!r}|{last.call_id}" if more and last else ""
+        return pb.ListCallsResponse(calls=rows, next_cursor=cursor)
 
 
-def page_all(daemons: list[FakeDaemon], limit: int) -> list[list[str]]:
-    """Every page over `daemons`, as the SDK's routed flow asks them."""
+def page_all(
+    daemons: list[FakeDaemon], limit: int, between: Callable[[], None] = lambda: None
+) -> list[list[str]]:
+    """Every page over `daemons`, as the SDK's routed flow asks them (`between`
+    runs after each page: calls received while a host pages)."""
     pages: list[list[str]] = []
     cursor = ""
+    request = pb.ListCallsRequest()
     while True:
         cursors = decode_cursors(cursor)
         answers = [
-            (d.name, d.page(cursors.get(d.name) or "", limit))
+            (d.name, d.page(from_cursor(request, cursors.get(d.name) or "", limit)))
             for d in daemons
             if cursors.get(d.name, "") is not None
         ]
         merge = Merge.of(limit, cursors, answers)
         for name, k in merge.partial.items():
             daemon = next(d for d in daemons if d.name == name)
-            merge.settle(name, daemon.page(cursors.get(name) or "", k))
+            merge.settle(name, daemon.page(from_cursor(request, cursors.get(name) or "", k)))
         calls, cursor = merge.page()
         assert len(calls) <= limit
         pages.append([c.call_id for c in calls])
+        between()
         if not cursor:
             return pages
 
@@ -78,11 +102,37 @@ def test_merged_pages_hold_every_call_once_newest_first(limit: int) -> None:
     assert all(len(page) == limit for page in pages[:-1])
 
 
+@pytest.mark.parametrize("limit", [1, 3, 7])
+def test_calls_received_while_paging_come_in_no_later_page(limit: int) -> None:
+    # "c" is older than every call of "a": the first pages take none of its
+    # calls, and it must not then show the calls it receives meanwhile.
+    daemons = [FakeDaemon("a", [float(100 + i) for i in range(12)]), FakeDaemon("c", [1.0, 2.0])]
+    before = {c.call_id for d in daemons for c in d.calls}
+    clock = iter(range(1000, 2000))
+
+    def newer() -> None:
+        for daemon in daemons:
+            daemon.receive(float(next(clock)))
+
+    flat = [call_id for page in page_all(daemons, limit, newer) for call_id in page]
+    assert sorted(flat) == sorted(before)
+
+
 def test_the_composite_cursor_round_trips_and_refuses_others() -> None:
     cursors: dict[str, str | None] = {"host-a:7070": "WzEsMl0", "host-b:7070": None}
     assert decode_cursors(encode_cursors(cursors)) == cursors
     assert decode_cursors("") == {}
-    for bad in ("WzEsMl0", "r1.!!!", "r1.WzEsMl0", encode_cursors({}).replace("e30", "WzFd")):
+    pinned: dict[str, str | None] = {"host-a:7070": "until:12.5"}
+    assert decode_cursors(encode_cursors(pinned)) == pinned
+    bad_pin = encode_cursors({"host-a:7070": "until:nan"})
+    for bad in (
+        "WzEsMl0",
+        "r1.!!!",
+        "r1.WzEsMl0",
+        encode_cursors({}).replace("e30", "WzFd"),
+        bad_pin,
+        encode_cursors({"host-a:7070": "until:soon"}),
+    ):
         with pytest.raises(InvalidRequestError, match="not one list_calls"):
             decode_cursors(bad)
 
@@ -160,8 +210,11 @@ class ByteBoundDaemon(FakeDaemon):
         super().__init__(name, times)
         self.most = most
 
-    def page(self, cursor: str, limit: int) -> pb.ListCallsResponse:
-        return super().page(cursor, min(limit, self.most))
+    def page(self, asked: pb.ListCallsRequest) -> pb.ListCallsResponse:
+        bounded = pb.ListCallsRequest()
+        bounded.CopyFrom(asked)
+        bounded.limit = min(asked.limit, self.most)
+        return super().page(bounded)
 
 
 def test_a_daemon_whose_pages_end_early_keeps_the_order_across_pages() -> None:

@@ -59,6 +59,9 @@ def policy_for(
         InvalidRequestError: A rule of the call does not parse.
         EgressNotAllowed: A level asks for more than the one above (PERMISSION_DENIED).
     """
+    options = tool.options
+    if service is None and not (egress or secrets or options.sandbox.egress or options.secrets):
+        return NO_EGRESS  # at no cost: nothing asks for any, and none is served
     tool_rules, tool_secrets = _tool_rules(tool)
     asked = bool(egress or secrets or tool_rules or tool_secrets)
     if session is not None:

@@ -55,7 +55,7 @@ from tooljaild.calls.in_daemon_run import run_in_daemon
 from tooljaild.calls.in_session import run_in_session, start_in_session
 from tooljaild.calls.intake import CallRequest, CheckedRequest
 from tooljaild.calls.status import lookup_in
-from tooljaild.egress.policy import NO_EGRESS, EgressPolicy
+from tooljaild.egress.policy import EgressPolicy
 from tooljaild.egress.service import EgressService
 from tooljaild.journal.store import Journal
 from tooljaild.sandbox.base import SandboxError
@@ -309,7 +309,7 @@ class CallManager:
             return self._submit_in_session(asked.session_id, request)
         self._check_room(request)
         # Before anything is journaled: a refusal here leaves no trace of a run.
-        policy = self._egress_policy(request, None)
+        policy = self._egress_policy_of(request, None)
         if (cached := cache.answer(self._book, request)) is not None:
             return cached  # an earlier success given again, not run (calls/cache.py)
         call = self._new_call(request, terms.limits_for(request.tool, self._settings))
@@ -404,7 +404,7 @@ class CallManager:
                 f"{tool.name!r} cannot run in a session: {misfit}. Call it without session_id."
             )
         session.check_room()
-        policy = self._egress_policy(request, session)
+        policy = self._egress_policy_of(request, session)
         call = self._admitted_here(request, session.terms.limits, session)
         call.egress = policy
         self._count_in(call, request)
@@ -418,28 +418,16 @@ class CallManager:
         self._spawn(call, self._run_in_session(call, session, started))
         return call
 
-    def _egress_policy(self, request: CheckedRequest, session: Session | None) -> EgressPolicy:
-        """The call's egress policy (`calls.egress.policy_for`); NO_EGRESS at no
-        cost when nothing asks for any.
-
-        Raises:
-            EgressUnavailableError, InvalidRequestError, EgressNotAllowed: As
-                `policy_for`.
-        """
-        tool = request.tool
-        if (
-            self.egress is None
-            and not (request.egress or request.secrets)
-            and not tool.options.sandbox.egress
-            and not tool.options.secrets
-        ):
-            return NO_EGRESS
+    def _egress_policy_of(self, request: CheckedRequest, session: Session | None) -> EgressPolicy:
+        """The call's egress policy (`calls.egress.policy_for`: NO_EGRESS at no cost
+        when nothing asks for any)."""
+        asked = request.egress, request.secrets
         return call_egress.policy_for(
             self.egress,
             request.identity,
-            tool,
-            egress=request.egress,
-            secrets=request.secrets,
+            request.tool,
+            egress=asked[0],
+            secrets=asked[1],
             session=session,
         )
 
