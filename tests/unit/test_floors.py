@@ -34,8 +34,8 @@ OVER_500: dict[str, str] = {
     "for ready, end, remove) is one class; engine, handover, seccomp, OOM are beside it",
     "daemon/tooljaild/sandbox/session_channel.py": "one session's channel: the request "
     "loop and the interrupt/restart rules it follows are read together",
-    "daemon/tooljaild/journal/store.py": "one class over one table pair (calls, sessions) "
-    "whose docstrings carry each write's contract, cost and failure",
+    "daemon/tooljaild/journal/store.py": "one class over the calls table whose docstrings "
+    "carry each write's contract, cost and failure (sessions: journal/sessions.py)",
     "daemon/tooljaild/edge/servicer.py": "one short handler per RPC of the service and the "
     "few helpers they share (the server's assembly is edge/server.py)",
     "daemon/tooljaild/app/daemon.py": "the one place where the daemon's parts are put "
