@@ -284,6 +284,7 @@ def sizing_table(
     per_minute: Sequence[int] = (1_000, 10_000, 100_000),
     tool_cpu_s: Sequence[float] = (0.0, 0.1, 1.0, 10.0),
     target_util: float = 0.7,
+    loop_s: float | None = None,
 ) -> str:
     """Nodes for each rate (calls per minute) and tool CPU time, as a Markdown table.
 
@@ -299,16 +300,24 @@ def sizing_table(
         per_minute: The rows.
         tool_cpu_s: The columns: seconds of CPU the tool itself uses.
         target_util: The utilization a node is sized for.
+        loop_s: The daemon's event loop's CPU seconds per call (bench_stages.py
+            --projection): one loop runs on one core, so a node serves at most
+            1 / loop_s calls per second whatever its cores. None: no such cap
+            (the rate grows with the cores).
     """
+
+    def nodes(per_s: float, call_s: float, n: int) -> int:
+        if loop_s is None or n / call_s <= 1 / loop_s:
+            return nodes_needed(per_s, call_s, n, target_util)
+        return nodes_needed(per_s, loop_s, 1, target_util)  # the loop's one core sets the rate
+
     head = ["calls/min"] + ["print(1)" if s == 0 else f"tool of {s:g} s CPU" for s in tool_cpu_s]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for rate in per_minute:
         cells = [f"{rate:,}"]
         for s in tool_cpu_s:
             per_s = rate / 60
-            cells.append(
-                " / ".join(str(nodes_needed(per_s, call_core_s + s, n, target_util)) for n in cores)
-            )
+            cells.append(" / ".join(str(nodes(per_s, call_core_s + s, n)) for n in cores))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -487,6 +496,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="print only the sizing table (Markdown) for these node core counts, e.g. 2,16",
     )
+    ap.add_argument(
+        "--loop-ms",
+        type=float,
+        default=None,
+        help="the daemon's event loop CPU per call (bench_stages.py --projection): caps a "
+        "node's rate at 1000 / LOOP_MS calls/s in --sizing-table",
+    )
     return ap.parse_args(argv)
 
 
@@ -516,7 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         # one call costs cpus / rate core-seconds.
         call_core_s = call_cpu_s or mean * cpus / concurrency
         cores = [int(c) for c in args.sizing_table.split(",")]
-        print(sizing_table(call_core_s, cores, target_util=args.target_util))
+        loop_s = None if args.loop_ms is None else args.loop_ms / 1000
+        print(sizing_table(call_core_s, cores, target_util=args.target_util, loop_s=loop_s))
         return 0
     servers = args.servers or max(1, round(concurrency * (args.cores or cpus) / cpus))
     fleet = Fleet(args.nodes, servers, args.bound)
