@@ -321,8 +321,17 @@ class SandboxCgroup:
             except OSError:
                 return None
             return None if usec is None else usec / 1e6
-        ns = fs.read_int(self._cpu_file)
-        return None if ns is None else ns / 1e9
+        try:
+            ns = int(fs.read_text(self._cpu_file).split()[0])
+        except FileNotFoundError:
+            # cpuacct mounted apart from cpu (`cpu` and `cpuacct`, not
+            # `cpu,cpuacct`): the file is never there, so stop asking (a session
+            # asked twice per call, each a failed open and an exception).
+            self._cpu_file = None
+            return None
+        except (OSError, ValueError, IndexError):
+            return None
+        return ns / 1e9
 
     def reset_memory_peak(self) -> bool:
         """Start `memory_peak` afresh; False where it cannot be.
