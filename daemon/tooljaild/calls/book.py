@@ -237,7 +237,10 @@ class CallBook:
     def _journal_finished(self, call: Call, result: ToolResult) -> None:
         if self.journal is None:
             return
-        unrecorded = self._unrecorded_starts.pop(call.call_id, None)
+        # Only a final end takes the start along (a journal refuses any other).
+        unrecorded = (
+            self._unrecorded_starts.pop(call.call_id, None) if call.state.finished else None
+        )
         started = None
         if unrecorded is not None and call.started_wall is not None:
             started = (call.sandbox_id, call.started_wall)
