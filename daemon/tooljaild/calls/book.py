@@ -3,8 +3,9 @@
 `CallBook` holds the calls by id, finds a call the journal alone still knows
 (after a restart, or once memory let it go), answers a request under an id
 already used (`known`), and writes each step of a call's life to the journal:
-admitted (before it can start), running, over (a turn of the event loop after
-its caller is answered). With `[journal] durability = "power"` a call also
+admitted (before it can start), running (`START_WRITE_DELAY_S` after it
+starts, or with its end if that comes first), over (a turn of the event loop
+after its caller is answered). With `[journal] durability = "power"` a call also
 waits in its task, before it may start, until its admission is on stable
 storage (`settled`). The call manager decides; this book remembers.
 """
@@ -32,6 +33,11 @@ log = logging.getLogger(__name__)
 
 PRUNE_EVERY = 1000
 """Finished calls between two prunings of the journal (by age and row count)."""
+START_WRITE_DELAY_S = 0.05
+"""How long a call's `running` record waits to join its end's (one write, not
+two). It tells only a crash's report apart ("lost while running" rather than
+"queued": both lost, effect unknown, the same retry rules): its admission, the
+"never twice" record, is committed before the call starts, as ever."""
 KEPT_EVENT_LOGS = 64
 """Finished calls whose output chunks stay readable; older ones keep only their result."""
 
@@ -53,6 +59,8 @@ class CallBook:
         self._finished_since_prune = 0
         self._unrecorded: list[tuple[Call, ToolResult]] = []
         """Calls answered but not yet journaled as over (see `end`)."""
+        self._unrecorded_starts: dict[str, Call] = {}
+        """Calls started but not yet journaled as running (see `running`)."""
         self.on_end: Callable[[Call, ToolResult], None] | None = None
         """Told of each call's end once it is recorded (tooljaild.app.metrics)."""
 
@@ -178,9 +186,23 @@ class CallBook:
         call.started_wall = time.time()
         call.sandbox_id = sandbox_id
         call.running.set(sandbox_id)
-        if self.journal is not None:
+        if self.journal is None:
+            return
+        # Written START_WRITE_DELAY_S later, or with the call's end if it comes
+        # first (most session calls): one journal write saved per short call.
+        # Readers see the live call in memory meanwhile (`listing.overlay`).
+        if not self._unrecorded_starts:
+            asyncio.get_running_loop().call_later(START_WRITE_DELAY_S, self.record_starts)
+        self._unrecorded_starts[call.call_id] = call
+
+    def record_starts(self) -> None:
+        """Journal as running every started call not yet recorded (nor ended)."""
+        starts, self._unrecorded_starts = self._unrecorded_starts, {}
+        if self.journal is None:
+            return
+        for call in starts.values():
             try:
-                self.journal.running(call.call_id, sandbox_id, call.started_wall)
+                self.journal.running(call.call_id, call.sandbox_id, call.started_wall)
             except JournalError as exc:  # the call runs on; its end says it, or it is lost
                 log.error("cannot journal call %s as running: %s", call.call_id, exc)
 
@@ -215,6 +237,13 @@ class CallBook:
     def _journal_finished(self, call: Call, result: ToolResult) -> None:
         if self.journal is None:
             return
+        # Only a final end takes the start along (a journal refuses any other).
+        unrecorded = (
+            self._unrecorded_starts.pop(call.call_id, None) if call.state.finished else None
+        )
+        started = None
+        if unrecorded is not None and call.started_wall is not None:
+            started = (call.sandbox_id, call.started_wall)
         try:
             self.journal.finished(
                 call.call_id,
@@ -222,6 +251,7 @@ class CallBook:
                 result.model_dump_json(),
                 call.ended_wall,
                 status=result.status.value,
+                started=started,
             )
         except JournalError as exc:
             # After a restart the call shows as lost: honest, if less precise.

@@ -640,4 +640,5 @@ class CallManager:
             await asyncio.wait(list(self._tasks), timeout=15.0)
         # Every wait is settled and told: the approvals' watches end cleanly.
         self.approvals.feed.close()
+        self._book.record_starts()  # a call's start before its end, as they happened
         self._book.record_ends()

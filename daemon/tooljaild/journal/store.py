@@ -12,7 +12,9 @@ Writes, per call, each one short transaction committed before it returns:
   same id safe after a crash. It records who made the call, so that a call
   answered from the journal stays its owner's (the server checks, as for a
   live call);
-- `Journal.running` when it reaches a sandbox;
+- `Journal.running` when it reaches a sandbox (the daemon writes it only for a
+  call still running `START_WRITE_DELAY_S` later; a shorter one's start goes
+  with its end, `finished(started=...)`: see `tooljaild.calls.book`);
 - `Journal.finished` with its final `ToolResult` JSON.
 
 Durability: SQLite in WAL mode with `synchronous=NORMAL`. A commit is a write()
@@ -136,6 +138,10 @@ _RUNNING = """
 _WAITING = "UPDATE calls SET state = ? WHERE call_id = ? AND ended IS NULL AND started IS NULL"
 _FINISHED = """
     UPDATE calls SET state = ?, result = ?, ended = ?, status = ?
+    WHERE call_id = ? AND ended IS NULL
+"""
+_STARTED_AND_FINISHED = """
+    UPDATE calls SET state = ?, result = ?, ended = ?, status = ?, sandbox_id = ?, started = ?
     WHERE call_id = ? AND ended IS NULL
 """
 _CACHED = f"""
@@ -375,6 +381,7 @@ class Journal(Durable, SessionLog):
         ended: float | None = None,
         *,
         status: str = "",
+        started: tuple[str, float] | None = None,
     ) -> None:
         """Record a call's final state and result.
 
@@ -391,6 +398,8 @@ class Journal(Durable, SessionLog):
             ended: Wall-clock end time; None means now.
             status: Its result's status (a `CallStatus` value), which
                 `list_calls` filters on.
+            started: (sandbox id, wall-clock start) of a call whose `running`
+                was not recorded: written with its end, in the same statement.
 
         Raises:
             ValueError: `state` is not final, or no unfinished call has that id.
@@ -400,9 +409,12 @@ class Journal(Durable, SessionLog):
             raise ValueError(f"{state.value!r} is not a final state")
         when = time.time() if ended is None else ended
         with self._errors(f"recording the end of call {call_id!r}"):
-            updated = self._db.execute(
-                _FINISHED, (state.value, result_json, when, status, call_id)
-            ).rowcount
+            if started is None:
+                params: tuple[object, ...] = (state.value, result_json, when, status, call_id)
+                updated = self._db.execute(_FINISHED, params).rowcount
+            else:
+                params = (state.value, result_json, when, status, *started, call_id)
+                updated = self._db.execute(_STARTED_AND_FINISHED, params).rowcount
         if not updated:
             raise ValueError(f"no unfinished call {call_id!r} in the journal")
 

@@ -62,10 +62,21 @@ def rmdir(path: Path) -> None:
     path.rmdir()
 
 
-def write(path: Path, text: str) -> None:
-    """Write one value to a cgroup file in a single write call."""
-    with open(path, "w") as f:
-        f.write(text)
+def write(path: Path | str, text: str) -> None:
+    """Write one value to a cgroup file in a single write call.
+
+    Raises:
+        OSError: When the file cannot be opened or the kernel refuses the value.
+    """
+    # os-level, as `read_text`: a session call resets a peak each time, and a
+    # buffered text file's set-up cost more than the write. The flags are
+    # open(path, "w")'s, as before (the kernel ignores O_CREAT and O_TRUNC on
+    # an interface file; a test's fake cgroup tree gets the file made).
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def write_if_present(path: Path, text: str) -> None:
@@ -81,7 +92,7 @@ def read_words(path: Path) -> list[str]:
         return []
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path | str) -> str:
     """A cgroup file's text: os-level calls, as the daemon's loop reads a few per sandbox.
 
     Raises:
@@ -97,14 +108,14 @@ def read_text(path: Path) -> str:
     return b"".join(chunks).decode()
 
 
-def read_int(path: Path) -> int | None:
+def read_int(path: Path | str) -> int | None:
     try:
         return int(read_text(path).split()[0])
     except (OSError, ValueError, IndexError):
         return None
 
 
-def read_keyed(path: Path) -> dict[str, int]:
+def read_keyed(path: Path | str) -> dict[str, int]:
     """Parse a flat keyed file (`key value` per line), such as memory.events.
 
     Raises:

@@ -58,6 +58,15 @@ class SandboxCgroup:
         order = [fs.UNIFIED, *fs.V1_ROLES]
         self._dirs = {role: dirs[role] for role in order if role in dirs}
         self.paths: tuple[Path, ...] = tuple(self._dirs.values())
+        # The usage files a session reads (and v1 resets) at each call's start
+        # and end, joined once: a Path join per read cost as much as the read.
+        unified, cpu, mem = (self._dirs.get(role) for role in (fs.UNIFIED, "cpu", "memory"))
+        if version == 2:
+            self._cpu_file = None if unified is None else f"{unified}/cpu.stat"
+            self._peak_file = None if unified is None else f"{unified}/memory.peak"
+        else:
+            self._cpu_file = None if cpu is None else f"{cpu}/cpuacct.usage"
+            self._peak_file = None if mem is None else f"{mem}/memory.max_usage_in_bytes"
         self._tracker = tracker
         self._limits = limits
         self._oom_base = oom_base
@@ -296,10 +305,7 @@ class SandboxCgroup:
 
         v2: `memory.peak` (Linux 5.19+). v1: `memory.max_usage_in_bytes`.
         """
-        if self.version == 2:
-            return fs.read_int(self._dirs[fs.UNIFIED] / "memory.peak")
-        mem = self._dirs.get("memory")
-        return None if mem is None else fs.read_int(mem / "memory.max_usage_in_bytes")
+        return None if self._peak_file is None else fs.read_int(self._peak_file)
 
     def cpu_s(self) -> float | None:
         """CPU seconds the sandbox's processes used since the cgroup was made; None if unknown.
@@ -307,15 +313,25 @@ class SandboxCgroup:
         v2: `usage_usec` in `cpu.stat`. v1: `cpuacct.usage`, found where the
         cpuacct controller is mounted together with cpu (`cpu,cpuacct`).
         """
+        if self._cpu_file is None:
+            return None
         if self.version == 2:
             try:
-                usec = fs.read_keyed(self._dirs[fs.UNIFIED] / "cpu.stat").get("usage_usec")
+                usec = fs.read_keyed(self._cpu_file).get("usage_usec")
             except OSError:
                 return None
             return None if usec is None else usec / 1e6
-        cpu = self._dirs.get("cpu")
-        ns = None if cpu is None else fs.read_int(cpu / "cpuacct.usage")
-        return None if ns is None else ns / 1e9
+        try:
+            ns = int(fs.read_text(self._cpu_file).split()[0])
+        except FileNotFoundError:
+            # cpuacct mounted apart from cpu (`cpu` and `cpuacct`, not
+            # `cpu,cpuacct`): the file is never there, so stop asking (a session
+            # asked twice per call, each a failed open and an exception).
+            self._cpu_file = None
+            return None
+        except (OSError, ValueError, IndexError):
+            return None
+        return ns / 1e9
 
     def reset_memory_peak(self) -> bool:
         """Start `memory_peak` afresh; False where it cannot be.
@@ -324,11 +340,10 @@ class SandboxCgroup:
         resets only for the file descriptor written to (Linux 6.12+), so a
         reused cgroup's peak there is an earlier sandbox's: False.
         """
-        mem = self._dirs.get("memory")
-        if self.version == 2 or mem is None:
+        if self.version == 2 or self._peak_file is None:
             return False
         try:
-            fs.write(mem / "memory.max_usage_in_bytes", "0")
+            fs.write(self._peak_file, "0")
         except OSError:
             return False
         return True
