@@ -11,6 +11,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from tooljail._types import CallState, ToolResult
+from tooljail.common import utc_from_unix
+
+__all__ = [
+    "ApprovalEvent",
+    "ApprovalEventKind",
+    "CallInfo",
+    "CallPage",
+    "unix_from_utc",
+    "utc_from_unix",
+]
 
 
 class CallInfo(BaseModel):
@@ -101,13 +111,6 @@ class ApprovalEvent(BaseModel):
 
     kind: ApprovalEventKind
     call: CallInfo
-
-
-def utc_from_unix(seconds: float) -> datetime.datetime | None:
-    """A wire time (seconds since the epoch; 0: unset) as a UTC datetime, or None."""
-    if not seconds:
-        return None
-    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
 
 
 def unix_from_utc(moment: datetime.datetime | None) -> float:

@@ -5,12 +5,15 @@
 - `json_type_name()`: a Python value's JSON Schema type name, as argument errors say it.
 - `canonical_json()`, `arguments_sha256()`: a call's arguments as the one text
   (and hash) every client and the daemon agree on.
+- `utc_from_unix()`: a time in seconds since the epoch as the UTC datetime a
+  `CallInfo` carries.
 - `TOOLDEF_SOURCE`: the file of the `@tool` module, which the runner loads
   inside a sandbox to read tool files (the daemon copies it there).
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
@@ -28,6 +31,7 @@ __all__ = [
     "canonical_json",
     "default_socket_path",
     "json_type_name",
+    "utc_from_unix",
 ]
 
 MAX_ERROR_MESSAGE_BYTES = 1024
@@ -100,3 +104,10 @@ def arguments_sha256(arguments: dict[str, Any]) -> str:
         TypeError, ValueError: As `canonical_json`.
     """
     return hashlib.sha256(canonical_json(arguments).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def utc_from_unix(seconds: float | None) -> datetime.datetime | None:
+    """Seconds since the epoch (0 or None: unset, as on the wire) as a UTC datetime, or None."""
+    if not seconds:
+        return None
+    return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import enum
 import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
+from tooljail.common import utc_from_unix
 from tooljail.types import ArtifactRef, CallInfo, CallState, StreamKind, ToolResult
 from tooljaild.artifacts.store import ArtifactStore, Origin
 from tooljaild.calls.artifacts import CallArtifacts
@@ -333,9 +333,9 @@ class Call:
             arguments_sha256=self.arguments_sha256,
             client_name=self.client,
             session_id=self.session_id,
-            received_at=_utc(self.received_at),
-            started_at=_utc(self.started_wall),
-            ended_at=_utc(self.ended_wall),
+            received_at=utc_from_unix(self.received_at),
+            started_at=utc_from_unix(self.started_wall),
+            ended_at=utc_from_unix(self.ended_wall),
             timeout_s=self.timeout_s,
             sandbox_id=self.sandbox_id,
         )
@@ -344,7 +344,3 @@ class Call:
         """The call's output chunks, live, ending where the caller's result stands."""
         async for event in self.events.follow(from_seq, until=self.answered.wait()):
             yield event
-
-
-def _utc(when: float | None) -> datetime.datetime | None:
-    return None if not when else datetime.datetime.fromtimestamp(when, tz=datetime.UTC)

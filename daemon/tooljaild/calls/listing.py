@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import math
 
+from tooljail.common import utc_from_unix
 from tooljail.errors import PermissionDeniedError
 from tooljail.types import CallInfo, CallStatus
 from tooljaild.auth.policy import Identity
@@ -82,15 +83,11 @@ def overlay(recorded: CallInfo, live: Call) -> CallInfo:
         update={
             "state": live.state,
             "result": result,
-            "started_at": _utc(live.started_wall),
-            "ended_at": _utc(live.ended_wall),
+            "started_at": utc_from_unix(live.started_wall),
+            "ended_at": utc_from_unix(live.ended_wall),
             "sandbox_id": live.sandbox_id,
         }
     )
-
-
-def _utc(when: float | None) -> datetime.datetime | None:
-    return None if not when else datetime.datetime.fromtimestamp(when, tz=datetime.UTC)
 
 
 def _iso(when: float) -> str:

@@ -5,10 +5,10 @@ the daemon lost becomes."""
 from __future__ import annotations
 
 import dataclasses
-import datetime
 from dataclasses import dataclass
 from typing import Any
 
+from tooljail.common import utc_from_unix
 from tooljail.types import CallInfo, CallState, CallStatus, Effect, ToolError, ToolResult
 
 LOST_MESSAGE = (
@@ -83,16 +83,12 @@ class JournalEntry:
             arguments_sha256=self.arguments_sha256,
             client_name=self.client,
             session_id=self.session_id,
-            received_at=_utc(self.created),
-            started_at=_utc(self.started),
-            ended_at=_utc(self.ended),
+            received_at=utc_from_unix(self.created),
+            started_at=utc_from_unix(self.started),
+            ended_at=utc_from_unix(self.ended),
             timeout_s=self.timeout_s,
             sandbox_id=self.sandbox_id,
         )
-
-
-def _utc(when: float | None) -> datetime.datetime | None:
-    return None if not when else datetime.datetime.fromtimestamp(when, tz=datetime.UTC)
 
 
 @dataclass(frozen=True, slots=True)
